@@ -1,0 +1,35 @@
+# Two commands do all set-up on a fresh machine:
+#   make run    the workflow on the built-in local configuration (snakemake --profile profiles/local)
+#   make test   the test suite (unit, workflow, and Slurm tests on a real test cluster)
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: run test lint dag system-deps clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+run: $(BIN)/.installed
+	$(BIN)/snakemake --profile profiles/local
+
+system-deps:
+	bash scripts/install-system-deps.sh
+
+test: $(BIN)/.installed system-deps
+	$(BIN)/pytest -ra $(PYTEST_ARGS)
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check src tests benchmarks workflow/scripts
+	$(BIN)/ruff format --check src tests benchmarks workflow/scripts
+	$(BIN)/snakefmt --check Snakefile workflow/rules
+	$(BIN)/snakemake --lint
+
+dag: $(BIN)/.installed
+	$(BIN)/snakemake --profile profiles/local --dag | dot -Tsvg > dag.svg
+
+clean:
+	rm -rf data results logs checkpoints plots report.html .snakemake

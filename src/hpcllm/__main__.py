@@ -1,0 +1,3 @@
+from hpcllm.cli import main
+
+raise SystemExit(main())

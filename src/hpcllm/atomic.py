@@ -1,0 +1,54 @@
+"""Write files under temporary names and rename them only when complete.
+
+A job that is killed (time limit, node failure, scancel) then leaves ``*.incomplete``
+files behind, never a file that Snakemake or a user could take for finished. The
+temporary name is fixed, so a rerun overwrites the leftovers instead of piling them up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+SUFFIX = ".incomplete"
+
+
+def temporary_path(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    return path.with_name(path.name + SUFFIX)
+
+
+@contextlib.contextmanager
+def atomic_paths(*paths: str | os.PathLike) -> Iterator[tuple[Path, ...]]:
+    """Yield temporary paths for ``paths``; rename them all on success, remove on error.
+
+    The last path is renamed last, so a reader that checks it (an ``.idx``, a manifest)
+    sees the others complete.
+    """
+    finals = [Path(p) for p in paths]
+    temps = [temporary_path(p) for p in finals]
+    for p in finals:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        yield tuple(temps)
+    except BaseException:
+        for t in temps:
+            with contextlib.suppress(FileNotFoundError):
+                if t.is_dir():
+                    shutil.rmtree(t)
+                else:
+                    t.unlink()
+        raise
+    for t, p in zip(temps, finals):
+        if not t.exists():
+            raise FileNotFoundError(f"{t} was not written; {p} is not complete")
+        os.replace(t, p)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    with atomic_paths(path) as (tmp,):
+        yield tmp

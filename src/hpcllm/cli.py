@@ -1,0 +1,35 @@
+"""``hpcllm`` / ``python -m hpcllm``: helpers for users next to the workflow."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="hpcllm", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser(
+        "sample-corpus",
+        help="rebuild the shipped sample corpus from the documentation on this machine",
+    )
+    p.add_argument("out_dir", nargs="?", default="resources/sample_text")
+    p.add_argument("--english-bytes", type=int, default=1_500_000)
+    p.add_argument("--per-language-bytes", type=int, default=100_000)
+    p = sub.add_parser("inspect", help="print a summary of a Megatron .bin/.idx dataset")
+    p.add_argument("prefix", help="path prefix without .bin/.idx")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    if args.command == "sample-corpus":
+        from hpcllm.sample_corpus import build_sample_corpus
+
+        build_sample_corpus(args.out_dir, args.english_bytes, args.per_language_bytes)
+    elif args.command == "inspect":
+        from hpcllm.indexed_dataset import check_dataset
+
+        index = check_dataset(args.prefix)
+        print(
+            f"{args.prefix}: {len(index.sequence_lengths)} documents, {index.num_tokens} tokens, "
+            f"dtype {index.dtype}, longest {int(index.sequence_lengths.max(initial=0))}"
+        )
+    return 0

@@ -1,0 +1,25 @@
+"""Logging set-up for workflow scripts: everything goes to the rule's log file."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+
+def setup(log_path: str | None = None, level: int = logging.INFO) -> None:
+    """Log to ``log_path`` (the rule's ``log:``), or stderr; uncaught errors too."""
+    handler: logging.Handler = (
+        logging.FileHandler(log_path, mode="w") if log_path else logging.StreamHandler()
+    )
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+    def excepthook(exc_type, exc, tb):
+        logging.getLogger("hpcllm").error(
+            "%s: %s", exc_type.__name__, exc, exc_info=(exc_type, exc, tb)
+        )
+        sys.__excepthook__(exc_type, exc, tb)
+
+    sys.excepthook = excepthook

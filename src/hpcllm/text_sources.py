@@ -1,0 +1,261 @@
+"""Read raw text documents from configured sources, one deterministic shard at a time.
+
+A source is either a Hugging Face hub dataset (read with ``datasets`` in streaming mode,
+from the hub or from a local mirror of the repository) or local files (JSONL, Parquet,
+plain text). Every document comes with the place it was read from, so that a bad record
+is reported by file and line (or record number).
+
+Sharding: when a source consists of at least as many files as shards, shard k reads
+files k, k+N, k+2N, ... (so each Slurm job reads only its own files); otherwise the
+documents of the whole stream are dealt round robin (document i goes to shard i mod N).
+Limits (documents, bytes) are split evenly over the shards. Both are deterministic.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from hpcllm.compressed import open_binary
+
+
+class SourceError(ValueError):
+    """A source that cannot be read: names the source, file and what to change."""
+
+
+class BadRecord(ValueError):
+    """One record that cannot be used; ``where`` names the file and line or record."""
+
+    def __init__(self, where: str, reason: str, problem: str):
+        super().__init__(f"{where}: {problem}")
+        self.where = where
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Document:
+    text: str
+    id: str
+    where: str
+
+
+@dataclass
+class SkipLog:
+    """Counts of skipped records by reason, with the first few places for the manifest."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    examples: list[str] = field(default_factory=list)
+    max_examples: int = 20
+
+    def add(self, reason: str, message: str) -> None:
+        self.counts[reason] = self.counts.get(reason, 0) + 1
+        if len(self.examples) < self.max_examples:
+            self.examples.append(message)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+LOCAL_FORMATS = ("jsonl", "parquet", "text")
+
+
+def _format_of(path: str) -> str:
+    name = path.lower()
+    for suffix in (".zst", ".gz", ".xz", ".bz2"):
+        name = name.removesuffix(suffix)
+    if name.endswith((".jsonl", ".json", ".ndjson")):
+        return "jsonl"
+    if name.endswith(".parquet"):
+        return "parquet"
+    if name.endswith((".txt", ".text")):
+        return "text"
+    raise SourceError(
+        f"{path}: cannot tell the file format from its name; set 'format' "
+        f"(one of {', '.join(LOCAL_FORMATS)}) in the source's config"
+    )
+
+
+def resolve_local_files(name: str, cfg: dict[str, Any], base: str | os.PathLike = ".") -> list[str]:
+    """The sorted list of input files of a local source; an error if any is missing."""
+    patterns = cfg.get("files") or []
+    if isinstance(patterns, str):
+        patterns = [patterns]
+    if not patterns:
+        raise SourceError(f"text.sources.{name}: a local source needs 'files' (paths or globs)")
+    files: list[str] = []
+    for pattern in patterns:
+        full = os.path.join(base, pattern)
+        matches = sorted(glob.glob(full, recursive=True))
+        if not matches:
+            raise SourceError(
+                f"text.sources.{name}.files: '{pattern}' matches no file (looked in "
+                f"{os.path.abspath(base)}); fix the path or create the data first"
+            )
+        files.extend(m for m in matches if os.path.isfile(m))
+    return files
+
+
+def _jsonl_records(path: str, text_field: str, id_field: str | None) -> Iterator[Document]:
+    """JSONL read line by line so that a bad line is reported with its number."""
+    with open_binary(path) as raw:
+        for lineno, line in enumerate(io.BufferedReader(raw, 1 << 20), 1):
+            where = f"{path}:{lineno}"
+            if not line.strip():
+                continue
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield BadRecord(
+                    where, "invalid_utf8", f"invalid UTF-8 at byte {e.start} of the line"
+                )
+                continue
+            try:
+                record = orjson.loads(line)
+            except orjson.JSONDecodeError as e:
+                yield BadRecord(where, "malformed_json", f"malformed JSON ({e})")
+                continue
+            if not isinstance(record, dict):
+                yield BadRecord(where, "malformed_json", "a JSON line must hold an object")
+                continue
+            yield _document(record, where, text_field, id_field, f"{Path(path).name}:{lineno}")
+
+
+def _document(
+    record: dict[str, Any], where: str, text_field: str, id_field: str | None, fallback_id: str
+) -> Document | BadRecord:
+    if text_field not in record:
+        return BadRecord(
+            where,
+            "missing_text",
+            f"no field '{text_field}' (fields: {', '.join(sorted(record)) or 'none'}); "
+            "set the source's 'text_field'",
+        )
+    text = record[text_field]
+    if not isinstance(text, str):
+        return BadRecord(where, "missing_text", f"field '{text_field}' is not a string")
+    doc_id = record.get(id_field) if id_field else None
+    return Document(text, str(doc_id) if doc_id is not None else fallback_id, where)
+
+
+def _datasets_records(
+    dataset: Any, label: str, text_field: str, id_field: str | None
+) -> Iterator[Document | BadRecord]:
+    i = -1
+    try:
+        for i, record in enumerate(dataset):
+            yield _document(record, f"{label} record {i}", text_field, id_field, f"{label}#{i}")
+    except UnicodeDecodeError as e:
+        yield BadRecord(label, "invalid_utf8", f"invalid UTF-8 ({e.reason} at byte {e.start})")
+    except (OSError, ValueError) as e:  # pyarrow and datasets errors on a corrupt file
+        raise SourceError(f"{label}: cannot read after record {i} ({e})") from e
+
+
+def _local_file_records(path: str, cfg: dict[str, Any]) -> Iterator[Document | BadRecord]:
+    text_field, id_field = cfg.get("text_field", "text"), cfg.get("id_field", "id")
+    if os.path.getsize(path) == 0:
+        yield BadRecord(
+            path, "empty_file", "the file is empty; remove it from the source or refill it"
+        )
+        return
+    fmt = cfg.get("format") or _format_of(path)
+    if fmt == "jsonl":
+        yield from _jsonl_records(path, text_field, id_field)
+        return
+    import datasets
+
+    if fmt == "parquet":
+        ds = datasets.load_dataset("parquet", data_files=[path], split="train", streaming=True)
+        yield from _datasets_records(ds, path, text_field, id_field)
+    elif fmt == "text":
+        ds = datasets.load_dataset(
+            "text",
+            data_files=[path],
+            split="train",
+            streaming=True,
+            sample_by=cfg.get("sample_by", "paragraph"),
+        )
+        yield from _datasets_records(ds, path, "text", None)
+    else:
+        raise SourceError(f"{path}: unknown format '{fmt}' (one of {', '.join(LOCAL_FORMATS)})")
+
+
+def hub_dataset(cfg: dict[str, Any], mirror_root: str | None = None) -> Any:
+    """Open a hub dataset as a streaming ``IterableDataset``.
+
+    A mirror (``mirror`` in the source config, or ``$HPCLLM_HF_MIRROR/<repo id>``) is a
+    local copy of the hub repository's files, e.g. made with ``hf download --repo-type
+    dataset --local-dir``; ``datasets`` reads it, configs included, without the network,
+    which is how it runs under ``HF_DATASETS_OFFLINE=1``. The access token for gated
+    datasets (OSCAR) comes from ``HF_TOKEN``, which ``datasets`` reads itself: it is never
+    passed, printed or written here.
+    """
+    path = cfg["dataset"]
+    mirror = cfg.get("mirror") or (
+        os.path.join(mirror_root, cfg["dataset"]) if mirror_root else None
+    )
+    if mirror:
+        if not os.path.isdir(mirror):
+            raise SourceError(
+                f"hub mirror '{mirror}' of {cfg['dataset']} does not exist; download the "
+                "repository there or unset the mirror"
+            )
+        path = mirror
+        # A mirror needs no network: say so before datasets reads its settings, so that it
+        # never waits on the hub from a machine without internet.
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    import datasets
+    kwargs: dict[str, Any] = {"split": cfg.get("split", "train"), "streaming": True}
+    for key in ("name", "data_dir", "revision"):
+        if cfg.get(key):
+            kwargs[key] = cfg[key]
+    if mirror:
+        kwargs.pop("revision", None)  # a mirror is one revision already
+    return datasets.load_dataset(path, **kwargs)
+
+
+def shard_documents(
+    name: str, cfg: dict[str, Any], shard: int, num_shards: int, base: str | os.PathLike = "."
+) -> Iterator[Document | BadRecord]:
+    """The raw records of shard ``shard`` of ``num_shards`` (before limits)."""
+    if not 0 <= shard < num_shards:
+        raise SourceError(f"text.sources.{name}: shard {shard} out of range 0..{num_shards - 1}")
+    if cfg["type"] == "local":
+        files = resolve_local_files(name, cfg, base)
+        if len(files) >= num_shards:
+            for path in files[shard::num_shards]:
+                yield from _local_file_records(path, cfg)
+        else:
+            stream = (d for path in files for d in _local_file_records(path, cfg))
+            yield from _round_robin(stream, shard, num_shards)
+        return
+    ds = hub_dataset(cfg, os.environ.get("HPCLLM_HF_MIRROR"))
+    text_field, id_field = cfg.get("text_field", "text"), cfg.get("id_field", "id")
+    label = f"{cfg['dataset']}" + (f" ({cfg['name']})" if cfg.get("name") else "")
+    if getattr(ds, "num_shards", 0) >= num_shards > 1:
+        ds = ds.shard(num_shards=num_shards, index=shard)
+        yield from _datasets_records(ds, f"{label} shard {shard}", text_field, id_field)
+    else:
+        stream = _datasets_records(ds, label, text_field, id_field)
+        yield from _round_robin(stream, shard, num_shards)
+
+
+def _round_robin(stream: Iterator[Any], shard: int, num_shards: int) -> Iterator[Any]:
+    for i, doc in enumerate(stream):
+        if i % num_shards == shard:
+            yield doc
+
+
+def shard_limit(total: int | None, shard: int, num_shards: int) -> int | None:
+    """An even split of a global limit: shard k gets total//N plus one of the remainder."""
+    if total is None:
+        return None
+    return total // num_shards + (1 if shard < total % num_shards else 0)

@@ -1,0 +1,82 @@
+"""Train a byte-level BPE tokenizer on a sample of the raw shards (``train_tokenizer``).
+
+Saved as ``tokenizer.json`` (for ``tokenizers``, gigatoken and Megatron's
+``HuggingFaceTokenizer``) and as GPT-2 style ``vocab.json`` + ``merges.txt`` (for
+Megatron's ``GPT2BPETokenizer``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from hpcllm.atomic import atomic_paths
+from hpcllm.tokenization import load_tokenizer, read_texts
+
+log = logging.getLogger(__name__)
+
+
+def sample_texts(shards: Sequence[str | os.PathLike], max_documents: int) -> Iterator[str]:
+    """The first documents of each shard in turn, ``max_documents`` in all (deterministic)."""
+    per_shard = max(1, max_documents // max(1, len(shards)))
+    taken = 0
+    for shard in shards:
+        n = 0
+        for batch in read_texts(shard, 1 << 20):
+            for text in batch:
+                if n >= per_shard or taken >= max_documents:
+                    break
+                yield text
+                n += 1
+                taken += 1
+            if n >= per_shard or taken >= max_documents:
+                break
+
+
+def train_bpe(
+    shards: Sequence[str | os.PathLike],
+    out_dir: str | os.PathLike,
+    vocab_size: int,
+    special_tokens: Sequence[str],
+    sample_documents: int = 100_000,
+    min_frequency: int = 2,
+) -> Path:
+    """Train and save; returns the path of ``tokenizer.json``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if not special_tokens:
+        raise ValueError("train_bpe needs at least the end-of-document special token")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(special_tokens),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    texts = list(sample_texts(shards, sample_documents))
+    if not texts:
+        raise ValueError(f"no documents to train the tokenizer on in {', '.join(map(str, shards))}")
+    log.info("training a %d-token byte-level BPE on %d documents", vocab_size, len(texts))
+    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_paths(out / "vocab.json", out / "merges.txt", out / "tokenizer.json") as (
+        vocab,
+        merges,
+        tok_json,
+    ):
+        tmp_dir = out / ".model.incomplete"
+        tmp_dir.mkdir(exist_ok=True)
+        v, m = tok.model.save(str(tmp_dir))
+        os.replace(v, vocab)
+        os.replace(m, merges)
+        tmp_dir.rmdir()
+        tok.save(str(tok_json))
+    got = load_tokenizer(out / "tokenizer.json", eod_token=special_tokens[0])
+    log.info("saved %s (%d tokens)", out, got.get_vocab_size())
+    return out / "tokenizer.json"

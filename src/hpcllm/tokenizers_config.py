@@ -1,0 +1,31 @@
+"""Tokenizers as the config describes them: trained here, or existing files."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hpcllm.tokenization import check_tokenizer, load_tokenizer, tokenizer_from_gpt2_files
+
+
+def tokenizer_files(name: str, cfg: dict[str, Any]) -> list[str]:
+    """The files a tokenizer is loaded from (inputs of the rules that use it)."""
+    if cfg["type"] == "train":
+        return [f"data/tokenizers/{name}/tokenizer.json"]
+    if cfg.get("tokenizer_json"):
+        return [cfg["tokenizer_json"]]
+    return [cfg["vocab_file"], cfg["merges_file"]]
+
+
+def tokenizer_for(cfg: dict[str, Any], files: list[str] | str):
+    """Load a tokenizer from its files, checked against the configured vocabulary.
+
+    A trained tokenizer is checked for its end-of-document token only (a small corpus
+    can give fewer tokens than ``vocab_size`` asked for); given files are checked
+    against ``vocab_size`` too when the config sets it.
+    """
+    files = [files] if isinstance(files, str) else list(files)
+    vocab_size = cfg.get("vocab_size") if cfg["type"] == "files" else None
+    if len(files) == 1:
+        return load_tokenizer(files[0], vocab_size, cfg["eod_token"])
+    tok = tokenizer_from_gpt2_files(files[0], files[1])
+    return check_tokenizer(tok, files[0], vocab_size, cfg["eod_token"])

@@ -1,0 +1,15 @@
+from hpcllm import logs
+from hpcllm.text_shards import source_policy, write_shard
+
+logs.setup(snakemake.log[0])
+name, shard = snakemake.wildcards.source, int(snakemake.wildcards.shard)
+cfg, num_shards = snakemake.params.source, snakemake.params.num_shards
+write_shard(
+    name,
+    cfg,
+    source_policy(cfg, snakemake.params.text, shard, num_shards),
+    shard,
+    num_shards,
+    snakemake.output.jsonl,
+    snakemake.output.manifest,
+)

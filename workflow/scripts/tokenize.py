@@ -1,0 +1,19 @@
+import os
+
+os.environ["RAYON_NUM_THREADS"] = str(snakemake.threads)  # before tokenizers starts its pool
+
+from hpcllm import logs
+from hpcllm.tokenization import tokenize_shard
+from hpcllm.tokenizers_config import tokenizer_for
+
+logs.setup(snakemake.log[0])
+cfg = snakemake.params.tokenizer
+tokenize_shard(
+    snakemake.input.jsonl,
+    snakemake.params.prefix,
+    tokenizer_for(cfg, snakemake.input.tokenizer),
+    cfg["eod_token"],
+    append_eod=snakemake.params.tokenize["append_eod"],
+    encoder=snakemake.params.tokenize["encoder"],
+    batch_bytes=snakemake.params.tokenize["batch_bytes"],
+)

@@ -1,0 +1,12 @@
+from hpcllm import logs
+from hpcllm.tokenizer_train import train_bpe
+
+logs.setup(snakemake.log[0])
+cfg = snakemake.params.tokenizer
+train_bpe(
+    snakemake.input.shards,
+    snakemake.params.out_dir,
+    vocab_size=cfg["vocab_size"],
+    special_tokens=cfg["special_tokens"],
+    sample_documents=cfg["sample_documents"],
+)
