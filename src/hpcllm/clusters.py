@@ -1,0 +1,263 @@
+"""Facts about a cluster, read from ``config/clusters/<name>.yaml``.
+
+One file per cluster says what the site is (GPUs, cores, partitions, container runtime,
+the job environment NCCL and PyTorch need there); ``hpcllm.launch`` turns these facts into
+the command line of a job. Site facts that are not known for sure are written as a
+reference to an environment variable (``gpu: $HPCLLM_GPU_PARTITION``) that the user sets;
+``plan_errors`` reports the ones left unset, so the workflow stops before submitting.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+DEFAULT_ROOT = "config/clusters"
+
+# A whole value that names an environment variable: "$NAME" or "${NAME}".
+_ENV_REFERENCE = re.compile(r"^\$(?:\{([A-Za-z_]\w*)\}|([A-Za-z_]\w*))$")
+
+# Caches that default to $HOME, where quota and inode limits break long runs. Each goes to
+# a directory under the cluster's scratch space unless the cluster's env sets it itself.
+CACHE_DIRS = {
+    "HF_HOME": "huggingface",
+    "TRITON_CACHE_DIR": "triton",
+    "TORCH_EXTENSIONS_DIR": "torch_extensions",
+    "XDG_CACHE_HOME": "xdg",
+    "HPCLLM_DATA_CACHE": "dataset_index",  # Megatron's --data-cache-path
+}
+
+_STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+_STRING_LIST = {"type": "array", "items": {"type": "string"}}
+_PARTITION = {"type": ["string", "null"]}
+
+# The format of a cluster file; docs/clusters.md explains every key.
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": [
+        "description",
+        "scheduler",
+        "gpus_per_node",
+        "cpus_per_node",
+        "partitions",
+        "container_runtime",
+        "local_storage",
+        "scratch",
+        "launcher",
+    ],
+    "properties": {
+        "description": {"type": "string"},
+        "scheduler": {"enum": ["slurm", "none"]},
+        "gpus_per_node": {"type": "integer", "minimum": 0},
+        "gpu": {
+            "type": ["object", "null"],
+            "additionalProperties": False,
+            "required": ["vendor", "model", "memory_gb", "peak_bf16_tflops", "peak_fp32_tflops"],
+            "properties": {
+                "vendor": {"enum": ["nvidia", "amd"]},
+                "model": {"type": "string"},
+                "memory_gb": {"type": "number", "exclusiveMinimum": 0},
+                "peak_bf16_tflops": {"type": "number", "exclusiveMinimum": 0},
+                "peak_fp32_tflops": {"type": "number", "exclusiveMinimum": 0},
+            },
+        },
+        "cpus_per_node": {"type": "integer", "minimum": 1},
+        "cpu_arch": {"enum": ["x86_64", "aarch64"]},
+        "partitions": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["gpu", "cpu", "devel"],
+            "properties": {"gpu": _PARTITION, "cpu": _PARTITION, "devel": _PARTITION},
+        },
+        "container_runtime": {"enum": ["apptainer", "singularity", "none"]},
+        "container_build": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "fakeroot": {"type": "boolean"},
+                "on_compute_node": {"type": "boolean"},
+            },
+        },
+        "container_binds": _STRING_LIST,
+        "local_storage": {"type": "string"},
+        "scratch": {"type": "string"},
+        "env": _STRING_MAP,
+        "env_outside_container": _STRING_MAP,
+        "launcher": {"enum": ["torchrun", "torchrun_jsc"]},
+        "rendezvous_suffix": {"type": "string"},
+        "srun_args": _STRING_LIST,
+        "modules": _STRING_LIST,
+    },
+}
+
+
+@dataclass(frozen=True)
+class Gpu:
+    vendor: str  # "nvidia" or "amd"
+    model: str
+    memory_gb: float  # per GPU (per GCD on AMD MI250X: LUMI counts 8 per node)
+    peak_bf16_tflops: float  # dense, per GPU
+    peak_fp32_tflops: float  # per GPU, without tensor cores
+
+
+@dataclass(frozen=True)
+class Partitions:
+    gpu: str | None
+    cpu: str | None  # None: the site (or a GPU project) has no CPU partition
+    devel: str | None  # None: no development partition (some sites use a QOS instead)
+
+
+@dataclass(frozen=True)
+class ContainerBuild:
+    fakeroot: bool = False  # `build --fakeroot`: sites without root builds need it
+    on_compute_node: bool = False  # the site forbids builds on login nodes
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    description: str
+    scheduler: str  # "slurm" or "none"
+    gpus_per_node: int
+    gpu: Gpu | None
+    cpus_per_node: int
+    cpu_arch: str
+    partitions: Partitions
+    container_runtime: str  # "apptainer", "singularity" or "none" (a bare-metal venv)
+    container_build: ContainerBuild
+    container_binds: tuple[str, ...]
+    local_storage: str  # node-local directory; may contain $VARS expanded in the job
+    scratch: str  # the project's scratch space; may contain $VARS expanded in the job
+    env: dict[str, str]  # the job environment, caches included; $VARS expanded in the job
+    env_outside_container: dict[str, str]  # set for srun, removed inside the container
+    launcher: str  # "torchrun" or "torchrun_jsc"
+    rendezvous_suffix: str  # appended to the first node's name, e.g. "i" for InfiniBand
+    srun_args: tuple[str, ...]
+    modules: tuple[str, ...]
+    path: str = ""
+    # (key, variable) of site facts that name an environment variable that is not set.
+    unset: tuple[tuple[str, str], ...] = field(default=())
+
+    @property
+    def uses_slurm(self) -> bool:
+        return self.scheduler == "slurm"
+
+    @property
+    def uses_containers(self) -> bool:
+        return self.container_runtime != "none"
+
+
+class ClusterError(ValueError):
+    """A cluster file that is missing or wrong; the message says what to fix."""
+
+
+def known_clusters(root: str | os.PathLike = DEFAULT_ROOT) -> list[str]:
+    return sorted(p.stem for p in Path(root).glob("*.yaml"))
+
+
+def cache_env(scratch: str) -> dict[str, str]:
+    """Cache variables pointing under the project's scratch space."""
+    base = scratch.rstrip("/") + "/hpcllm-cache"
+    return {name: f"{base}/{sub}" for name, sub in CACHE_DIRS.items()}
+
+
+def _resolve_partition(value: str | None, environ: Mapping[str, str]) -> tuple[str | None, str]:
+    """The partition name and, if it names an unset environment variable, that variable."""
+    if value is None:
+        return None, ""
+    match = _ENV_REFERENCE.match(value.strip())
+    if not match:
+        return value, ""
+    var = match.group(1) or match.group(2)
+    resolved = environ.get(var, "").strip()
+    return (resolved or None), ("" if resolved else var)
+
+
+def load_cluster(
+    name: str,
+    root: str | os.PathLike = DEFAULT_ROOT,
+    environ: Mapping[str, str] | None = None,
+) -> Cluster:
+    """Read and check ``<root>/<name>.yaml``.
+
+    Partitions written as ``$VAR`` are taken from ``environ`` (default: the process
+    environment); unset ones are listed in ``Cluster.unset`` for ``plan_errors``.
+    """
+    environ = os.environ if environ is None else environ
+    path = Path(root) / f"{name}.yaml"
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or not path.is_file():
+        known = ", ".join(known_clusters(root)) or "none"
+        raise ClusterError(
+            f"unknown cluster '{name}': there is no {path}. Known clusters: {known}. "
+            "Set `cluster:` in the config (or --config cluster=NAME), or add a file for "
+            "the new cluster (see docs/clusters.md)."
+        )
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ClusterError(f"{path}: not valid YAML: {e}") from e
+    errors = sorted(
+        jsonschema.Draft202012Validator(SCHEMA).iter_errors(raw), key=lambda e: list(e.path)
+    )
+    if errors:
+        lines = [
+            f"  {'.'.join(str(p) for p in e.absolute_path) or '(top level)'}: {e.message}"
+            for e in errors
+        ]
+        raise ClusterError(
+            f"{path} is not a valid cluster file (see docs/clusters.md):\n" + "\n".join(lines)
+        )
+    gpus = raw["gpus_per_node"]
+    if gpus > 0 and not raw.get("gpu"):
+        raise ClusterError(f"{path}: gpus_per_node is {gpus} but `gpu:` (type, memory) is missing")
+
+    unset: list[tuple[str, str]] = []
+    partitions = {}
+    for kind in ("gpu", "cpu", "devel"):
+        value, var = _resolve_partition(raw["partitions"][kind], environ)
+        partitions[kind] = value
+        if var:
+            unset.append((f"partitions.{kind}", var))
+
+    env = {**cache_env(raw["scratch"]), **raw.get("env", {})}
+    return Cluster(
+        name=name,
+        description=raw["description"],
+        scheduler=raw["scheduler"],
+        gpus_per_node=gpus,
+        gpu=Gpu(**raw["gpu"]) if raw.get("gpu") else None,
+        cpus_per_node=raw["cpus_per_node"],
+        cpu_arch=raw.get("cpu_arch", "x86_64"),
+        partitions=Partitions(**partitions),
+        container_runtime=raw["container_runtime"],
+        container_build=ContainerBuild(**raw.get("container_build", {})),
+        container_binds=tuple(raw.get("container_binds", ())),
+        local_storage=raw["local_storage"],
+        scratch=raw["scratch"],
+        env=env,
+        env_outside_container=dict(raw.get("env_outside_container", {})),
+        launcher=raw["launcher"],
+        rendezvous_suffix=raw.get("rendezvous_suffix", ""),
+        srun_args=tuple(raw.get("srun_args", ())),
+        modules=tuple(raw.get("modules", ())),
+        path=str(path),
+        unset=tuple(unset),
+    )
+
+
+def plan_errors(cluster: Cluster) -> list[str]:
+    """What must be set before jobs can be submitted to ``cluster`` (empty when nothing)."""
+    return [
+        f"{cluster.path}: {key} is not known for sure for {cluster.description} and is "
+        f"taken from ${var}, which is not set. Find the name with `sinfo -s` or the site's "
+        f"documentation and `export {var}=<name>`."
+        for key, var in cluster.unset
+    ]

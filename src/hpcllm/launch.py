@@ -1,0 +1,208 @@
+"""The command line and environment of a (multi-node) PyTorch step on a cluster.
+
+On a Slurm cluster the batch job runs ``srun`` with one task per node; each task starts
+the cluster's launcher (``torchrun``, or ``torchrun_jsc`` on the Jülich systems), inside
+the container where there is one, and the launchers meet at a c10d rendezvous on the
+first node of the allocation. Without Slurm it is ``torchrun --standalone`` on this
+machine, or the bare command for a single process.
+
+Everything that reaches a shell is quoted: ``$NAME`` and ``${NAME}`` references are
+expanded when the job runs (``$SLURM_JOB_ID``, a site's ``$SCRATCH``), nothing else is
+(a value ``; rm -rf ~`` stays that string).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from hpcllm.clusters import Cluster
+
+_VARIABLE = re.compile(r"\$(?:\{([A-Za-z_]\w*)\}|([A-Za-z_]\w*))")
+# Set by Slurm or by the script itself: never checked for being set before use.
+_RUNTIME_VARIABLE = re.compile(r"^(SLURM_\w*|SRUN_\w*|MASTER_ADDR|MASTER_PORT)$")
+
+RUNTIME_EXEC = {"apptainer": "apptainer", "singularity": "singularity"}
+GPU_FLAG = {"nvidia": "--nv", "amd": "--rocm"}
+
+
+def shell_word(text: str) -> str:
+    """``text`` as one shell word: variable references expand, nothing else does."""
+    parts: list[str] = []
+    pos = 0
+    for match in _VARIABLE.finditer(text):
+        if match.start() > pos:
+            parts.append(shlex.quote(text[pos : match.start()]))
+        parts.append('"${%s}"' % (match.group(1) or match.group(2)))
+        pos = match.end()
+    if pos < len(text) or not parts:
+        parts.append(shlex.quote(text[pos:]))
+    return "".join(parts)
+
+
+def referenced_variables(text: str) -> list[str]:
+    return [m.group(1) or m.group(2) for m in _VARIABLE.finditer(text)]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What a batch job runs: ``argv`` in the environment ``env``.
+
+    ``argv`` may contain ``${MASTER_ADDR}`` and ``${SLURM_JOB_ID}``; ``shell()`` gives
+    the script that sets them (the rendezvous host is the first node of the job).
+    """
+
+    argv: list[str]
+    env: dict[str, str]
+    rendezvous_suffix: str | None = None  # None: no rendezvous host to resolve
+    modules: tuple[str, ...] = ()
+    source: str = ""  # where the environment comes from, for error messages
+    unset_in_container: tuple[str, ...] = field(default=())
+
+    def shell(self) -> str:
+        lines = ["#!/bin/bash", "set -eo pipefail"]
+        if self.modules:
+            lines.append("module purge")
+            lines += [f"module load {shlex.quote(m)}" for m in self.modules]
+        lines.append("set -u")
+        needed = sorted(
+            {
+                var
+                for value in self.env.values()
+                for var in referenced_variables(value)
+                if not _RUNTIME_VARIABLE.match(var) and var not in self.env
+            }
+        )
+        for var in needed:
+            message = shlex.quote(f"{var} is not set; the job environment ({self.source}) needs it")
+            lines.append(f'if [ -z "${{{var}-}}" ]; then echo {message} >&2; exit 1; fi')
+        for name, value in self.env.items():
+            export = f"export {name}={shell_word(value)}"
+            runtime = [v for v in referenced_variables(value) if _RUNTIME_VARIABLE.match(v)]
+            if runtime:  # e.g. SLURM_CPUS_PER_TASK exists only when the job asked for it
+                test = " && ".join(f'[ -n "${{{v}-}}" ]' for v in runtime)
+                export = f"if {test}; then {export}; fi"
+            lines.append(export)
+        if self.rendezvous_suffix is not None:
+            lines.append(
+                'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"'
+                + (shell_word(self.rendezvous_suffix) if self.rendezvous_suffix else "")
+            )
+            lines.append("export MASTER_ADDR")
+        lines.append("exec " + " ".join(shell_word(a) for a in self.argv))
+        return "\n".join(lines) + "\n"
+
+
+def container_exec(
+    cluster: Cluster, container: str, binds: Sequence[str] = (), unset: Sequence[str] = ()
+) -> list[str]:
+    """``apptainer exec --nv ... image.sif`` (``--rocm`` on AMD), or [] without a runtime."""
+    if not cluster.uses_containers:
+        raise ValueError(
+            f"{cluster.path}: container_runtime is 'none' on {cluster.name}, so the step "
+            f"cannot run in {container}; run it without a container (bare-metal venv)"
+        )
+    argv = [RUNTIME_EXEC[cluster.container_runtime], "exec"]
+    if cluster.gpu is not None:
+        argv.append(GPU_FLAG[cluster.gpu.vendor])
+    all_binds = [*cluster.container_binds, *binds]
+    if all_binds:
+        argv += ["--bind", ",".join(all_binds)]
+    argv.append(container)
+    if unset:
+        argv += ["env", *(a for name in unset for a in ("-u", name))]
+    return argv
+
+
+def build_launch(
+    cluster: Cluster,
+    *,
+    nodes: int,
+    procs_per_node: int,
+    command: Sequence[str],
+    container: str | None = None,
+    master_port: int = 29500,
+    binds: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> Launch:
+    """The launch of ``command`` on ``nodes`` x ``procs_per_node`` processes.
+
+    ``command`` is the complete argv of one process, program first
+    (``["python", "pretrain_gpt.py", ...]``): the launcher runs it with ``--no-python``.
+    ``env`` adds to (and overrides) the cluster's job environment.
+    """
+    if nodes < 1 or procs_per_node < 1:
+        raise ValueError(f"nodes ({nodes}) and procs_per_node ({procs_per_node}) must be >= 1")
+    if not command:
+        raise ValueError("the command to launch is empty")
+    if cluster.gpus_per_node and procs_per_node > cluster.gpus_per_node:
+        raise ValueError(
+            f"{procs_per_node} processes per node, but a {cluster.name} node has "
+            f"{cluster.gpus_per_node} GPUs ({cluster.path}): use at most one process per GPU"
+        )
+    job_env = {**cluster.env, **(env or {})}
+    unset_inside: tuple[str, ...] = ()
+    if container is not None:
+        job_env.update(cluster.env_outside_container)
+        unset_inside = tuple(cluster.env_outside_container)
+
+    if not cluster.uses_slurm:
+        if nodes > 1:
+            raise ValueError(
+                f"{nodes} nodes asked for on '{cluster.name}', which has no scheduler: "
+                "a single machine runs one node"
+            )
+        inner = (
+            list(command)
+            if procs_per_node == 1
+            else [
+                "torchrun",
+                "--standalone",
+                "--nproc_per_node",
+                str(procs_per_node),
+                "--no-python",
+                *command,
+            ]
+        )
+        argv = (container_exec(cluster, container, binds) if container else []) + inner
+        return Launch(
+            argv=argv, env=job_env, modules=cluster.modules, source=cluster.path or cluster.name
+        )
+
+    job_env["MASTER_PORT"] = str(master_port)
+    srun = [
+        "srun",
+        "--nodes",
+        str(nodes),
+        "--ntasks",
+        str(nodes),
+        "--ntasks-per-node",
+        "1",
+        "--kill-on-bad-exit=1",
+        *cluster.srun_args,
+    ]
+    inside = container_exec(cluster, container, binds, unset_inside) if container else []
+    launcher = [
+        cluster.launcher,
+        "--nnodes",
+        str(nodes),
+        "--nproc_per_node",
+        str(procs_per_node),
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint",
+        f"${{MASTER_ADDR}}:{master_port}",
+        "--rdzv_id",
+        "${SLURM_JOB_ID}",
+        "--no-python",
+    ]
+    return Launch(
+        argv=srun + inside + launcher + list(command),
+        env=job_env,
+        rendezvous_suffix=cluster.rendezvous_suffix,
+        modules=cluster.modules,
+        source=cluster.path or cluster.name,
+        unset_in_container=unset_inside,
+    )
