@@ -1,0 +1,252 @@
+"""Pack one split of an image tree into one LMDB (``pack_lmdb``).
+
+Record format (version 1), documented in docs/vision.md:
+
+- key ``b"%08d" % i`` (ASCII, zero-padded, i = 0 .. num_samples-1, in the sorted order of
+  the images' paths) -> value ``struct.pack("<IH", label, len(name)) + name + image``:
+  the class index (uint32), the image's path relative to the dataset root (UTF-8,
+  length uint16) and the encoded image bytes exactly as in the source file.
+- key ``b"__meta__"`` -> UTF-8 JSON: ``format`` ("hpcllm-lmdb-images"), ``version``,
+  ``num_samples``, ``classes`` (wnids; class index = position), ``num_bytes`` (image
+  bytes), ``dataset``, ``split``, ``layout``.
+
+Files are read by a thread pool while the main thread writes, so reading and writing
+overlap; records go in with MDB_APPEND in large transactions, the map grows when full,
+and the LMDB directory and its report are written under temporary names and renamed
+when complete.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import shutil
+import struct
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import lmdb
+from PIL import Image, UnidentifiedImageError
+
+from hpcllm.atomic import atomic_paths
+from hpcllm.vision.trees import BadInputError, Problem, Sample, SplitListing
+
+log = logging.getLogger(__name__)
+
+FORMAT = "hpcllm-lmdb-images"
+VERSION = 1
+META_KEY = b"__meta__"
+RECORD_HEADER = struct.Struct("<IH")  # label, length of the path that follows
+CHECKS = ("header", "decode")
+MAX_PROBLEMS_SHOWN = 20
+_CHUNK = 16  # images per read task: fewer futures, same overlap
+
+
+def record_key(index: int) -> bytes:
+    return b"%08d" % index
+
+
+def encode_record(label: int, name: str, image: bytes) -> bytes:
+    name_bytes = name.encode("utf-8")
+    return RECORD_HEADER.pack(label, len(name_bytes)) + name_bytes + image
+
+
+def image_problem(data: bytes, check: str = "header") -> str | None:
+    """Why ``data`` is not a usable image, or None.
+
+    ``header``: Pillow recognises the format and parses the header, and a JPEG ends with
+    its end-of-image marker (a truncated file does not). ``decode``: Pillow decodes the
+    whole image (slower; also finds damage inside the compressed data that makes libjpeg
+    fail).
+    """
+    if not data:
+        return "empty file"
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            fmt = im.format
+            if check == "decode":
+                im.load()
+    except UnidentifiedImageError:
+        return "not an image (Pillow cannot identify it)"
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+        return f"corrupt image: {e}"
+    if check == "header" and fmt == "JPEG" and not data.rstrip(b"\0").endswith(b"\xff\xd9"):
+        return "truncated JPEG (no end-of-image marker)"
+    return None
+
+
+def _read_chunk(samples: Sequence[Sample], check: str) -> list[tuple[Sample, bytes, str | None]]:
+    out = []
+    for s in samples:
+        try:
+            with open(s.path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            out.append((s, b"", f"unreadable: {e.strerror or e}"))
+            continue
+        out.append((s, data, image_problem(data, check)))
+    return out
+
+
+def _read_ahead(
+    samples: Sequence[Sample], check: str, threads: int
+) -> Iterator[tuple[Sample, bytes, str | None]]:
+    """Images in order, read and checked by ``threads`` threads a bounded distance ahead."""
+    window = max(2, threads * 4)
+    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="pack-read") as pool:
+        pending: deque[Future] = deque()
+        chunks = (samples[i : i + _CHUNK] for i in range(0, len(samples), _CHUNK))
+        try:
+            for chunk in chunks:
+                pending.append(pool.submit(_read_chunk, chunk, check))
+                if len(pending) >= window:
+                    yield from pending.popleft().result()
+            while pending:
+                yield from pending.popleft().result()
+        finally:
+            for f in pending:
+                f.cancel()
+
+
+def format_problems(problems: Sequence[Problem], what: str) -> str:
+    shown = "\n".join(f"  {p}" for p in problems[:MAX_PROBLEMS_SHOWN])
+    more = len(problems) - MAX_PROBLEMS_SHOWN
+    return (
+        f"{len(problems)} {what}:\n{shown}"
+        + (f"\n  ... and {more} more" if more > 0 else "")
+        + "\nFix or remove them, or set vision.on_bad_image: skip to leave them out "
+        "(listed in the report next to the LMDB)."
+    )
+
+
+class _Writer:
+    """Appends records in transactions of about ``txn_bytes``; grows the map when full."""
+
+    def __init__(self, path: Path, map_size: int, txn_bytes: int) -> None:
+        # No lock file (one writer, readers open with lock=False); durability once at the
+        # end (sync) instead of at every commit.
+        self.env = lmdb.open(
+            str(path), map_size=map_size, subdir=True, lock=False, sync=False, metasync=False,
+            readahead=False, meminit=False,
+        )  # fmt: skip
+        self.txn_bytes = txn_bytes
+        self.batch: list[tuple[bytes, bytes]] = []
+        self.batch_bytes = 0
+        self.grown = 0
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self.batch.append((key, value))
+        self.batch_bytes += len(value)
+        if self.batch_bytes >= self.txn_bytes:
+            self.commit()
+
+    def commit(self) -> None:
+        while True:
+            try:
+                with self.env.begin(write=True) as txn:
+                    for key, value in self.batch:
+                        txn.put(key, value, append=True)
+                break
+            except lmdb.MapFullError:  # the transaction was aborted: grow and write again
+                new_size = self.env.info()["map_size"] * 2 + 2 * self.batch_bytes
+                log.info("LMDB map full, growing it to %.1f GB", new_size / 1e9)
+                self.env.set_mapsize(new_size)
+                self.grown += 1
+        self.batch.clear()
+        self.batch_bytes = 0
+
+    def close(self, sync: bool) -> None:
+        if sync:
+            self.commit()
+            self.env.sync(True)
+        self.env.close()
+
+
+def pack_lmdb(
+    listing: SplitListing,
+    out_dir: str | os.PathLike,
+    report_path: str | os.PathLike,
+    *,
+    meta: dict[str, Any] | None = None,
+    on_bad_image: str = "fail",
+    check: str = "header",
+    threads: int = 4,
+    txn_bytes: int = 256 << 20,
+    map_size: int = 1 << 30,
+) -> dict[str, Any]:
+    """Write the images of ``listing`` into the LMDB directory ``out_dir``; return the report.
+
+    ``on_bad_image``: ``fail`` raises BadInputError naming the bad files (nothing is left
+    behind); ``skip`` leaves them out and lists them in the report (JSON at
+    ``report_path``: counts, sizes, time, and ``skipped``: path, kind, message).
+    """
+    if on_bad_image not in ("fail", "skip"):
+        raise ValueError(f"on_bad_image must be fail or skip, not '{on_bad_image}'")
+    if check not in CHECKS:
+        raise ValueError(f"check must be one of {', '.join(CHECKS)}, not '{check}'")
+    problems = list(listing.problems)
+    if problems and on_bad_image == "fail":
+        raise BadInputError(format_problems(problems, "problems in the image tree"))
+    samples = [s for s in listing.samples if s.key not in listing.excluded]
+    start = time.monotonic()
+    count = num_bytes = 0
+    with atomic_paths(out_dir, report_path) as (tmp_dir, tmp_report):
+        if tmp_dir.exists():  # left by a killed run
+            shutil.rmtree(tmp_dir)
+        tmp_dir.mkdir(parents=True)
+        writer = _Writer(tmp_dir, map_size, txn_bytes)
+        ok = False
+        try:
+            for sample, data, problem in _read_ahead(samples, check, threads):
+                if problem:
+                    bad = Problem(str(sample.path), "bad_image", problem)
+                    if on_bad_image == "fail":
+                        raise BadInputError(f"{bad}\n{format_problems([bad], 'bad image')}")
+                    log.warning("skipping %s", bad)
+                    problems.append(bad)
+                    continue
+                writer.put(record_key(count), encode_record(sample.label, sample.key, data))
+                count += 1
+                num_bytes += len(data)
+                if count % 50000 == 0:
+                    log.info("%d images, %.1f GB", count, num_bytes / 1e9)
+            if count == 0:
+                raise BadInputError(f"no usable images among the {len(samples)} listed")
+            full_meta = {
+                **(meta or {}),
+                "format": FORMAT,
+                "version": VERSION,
+                "num_samples": count,
+                "num_bytes": num_bytes,
+                "classes": listing.classes,
+            }
+            writer.put(META_KEY, json.dumps(full_meta).encode())
+            ok = True
+        finally:
+            writer.close(sync=ok)
+        seconds = time.monotonic() - start
+        report = {
+            **(meta or {}),
+            "num_samples": count,
+            "num_classes": len(listing.classes),
+            "num_bytes": num_bytes,
+            "lmdb_bytes": (tmp_dir / "data.mdb").stat().st_size,
+            "seconds": round(seconds, 3),
+            "map_grown": writer.grown,
+            "on_bad_image": on_bad_image,
+            "check": check,
+            "num_skipped": len(problems),
+            "skipped": [{"path": p.path, "kind": p.kind, "message": p.message} for p in problems],
+        }
+        Path(tmp_report).write_text(json.dumps(report, indent=1) + "\n")
+    log.info(
+        "packed %d images (%.1f MB) into %s in %.1f s (%.0f images/s), %d skipped",
+        count, num_bytes / 1e6, out_dir, seconds, count / max(seconds, 1e-9), len(problems),
+    )  # fmt: skip
+    return report
