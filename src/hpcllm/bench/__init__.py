@@ -1,0 +1,1 @@
+"""Benchmark sweeps: expansion from experiment configs, runs, log parsing, metrics, plots."""

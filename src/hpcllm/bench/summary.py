@@ -1,0 +1,147 @@
+"""One row per run: every parameter of its sweep point, every metric, and a status.
+
+Status: ``ok``; a failure class from :mod:`hpcllm.bench.failures` (``out_of_memory``,
+``node_failure``, ``time_limit``, ``nccl_error``, ``cancelled``, ``error``); ``truncated``
+(the log was cut off: metrics are from the complete lines); ``no_iterations`` (the log
+holds no training record); ``missing`` (neither record nor log exists).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from hpcllm.atomic import atomic_path
+from hpcllm.bench import metrics
+from hpcllm.bench.failures import classify_log
+from hpcllm.bench.logparse import parse_megatron_log, parse_vision_log
+
+log = logging.getLogger(__name__)
+GROUP = ["benchmark", "experiment", "model", "scaling", "precision"]
+
+
+def run_dir(results: str | Path, benchmark: str, point_id: str) -> Path:
+    return Path(results) / benchmark / point_id
+
+
+def run_row(point: dict, directory: str | Path, slurm_logs: list[Path] = ()) -> dict:
+    """The summary row of one run from its ``run.json`` record and ``run.log``."""
+    directory = Path(directory)
+    record_path, log_path = directory / "run.json", directory / "run.log"
+    row = {k: v for k, v in point.items() if not isinstance(v, dict | list)}
+    row["log"] = str(log_path)
+    record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    row["returncode"] = record.get("returncode")
+    row["wall_time_s"] = record.get("wall_time_s")
+    row["slurm_job_id"] = record.get("slurm_job_id")
+    if not log_path.is_file():
+        row["status"] = record.get("status", "missing") if record else "missing"
+        if row["status"] == "missing":
+            row["status"] = classify_log(list(slurm_logs), record.get("slurm_state")) or "missing"
+        return row
+    status = record.get("status") or classify_log([log_path, *slurm_logs]) or "ok"
+    try:
+        if point["benchmark"] == "language":
+            parsed = parse_megatron_log(log_path)
+            row.update(
+                metrics.language_run_metrics(
+                    parsed.iterations,
+                    warmup=point.get("warmup_iterations", 0),
+                    gpus=point["gpus"],
+                    seq_length=point["seq_length"],
+                    peak_tflops=point.get("peak_tflops"),
+                )
+            )
+            empty, truncated = not parsed.iterations, parsed.truncated
+        else:
+            parsed = parse_vision_log(log_path)
+            row.update(
+                metrics.vision_run_metrics(
+                    parsed.batches,
+                    parsed.epochs,
+                    measured_epoch=point["measured_epoch"],
+                    gpus=point["gpus"],
+                )
+            )
+            flops = (parsed.start or {}).get("train_flops_per_image")
+            if flops and "images_per_s_per_gpu" in row:
+                row["tflops_per_gpu"] = row["images_per_s_per_gpu"] * flops / 1e12
+                row["mfu"] = metrics.mfu(row["tflops_per_gpu"], point.get("peak_tflops"))
+            empty = not parsed.epochs
+            truncated = parsed.truncated or (bool(parsed.start) and parsed.end is None)
+    except (ValueError, KeyError, TypeError) as e:  # a log we cannot read is a run we mark
+        log.warning("%s: cannot compute metrics: %s", log_path, e)
+        row["status"], row["error"] = "unreadable", f"{type(e).__name__}: {e}"
+        return row
+    if status == "ok" and empty:
+        status = "no_iterations"
+    elif status == "ok" and truncated:
+        status = "truncated"
+    row["status"] = status
+    return row
+
+
+def add_efficiencies(df: pd.DataFrame) -> pd.DataFrame:
+    """Scaling efficiencies against the smallest node count that ran successfully."""
+    df = df.copy()
+    for col in (
+        "baseline_nodes",
+        "efficiency",
+        "efficiency_epoch_time",
+        "efficiency_train_time",
+        "efficiency_batch_time",
+    ):
+        df[col] = math.nan
+    if df.empty:
+        return df
+    ok = df["status"] == "ok"
+    for _, group in df[ok].groupby(GROUP, dropna=False):
+        base = group.loc[group["nodes"].idxmin()]
+        for idx, run in group.iterrows():
+            df.loc[idx, "baseline_nodes"] = base["nodes"]
+            if run["benchmark"] == "language":
+                df.loc[idx, "efficiency"] = metrics.efficiency_from_throughput(
+                    run["tokens_per_s_per_gpu"], base["tokens_per_s_per_gpu"]
+                )
+                continue
+            for name, col in (("epoch", "epoch_time_s"), ("train", "train_time_s")):
+                df.loc[idx, f"efficiency_{name}_time"] = metrics.efficiency_from_time(
+                    run[col], run["gpus"], base[col], base["gpus"], run["scaling"]
+                )
+            df.loc[idx, "efficiency_batch_time"] = metrics.efficiency_from_time(
+                run["median_batch_time_s"], 1, base["median_batch_time_s"], 1, "weak"
+            )
+            df.loc[idx, "efficiency"] = metrics.efficiency_from_throughput(
+                run["images_per_s_per_gpu"], base["images_per_s_per_gpu"]
+            )
+    return df
+
+
+def summarize(
+    points: list[dict], results: str | Path, slurm_log_root: str | Path | None = None
+) -> pd.DataFrame:
+    rows = []
+    for point in points:
+        slurm_logs = (
+            sorted(
+                Path(slurm_log_root).glob(f"rule_bench_{point['benchmark']}/{point['id']}/*.log")
+            )
+            if slurm_log_root
+            else []
+        )
+        rows.append(run_row(point, run_dir(results, point["benchmark"], point["id"]), slurm_logs))
+    df = pd.DataFrame(rows)
+    if df.empty:
+        df = pd.DataFrame(columns=["id", *GROUP, "nodes", "gpus", "status"])
+    return add_efficiencies(df).sort_values(
+        ["benchmark", "experiment", "model", "scaling", "precision", "nodes"]
+    )
+
+
+def write_summary(df: pd.DataFrame, path: str | Path) -> None:
+    with atomic_path(path) as tmp:
+        df.to_csv(tmp, index=False)

@@ -1,0 +1,280 @@
+"""Expand benchmark experiments into sweep points: one point = one job = one run.
+
+Node counts double from the smallest that holds one model replica up to the cluster's
+maximum given in the experiment (``max_nodes: {juwels: 256, default: 16}``); a cluster
+with neither its own entry nor a ``default`` gets no points from that experiment, so the
+built-in tiny experiments (``max_nodes: {local: 2}``) stay off real clusters and the full
+sweeps stay off laptops.
+
+On a cluster without GPUs (``gpus_per_node: 0``, the local machine) a "node" of the sweep
+is one process: the local sweep 1, 2 runs 1 and 2 processes on this machine.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+SCALINGS = ("strong", "weak")
+_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+class SweepError(ValueError):
+    """An experiment that cannot be expanded; the message names the experiment and key."""
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    """What the sweep needs to know about a cluster (from ``hpcllm.clusters``)."""
+
+    name: str
+    gpus_per_node: int  # 0: CPU only, one process per sweep "node"
+    gpu_memory_gb: float = 0.0
+    peak_tflops: dict = field(default_factory=dict)  # precision -> dense peak TFLOP/s per GPU
+    gpu_model: str = "cpu"
+
+    @property
+    def procs_per_node(self) -> int:
+        return self.gpus_per_node or 1
+
+
+@dataclass
+class Point:
+    """One run of a sweep; every field is a column of the summary."""
+
+    id: str
+    benchmark: str
+    experiment: str
+    model: str
+    scaling: str
+    precision: str
+    nodes: int
+    procs_per_node: int
+    gpus: int
+    min_nodes: int
+    cluster: str
+    gpu_model: str
+    peak_tflops: float | None
+    settings: dict = field(default_factory=dict)  # model/batch/layout settings of the run
+
+    def row(self) -> dict:
+        data = asdict(self)
+        data.update(data.pop("settings"))
+        return data
+
+
+def load_experiment(name: str, spec: str | dict, root: str | Path = ".") -> dict:
+    """An experiment from its config entry: an inline mapping or a YAML file path."""
+    if isinstance(spec, dict):
+        return spec
+    path = Path(root) / spec
+    if not path.is_file():
+        raise SweepError(f"benchmarks.experiments.{name}: file {spec} does not exist")
+    with open(path) as f:
+        data = yaml.safe_load(f)
+    if not isinstance(data, dict):
+        raise SweepError(f"{spec}: expected a mapping with the experiment's keys")
+    return data
+
+
+def node_counts(min_nodes: int, max_nodes: int) -> list[int]:
+    """min, 2 min, 4 min, ... up to max (inclusive)."""
+    counts = []
+    n = min_nodes
+    while n <= max_nodes:
+        counts.append(n)
+        n *= 2
+    return counts
+
+
+def _max_nodes(where: str, spec: dict, cluster: str) -> int | None:
+    value = spec.get(cluster, spec.get("default"))
+    if value is not None and (not isinstance(value, int) or value < 1):
+        raise SweepError(f"{where}.max_nodes.{cluster}: expected a positive integer, got {value!r}")
+    return value
+
+
+def expand_experiment(name: str, exp: dict, cluster: ClusterFacts) -> list[Point]:
+    if not _NAME.match(name):
+        raise SweepError(
+            f"benchmarks.experiments: name {name!r} may hold only letters, digits, _ -"
+        )
+    kind = exp.get("benchmark")
+    if kind == "language":
+        return _expand_language(name, exp, cluster)
+    if kind == "vision":
+        return _expand_vision(name, exp, cluster)
+    raise SweepError(f"experiment {name}: 'benchmark' must be language or vision, not {kind!r}")
+
+
+def expand_all(experiments: dict, cluster: ClusterFacts, root: str | Path = ".") -> list[Point]:
+    points: list[Point] = []
+    for name, spec in experiments.items():
+        points.extend(expand_experiment(name, load_experiment(name, spec, root), cluster))
+    ids = [p.id for p in points]
+    if len(set(ids)) != len(ids):
+        raise SweepError("benchmarks.experiments: two experiments give the same point ids")
+    return points
+
+
+def _peak(cluster: ClusterFacts, precision: str) -> float | None:
+    key = "fp32" if precision == "fp32" else "bf16"  # mixed precision runs on bf16/fp16 units
+    return cluster.peak_tflops.get(key)
+
+
+def _point_id(exp: str, model: str, scaling: str, precision: str, nodes: int) -> str:
+    return f"{exp}.{model}.{scaling}.{precision}.n{nodes:04d}"
+
+
+def _expand_language(name: str, exp: dict, cluster: ClusterFacts) -> list[Point]:
+    where = f"experiment {name}"
+    per_node = cluster.procs_per_node
+    micro = exp.get("micro_batch", 1)
+    points = []
+    for model, m in exp["models"].items():
+        mwhere = f"{where}, model {model}"
+        max_nodes = _max_nodes(
+            mwhere, {**exp.get("max_nodes", {}), **m.get("max_nodes", {})}, cluster.name
+        )
+        if max_nodes is None:
+            continue
+        replica = m["gpus_per_replica"]
+        # Tensor parallelism inside a node, pipeline parallelism across nodes.
+        tp = math.gcd(replica, per_node) if cluster.gpus_per_node else 1
+        if replica % tp:
+            raise SweepError(f"{mwhere}: gpus_per_replica {replica} is not a multiple of TP {tp}")
+        pp = replica // tp
+        min_nodes = max(1, math.ceil(replica / per_node))
+        for nodes in node_counts(min_nodes, max_nodes):
+            gpus = nodes * per_node
+            if gpus % replica:
+                raise SweepError(
+                    f"{mwhere}: {nodes} nodes x {per_node} GPUs do not hold whole replicas of "
+                    f"{replica} GPUs; set gpus_per_replica to a divisor of {gpus}"
+                )
+            dp = gpus // replica
+            for scaling in exp.get("scaling", SCALINGS):
+                if scaling == "strong":
+                    global_batch = m["strong_global_batch"]
+                    if global_batch % (micro * dp):
+                        raise SweepError(
+                            f"{mwhere}: strong_global_batch {global_batch} is not divisible by "
+                            f"micro batch {micro} x data parallel {dp} at {nodes} nodes; lower "
+                            f"max_nodes.{cluster.name} or change the batch"
+                        )
+                else:
+                    global_batch = m["weak_grad_accum"] * micro * dp
+                for precision in exp.get("precision", ["bf16"]):
+                    settings = {
+                        "engine": exp.get("engine", "megatron"),
+                        "preset": m["preset"],
+                        "model_overrides": m.get("overrides", {}),
+                        "seq_length": exp.get("seq_length", 2048),
+                        "micro_batch": micro,
+                        "global_batch": global_batch,
+                        "grad_accum": global_batch // (micro * dp),
+                        "tp": tp,
+                        "pp": pp,
+                        "dp": dp,
+                        "sequence_parallel": bool(exp.get("sequence_parallel", True)) and tp > 1,
+                        "distributed_optimizer": bool(exp.get("distributed_optimizer", True)),
+                        "iterations": exp.get("iterations", 20),
+                        "warmup_iterations": exp.get("warmup_iterations", 3),
+                        "data": exp.get("data", "mock"),
+                        "tokenizer": exp.get("tokenizer"),
+                    }
+                    points.append(
+                        Point(
+                            id=_point_id(name, model, scaling, precision, nodes),
+                            benchmark="language",
+                            experiment=name,
+                            model=model,
+                            scaling=scaling,
+                            precision=precision,
+                            nodes=nodes,
+                            procs_per_node=per_node,
+                            gpus=gpus,
+                            min_nodes=min_nodes,
+                            cluster=cluster.name,
+                            gpu_model=cluster.gpu_model,
+                            peak_tflops=_peak(cluster, precision),
+                            settings=settings,
+                        )
+                    )
+    return points
+
+
+def batch_per_gpu(exp: dict, memory_gb: float, where: str) -> int:
+    """The per-GPU batch: a fixed ``batch_per_gpu``, else the entry of ``batch_by_memory``
+    for the largest memory size (GB) the GPU has (128 for 40 GB, 256 for 64, 512 for 80)."""
+    if "batch_per_gpu" in exp:
+        return exp["batch_per_gpu"]
+    table = {float(k): v for k, v in exp.get("batch_by_memory", {}).items()}
+    fitting = [k for k in table if k <= memory_gb + 0.5]
+    if not fitting:
+        raise SweepError(
+            f"{where}: no batch_by_memory entry fits a GPU of {memory_gb} GB; "
+            f"add one or set batch_per_gpu"
+        )
+    return table[max(fitting)]
+
+
+def _expand_vision(name: str, exp: dict, cluster: ClusterFacts) -> list[Point]:
+    where = f"experiment {name}"
+    max_nodes = _max_nodes(where, exp.get("max_nodes", {}), cluster.name)
+    if max_nodes is None:
+        return []
+    per_node = cluster.procs_per_node
+    batch = batch_per_gpu(exp, cluster.gpu_memory_gb, where)
+    epochs = exp.get("epochs", 5)
+    measured = exp.get("measured_epoch", 4)
+    if not 1 <= measured <= epochs:
+        raise SweepError(f"{where}: measured_epoch {measured} is not within 1..epochs ({epochs})")
+    model = exp.get("model", "resnet50")
+    points = []
+    min_nodes = exp.get("min_nodes", 1)
+    for nodes in node_counts(min_nodes, max_nodes):
+        for scaling in exp.get("scaling", SCALINGS):
+            # Weak scaling: every GPU reads as many images per epoch as at the smallest
+            # point, so the dataset is repeated nodes/min_nodes times more.
+            repeat = exp.get("repeat", 1) * (nodes // min_nodes if scaling == "weak" else 1)
+            for precision in exp.get("precision", ["fp32", "amp"]):
+                settings = {
+                    "dataset": exp["dataset"],
+                    "split": exp.get("split", "train"),
+                    "repeat": repeat,
+                    "batch_per_gpu": batch,
+                    "global_batch": batch * nodes * per_node,
+                    "epochs": epochs,
+                    "measured_epoch": measured,
+                    "image_size": exp.get("image_size", 224),
+                    "num_classes": exp.get("num_classes"),
+                    "workers": exp.get("workers", 8),
+                    "learning_rate": exp.get("learning_rate", 0.1),
+                    "max_batches_per_epoch": exp.get("max_batches_per_epoch"),
+                    "stage_in": bool(exp.get("stage_in", True)),
+                    "warmup_iterations": 0,
+                }
+                points.append(
+                    Point(
+                        id=_point_id(name, model, scaling, precision, nodes),
+                        benchmark="vision",
+                        experiment=name,
+                        model=model,
+                        scaling=scaling,
+                        precision=precision,
+                        nodes=nodes,
+                        procs_per_node=per_node,
+                        gpus=nodes * per_node,
+                        min_nodes=min_nodes,
+                        cluster=cluster.name,
+                        gpu_model=cluster.gpu_model,
+                        peak_tflops=_peak(cluster, precision),
+                        settings=settings,
+                    )
+                )
+    return points
