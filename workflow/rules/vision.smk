@@ -1,5 +1,67 @@
-# Placeholder: the vision stage is added by its own issue.
+# Image trees to one LMDB per dataset and split (read by the vision benchmark, which
+# stages them to node-local storage with hpcllm.vision.stage_in, see docs/vision.md).
+from hpcllm.vision.datasets_config import check_dataset, dataset_root
+
+VISION = config["vision"]
+IMAGE_DATASETS = VISION["datasets"]
+
+# A missing tree or labels file is reported here, at plan time (dry run included).
+for _name, _dataset in IMAGE_DATASETS.items():
+    check_dataset(_name, _dataset)
 
 
 def vision_targets():
-    return []
+    return [
+        f"data/vision/{name}/{split}.lmdb"
+        for name, cfg in IMAGE_DATASETS.items()
+        for split in cfg["splits"]
+    ]
+
+
+def image_dataset_config(wildcards):
+    return IMAGE_DATASETS[wildcards.dataset]
+
+
+def image_tree(wildcards):
+    """The split's folder: made by make_sample_images for a sample, else the user's tree."""
+    cfg = IMAGE_DATASETS[wildcards.dataset]
+    root = dataset_root(wildcards.dataset, cfg)
+    return root if "sample" in cfg else f"{root}/{wildcards.split}"
+
+
+rule make_sample_images:
+    output:
+        directory("data/vision/sample/{dataset}"),
+    log:
+        "logs/make_sample_images/{dataset}.log",
+    wildcard_constraints:
+        dataset="|".join(IMAGE_DATASETS) or "NONE",
+    threads: 2
+    params:
+        dataset=image_dataset_config,
+    script:
+        "../scripts/make_sample_images.py"
+
+
+rule pack_lmdb:
+    input:
+        tree=image_tree,
+    output:
+        lmdb=directory("data/vision/{dataset}/{split}.lmdb"),
+        report="data/vision/{dataset}/{split}.report.json",
+    log:
+        "logs/pack_lmdb/{dataset}/{split}.log",
+    benchmark:
+        "benchmarks/pack_lmdb/{dataset}/{split}.tsv"
+    wildcard_constraints:
+        dataset="|".join(IMAGE_DATASETS) or "NONE",
+        split="train|val",
+    threads: 4
+    resources:
+        mem_mb=8000,
+        runtime=360,
+    params:
+        dataset=image_dataset_config,
+        vision=VISION,
+    script:
+        "../scripts/pack_lmdb.py"

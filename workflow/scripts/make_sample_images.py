@@ -1,0 +1,7 @@
+from hpcllm import logs
+from hpcllm.vision.datasets_config import make_sample
+
+logs.setup(snakemake.log[0])
+make_sample(
+    snakemake.wildcards.dataset, snakemake.params.dataset, snakemake.output[0], snakemake.threads
+)

@@ -1,0 +1,13 @@
+from hpcllm import logs
+from hpcllm.vision.datasets_config import pack_dataset_split
+
+logs.setup(snakemake.log[0])
+pack_dataset_split(
+    snakemake.wildcards.dataset,
+    snakemake.params.dataset,
+    snakemake.params.vision,
+    snakemake.wildcards.split,
+    snakemake.output.lmdb,
+    snakemake.output.report,
+    threads=snakemake.threads,
+)
