@@ -207,7 +207,7 @@ def pack_lmdb(
                 if problem:
                     bad = Problem(str(sample.path), "bad_image", problem)
                     if on_bad_image == "fail":
-                        raise BadInputError(f"{bad}\n{format_problems([bad], 'bad image')}")
+                        raise BadInputError(format_problems([bad], "bad image"))
                     log.warning("skipping %s", bad)
                     problems.append(bad)
                     continue
