@@ -23,6 +23,8 @@ DEFAULT_ROOT = "config/clusters"
 
 # A whole value that names an environment variable: "$NAME" or "${NAME}".
 _ENV_REFERENCE = re.compile(r"^\$(?:\{([A-Za-z_]\w*)\}|([A-Za-z_]\w*))$")
+# Any reference to an environment variable inside a value.
+VARIABLE = re.compile(r"\$(?:\{([A-Za-z_]\w*)\}|([A-Za-z_]\w*))")
 
 # Caches that default to $HOME, where quota and inode limits break long runs. Each goes to
 # a directory under the cluster's scratch space unless the cluster's env sets it itself.
@@ -261,3 +263,37 @@ def plan_errors(cluster: Cluster) -> list[str]:
         f"documentation and `export {var}=<name>`."
         for key, var in cluster.unset
     ]
+
+
+_VALUE_HINTS = {
+    "slurm_account": "your project's compute-time account (`sacctmgr show assoc user=$USER`)",
+    "slurm_partition": "the partition's name (`sinfo -s`)",
+}
+
+
+def profile_errors(
+    resources: Mapping[str, Mapping[str, object]], environ: Mapping[str, str] | None = None
+) -> list[str]:
+    """Profile resources that name an unset environment variable.
+
+    ``resources`` maps "default-resources" or a rule name to the resources' raw values as
+    the profile wrote them. Snakemake leaves an unset ``$VAR`` as literal text, which Slurm
+    would then be asked for (``--account=$HPCLLM_ACCOUNT``).
+    """
+    environ = os.environ if environ is None else environ
+    errors = []
+    for scope, values in resources.items():
+        where = scope if scope == "default-resources" else f"set-resources of rule {scope}"
+        for name, raw in values.items():
+            if not isinstance(raw, str):
+                continue
+            for match in VARIABLE.finditer(raw):
+                var = match.group(1) or match.group(2)
+                if environ.get(var, "").strip():
+                    continue
+                hint = _VALUE_HINTS.get(name, "the value")
+                errors.append(
+                    f"the profile's {where} takes {name} from ${var}, which is not set: "
+                    f"`export {var}=<{hint}>` before running snakemake"
+                )
+    return errors

@@ -18,9 +18,9 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from hpcllm.clusters import VARIABLE as _VARIABLE
 from hpcllm.clusters import Cluster
 
-_VARIABLE = re.compile(r"\$(?:\{([A-Za-z_]\w*)\}|([A-Za-z_]\w*))")
 # Set by Slurm or by the script itself: never checked for being set before use.
 _RUNTIME_VARIABLE = re.compile(r"^(SLURM_\w*|SRUN_\w*|MASTER_ADDR|MASTER_PORT)$")
 

@@ -41,6 +41,36 @@ for _name in TOKENIZE["tokenizers"]:
         )
 
 
+# The cluster this run targets: config/clusters/<cluster>.yaml (the profile sets
+# `cluster`). Site facts left to the user and profile resources that name an unset
+# environment variable stop the run here, before anything is submitted.
+from snakemake.exceptions import WorkflowError as _WorkflowError
+
+from hpcllm.clusters import ClusterError, load_cluster, plan_errors, profile_errors
+
+_clusters_dir = "config/clusters"
+if not os.path.isdir(_clusters_dir):  # a working directory without its own config/
+    _clusters_dir = os.path.join(workflow.basedir, "config", "clusters")
+try:
+    CLUSTER = load_cluster(config["cluster"], root=_clusters_dir)
+except ClusterError as e:
+    raise _WorkflowError(str(e))
+_resources = workflow.resource_settings
+_profile_resources = {
+    scope: {name: getattr(value, "raw", value) for name, value in values.items()}
+    for scope, values in [
+        ("default-resources", _resources.default_resources or {}),
+        *_resources.overwrite_resources.items(),
+    ]
+}
+_plan_errors = plan_errors(CLUSTER) + profile_errors(_profile_resources)
+if _plan_errors:
+    raise _WorkflowError(
+        f"Jobs for cluster '{CLUSTER.name}' cannot be planned until this is set:\n"
+        + "\n".join(f"  - {e}" for e in _plan_errors)
+    )
+
+
 wildcard_constraints:
     source="|".join(SOURCES) or "NONE",
     tok="|".join(TOKENIZERS) or "NONE",
