@@ -1,0 +1,53 @@
+"""The built-in configuration through real sbatch, compared with the local profile's run."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import slurmruns
+
+pytestmark = pytest.mark.slurm
+
+
+def rule_headers(output: str) -> tuple[dict[str, int], dict[str, int]]:
+    """Jobs Snakemake ran, by rule: (submitted ``rule X:``, local ``localrule X:``)."""
+    remote: dict[str, int] = {}
+    local: dict[str, int] = {}
+    for kind, rule in re.findall(r"^(rule|localrule) (\w+):$", output, re.M):
+        counts = remote if kind == "rule" else local
+        counts[rule] = counts.get(rule, 0) + 1
+    return remote, local
+
+
+def test_builtin_config_runs_as_slurm_jobs_and_matches_local_run(cluster, tmp_path):
+    on_slurm = slurmruns.make_workdir(tmp_path / "slurm")
+    proc = slurmruns.run(on_slurm, cluster)
+    output = proc.stdout + proc.stderr
+    remote, local = rule_headers(output)
+    # The text stages at least run on the compute nodes; downloads stay on the login node.
+    assert {"train_tokenizer", "tokenize", "merge_tokenized"} <= set(remote), output[-3000:]
+    assert "download_text" in local and "download_text" not in remote
+
+    # Every submitted job left its Slurm log, named by its job id, and only those did.
+    logs = slurmruns.slurm_logs(on_slurm)
+    assert {rule: len(v) for rule, v in logs.items()} == remote
+    job_ids = [job_id for entries in logs.values() for job_id, _ in entries]
+    assert all(job_id.isdigit() for job_id in job_ids) and len(set(job_ids)) == len(job_ids)
+    # ... and Slurm ran each of them for its rule, to completion.
+    known = {job["id"]: job for job in cluster.jobs()}
+    for rule, entries in logs.items():
+        for job_id, _ in entries:
+            assert job_id in output, f"job {job_id} not reported by Snakemake"
+            assert known[job_id]["state"] == "COMPLETED", known[job_id]
+            assert known[job_id]["comment"].startswith(f"rule_{rule}"), known[job_id]
+
+    locally = slurmruns.make_workdir(tmp_path / "local")
+    slurmruns.run(locally, None, profile="local")
+    slurm_data = slurmruns.checksums(on_slurm / "data")
+    assert slurm_data, "the Slurm run wrote nothing under data/"
+    assert slurm_data == slurmruns.checksums(locally / "data")
+
+    # Nothing left to do: a second run through Slurm submits no job.
+    again = slurmruns.run(on_slurm, cluster)
+    assert "Nothing to be done" in again.stdout + again.stderr

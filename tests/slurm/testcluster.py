@@ -1,0 +1,340 @@
+"""A real Slurm cluster on this host for the tests: munge, slurmctld and two slurmd nodes.
+
+Everything lives in one temporary directory: its own munge key and socket, its own
+slurm.conf (on free ports), state, spool and logs. Clients find it through ``SLURM_CONF``,
+which ``TestCluster.env`` sets; jobs inherit it, so a system-wide Slurm (if any) is left
+alone. Only root can run it (slurmd starts jobs as their user).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+NODES = ("n1", "n2")
+PARTITION = "batch"
+# Declared per node; the two nodes share this host's cores (config_overrides lets the
+# declaration exceed the hardware), so rules asking for 4 threads still fit on one node.
+NODE_CPUS = 4
+NODE_MEMORY_MB = 20000
+HOSTS_LINE = "127.0.0.1 " + " ".join(NODES) + "  # hpcllm test Slurm cluster (tests/slurm)"
+BINARIES = ("munged", "munge", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scontrol")
+
+
+def missing_requirements() -> str | None:
+    """Why the test cluster cannot start here, or None when it can."""
+    missing = [b for b in BINARIES if shutil.which(b) is None]
+    if missing:
+        return (
+            f"the Slurm tests need slurm-wlm and munge ({', '.join(missing)} not found); "
+            "install them with `sudo bash scripts/install-system-deps.sh`"
+        )
+    if os.geteuid() != 0:
+        return (
+            "the Slurm tests start a real cluster (slurmd) and must run as root: "
+            "`sudo .venv/bin/pytest -m slurm` (see docs/slurm-tests.md)"
+        )
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_node_names_resolve() -> None:
+    """torchrun's rendezvous connects to a node by name: n1, n2 must resolve."""
+    try:
+        for node in NODES:
+            socket.gethostbyname(node)
+        return
+    except OSError:
+        pass
+    with open("/etc/hosts", "a") as f:
+        f.write(HOSTS_LINE + "\n")
+    for node in NODES:
+        socket.gethostbyname(node)  # fails loudly if /etc/hosts is not used
+
+
+def slurm_conf(root: Path, ctld_port: int, node_ports: dict[str, int]) -> str:
+    host = socket.gethostname().split(".")[0]
+    lines = [
+        "ClusterName=hpcllmtest",
+        f"SlurmctldHost={host}",
+        f"SlurmctldPort={ctld_port}",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        f"AuthInfo=socket={root}/munge.socket",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        "MpiDefault=none",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        "AccountingStorageType=accounting_storage/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "JobCompType=jobcomp/none",
+        "SlurmdParameters=config_overrides",
+        f"StateSaveLocation={root}/state",
+        f"SlurmdSpoolDir={root}/spool-%n",
+        f"SlurmctldPidFile={root}/slurmctld.pid",
+        f"SlurmdPidFile={root}/slurmd-%n.pid",
+        f"SlurmctldLogFile={root}/slurmctld.log",
+        f"SlurmdLogFile={root}/slurmd-%n.log",
+        # Finished jobs stay visible to squeue this long: the Slurm plugin's squeue status
+        # mode needs them until its next poll (and it falls back to sacct below 3x its
+        # initial interval).
+        "MinJobAge=3600",
+        # A node whose slurmd was stopped is DOWN within seconds, and back when it returns.
+        "SlurmdTimeout=10",
+        "ReturnToService=2",
+        "KillWait=5",
+        "MessageTimeout=5",
+        "InactiveLimit=0",
+    ]
+    for node in NODES:
+        lines.append(
+            f"NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 Port={node_ports[node]} "
+            f"CPUs={NODE_CPUS} RealMemory={NODE_MEMORY_MB} State=UNKNOWN"
+        )
+    lines.append(
+        f"PartitionName={PARTITION} Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP"
+    )
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class TestCluster:
+    root: Path
+    conf: Path
+    nodes: tuple[str, ...] = NODES
+    partition: str = PARTITION
+    _stopped: bool = field(default=False, repr=False)
+
+    __test__ = False  # not a pytest test class
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment for Slurm clients (and Snakemake) that talk to this cluster."""
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def run(self, *cmd: str, check: bool = True, timeout: float = 30) -> str:
+        proc = subprocess.run(
+            cmd, env=self.env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if check and proc.returncode != 0:
+            raise RuntimeError(
+                f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()}\n"
+                f"{self.log_tail()}"
+            )
+        return proc.stdout
+
+    def log_tail(self, lines: int = 15) -> str:
+        out = []
+        for log in sorted(self.root.glob("slurm*.log")):
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+            out.append(f"--- {log.name}\n" + "\n".join(tail))
+        return "\n".join(out)
+
+    # Nodes ---------------------------------------------------------------------------
+    def node_states(self) -> dict[str, str]:
+        out = self.run("sinfo", "-h", "-N", "-o", "%N %T")
+        return dict(line.split() for line in out.splitlines() if line.strip())
+
+    def wait_nodes(self, state: str = "idle", nodes=None, timeout: float = 60) -> None:
+        """Wait until every node in ``nodes`` is in ``state`` (as sinfo spells it)."""
+        nodes = tuple(nodes or self.nodes)
+        deadline = time.monotonic() + timeout
+        states: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            states = self.node_states()
+            if all(states.get(n, "").rstrip("*~#") == state for n in nodes):
+                return
+            time.sleep(0.5)
+        raise TimeoutError(
+            f"nodes {nodes} not {state} after {timeout}s: {states}\n{self.log_tail()}"
+        )
+
+    def start_node(self, node: str) -> None:
+        subprocess.run(["slurmd", "-f", str(self.conf), "-N", node], env=self.env, check=True)
+
+    def node_alive(self, node: str) -> bool:
+        pid = _read_pid(self.root / f"slurmd-{node}.pid")
+        return pid is not None and _alive(pid)
+
+    def restore(self, timeout: float = 60) -> None:
+        """No job left, every slurmd running, every node idle (after a test broke one)."""
+        self.cancel_all()
+        for node in self.nodes:
+            if not self.node_alive(node):
+                self.start_node(node)
+        for node, state in self.node_states().items():
+            if state.rstrip("*~#") in ("down", "drained", "draining", "fail"):
+                self.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
+        self.wait_nodes("idle", timeout=timeout)
+
+    def stop_node(self, node: str) -> None:
+        """Kill a node as a crash would: its slurmd and every job process on it, SIGKILL."""
+        pid = _read_pid(self.root / f"slurmd-{node}.pid")
+        for p in _pids_with_env("SLURMD_NODENAME", node, also=("SLURM_CONF", str(self.conf))):
+            _kill(p, signal.SIGKILL)
+        if pid:
+            _kill(pid, signal.SIGKILL)
+            _wait_gone([pid], 10)
+        with contextlib.suppress(FileNotFoundError):
+            (self.root / f"slurmd-{node}.pid").unlink()
+
+    # Jobs ----------------------------------------------------------------------------
+    def jobs(self) -> list[dict[str, str]]:
+        """Every job the controller still knows: id, state, name, comment, nodes."""
+        out = self.run("squeue", "-h", "--states=all", "-o", "%i|%T|%j|%k|%N")
+        keys = ("id", "state", "name", "comment", "nodes")
+        return [dict(zip(keys, line.split("|"))) for line in out.splitlines() if line.strip()]
+
+    def wait_job(self, predicate, timeout: float = 120, interval: float = 0.3) -> dict[str, str]:
+        """The first job for which ``predicate(job)`` is true, polling squeue."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for job in self.jobs():
+                if predicate(job):
+                    return job
+            time.sleep(interval)
+        raise TimeoutError(f"no matching job after {timeout}s: {self.jobs()}")
+
+    def cancel_all(self, timeout: float = 30) -> None:
+        active = [j["id"] for j in self.jobs() if j["state"] in _ACTIVE]
+        if active:
+            self.run("scancel", *active, check=False)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(j["state"] in _ACTIVE for j in self.jobs()):
+            time.sleep(0.5)
+
+    # Shutdown ------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop everything this cluster started, leaving no process behind."""
+        if self._stopped:
+            return
+        self._stopped = True
+        with contextlib.suppress(Exception):
+            self.cancel_all()
+        with contextlib.suppress(Exception):
+            self.run("scontrol", "shutdown", check=False, timeout=10)
+        daemons = [
+            pid for pid in (_read_pid(p) for p in self.root.glob("slurm*.pid")) if pid is not None
+        ]
+        _wait_gone(daemons, 15)
+        # Whatever still runs with this cluster's SLURM_CONF (daemons, job steps) ends here.
+        for pid in daemons + _pids_with_env("SLURM_CONF", str(self.conf)):
+            _kill(pid, signal.SIGKILL)
+        munged = _read_pid(self.root / "munged.pid")
+        if munged:
+            _kill(munged, signal.SIGTERM)
+            if not _wait_gone([munged], 10):
+                _kill(munged, signal.SIGKILL)
+
+
+_ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED"}
+
+
+def start(root: Path, timeout: float = 60) -> TestCluster:
+    """Start munge, slurmctld and the slurmd of every node under ``root``; wait for idle."""
+    root.mkdir(parents=True, exist_ok=True)
+    root.chmod(0o711)  # munged refuses a socket directory others may write to
+    ensure_node_names_resolve()
+    conf = root / "slurm.conf"
+    conf.write_text(slurm_conf(root, free_port(), {n: free_port() for n in NODES}))
+    for name in ("state", *(f"spool-{n}" for n in NODES)):
+        (root / name).mkdir(exist_ok=True)
+    cluster = TestCluster(root=root, conf=conf)
+    try:
+        key = root / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        subprocess.run(
+            [
+                "munged",
+                "--force",  # as root, with a private key and socket
+                f"--socket={root}/munge.socket",
+                f"--key-file={key}",
+                f"--log-file={root}/munged.log",
+                f"--pid-file={root}/munged.pid",
+                f"--seed-file={root}/munged.seed",
+            ],
+            check=True,
+        )
+        subprocess.run(["slurmctld", "-f", str(conf)], env=cluster.env, check=True)
+        for node in NODES:
+            cluster.start_node(node)
+        cluster.wait_nodes("idle", timeout=timeout)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def _read_pid(path: Path) -> int | None:
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        return int(path.read_text().split()[0])
+    return None
+
+
+def _kill(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with contextlib.suppress(OSError):  # a zombie counts as gone
+        if Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z"):
+            return False
+    return True
+
+
+def _wait_gone(pids: list[int], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(_alive(p) for p in pids):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _pids_with_env(name: str, value: str, also: tuple[str, str] | None = None) -> list[int]:
+    """Processes whose environment has ``name=value`` (and ``also``, if given)."""
+    wanted = [f"{name}={value}".encode()]
+    if also:
+        wanted.append(f"{also[0]}={also[1]}".encode())
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if all(w in env for w in wanted):
+            found.append(int(proc.name))
+    return found
+
+
+@contextlib.contextmanager
+def running(root: Path) -> Iterator[TestCluster]:
+    cluster = start(root)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
