@@ -1,7 +1,8 @@
 """Read an LMDB written by ``pack_lmdb`` as a PyTorch Dataset.
 
 The environment is opened lazily in the process that reads (each DataLoader worker, each
-DDP rank), read-only, without a lock file (the LMDB is never written once packed, and
+DDP rank; the dataset object holds only the path, so it pickles for spawned workers),
+read-only, without a lock file (the LMDB is never written once packed, and
 node-local or read-only copies cannot hold one) and without readahead (random access).
 """
 
@@ -30,14 +31,28 @@ def open_readonly(path: str | os.PathLike) -> lmdb.Environment:
     )
 
 
+# One environment per LMDB and process: py-lmdb refuses to open the same files twice in a
+# process, so every dataset over a path shares it. A forked DataLoader worker inherits the
+# parent's entries; it closes them (its own mapping only) and opens its own.
+_ENVIRONMENTS: dict[Path, tuple[int, lmdb.Environment]] = {}
+
+
+def shared_environment(path: str | os.PathLike) -> lmdb.Environment:
+    key = Path(path).resolve()
+    pid, env = _ENVIRONMENTS.get(key, (None, None))
+    if env is not None and pid == os.getpid():
+        return env
+    if env is not None:
+        env.close()
+    env = open_readonly(key)
+    _ENVIRONMENTS[key] = (os.getpid(), env)
+    return env
+
+
 def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     """The LMDB's metadata: ``num_samples``, ``classes`` and the rest (see lmdb_pack)."""
-    env = open_readonly(path)
-    try:
-        with env.begin() as txn:
-            raw = txn.get(META_KEY)
-    finally:
-        env.close()
+    with shared_environment(path).begin() as txn:
+        raw = txn.get(META_KEY)
     if raw is None:
         raise ValueError(f"{path}: no {META_KEY.decode()} record; not written by pack_lmdb")
     meta = json.loads(raw)
@@ -71,26 +86,15 @@ class LMDBImageDataset(Dataset):
         self.meta = read_meta(self.path)
         self.classes: list[str] = self.meta["classes"]
         self.num_samples: int = self.meta["num_samples"]
-        self._env: lmdb.Environment | None = None
-        self._pid = -1
 
     def __len__(self) -> int:
         return self.num_samples * self.repeat
-
-    def __getstate__(self) -> dict[str, Any]:  # workers started by spawn open their own
-        return {**self.__dict__, "_env": None, "_pid": -1}
-
-    def _environment(self) -> lmdb.Environment:
-        if self._env is None or self._pid != os.getpid():  # not one inherited through fork
-            self._env = open_readonly(self.path)
-            self._pid = os.getpid()
-        return self._env
 
     def read_record(self, index: int) -> tuple[bytes, int, str]:
         """The encoded image bytes, the label and the source path of image ``index``."""
         if not -len(self) <= index < len(self):
             raise IndexError(f"index {index} out of range for {len(self)} samples")
-        with self._environment().begin(buffers=True) as txn:
+        with shared_environment(self.path).begin(buffers=True) as txn:
             value = txn.get(record_key(index % self.num_samples))
             if value is None:
                 raise KeyError(f"{self.path}: record {index % self.num_samples} missing")
