@@ -16,6 +16,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out_dir", nargs="?", default="resources/sample_text")
     p.add_argument("--english-bytes", type=int, default=1_500_000)
     p.add_argument("--per-language-bytes", type=int, default=100_000)
+    p = sub.add_parser("config-docs", help="write config/README.md from the config schemas")
+    p.add_argument("--schemas", default="workflow/schemas")
+    p.add_argument("--output", default="config/README.md")
     p = sub.add_parser("inspect", help="print a summary of a Megatron .bin/.idx dataset")
     p.add_argument("prefix", help="path prefix without .bin/.idx")
     args = parser.parse_args(argv)
@@ -24,6 +27,12 @@ def main(argv: list[str] | None = None) -> int:
         from hpcllm.sample_corpus import build_sample_corpus
 
         build_sample_corpus(args.out_dir, args.english_bytes, args.per_language_bytes)
+    elif args.command == "config-docs":
+        from pathlib import Path
+
+        from hpcllm.configuration import config_reference
+
+        Path(args.output).write_text(config_reference(args.schemas))
     elif args.command == "inspect":
         from hpcllm.indexed_dataset import check_dataset
 

@@ -112,8 +112,7 @@ def write_shard(
             "type": cfg["type"],
             "dataset": cfg.get("dataset"),
             "config_name": cfg.get("name"),
-            "revision": cfg.get("revision")
-            or ("local files" if cfg["type"] == "local" else "main"),
+            "revision": _revision(cfg),
             "shard": shard,
             "num_shards": num_shards,
             "documents": documents,

@@ -5,16 +5,18 @@ from the hub or from a local mirror of the repository) or local files (JSONL, Pa
 plain text). Every document comes with the place it was read from, so that a bad record
 is reported by file and line (or record number).
 
-Sharding: when a source consists of at least as many files as shards, shard k reads
-files k, k+N, k+2N, ... (so each Slurm job reads only its own files); otherwise the
-documents of the whole stream are dealt round robin (document i goes to shard i mod N).
-Limits (documents, bytes) are split evenly over the shards. Both are deterministic.
+Sharding keeps source order: shard k gets a contiguous block, so the shards concatenated
+(what ``merge_tokenized`` does) are the source in order. When a source has at least as
+many files as shards, the blocks are blocks of files (each Slurm job reads only its own
+files); otherwise the records are counted once and split into blocks. Limits (documents,
+bytes) are split evenly over the shards and apply to each shard's block from its start.
 """
 
 from __future__ import annotations
 
 import glob
 import io
+import itertools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -213,6 +215,7 @@ def hub_dataset(cfg: dict[str, Any], mirror_root: str | None = None) -> Any:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     import datasets
+
     kwargs: dict[str, Any] = {"split": cfg.get("split", "train"), "streaming": True}
     for key in ("name", "data_dir", "revision"):
         if cfg.get(key):
@@ -225,33 +228,52 @@ def hub_dataset(cfg: dict[str, Any], mirror_root: str | None = None) -> Any:
 def shard_documents(
     name: str, cfg: dict[str, Any], shard: int, num_shards: int, base: str | os.PathLike = "."
 ) -> Iterator[Document | BadRecord]:
-    """The raw records of shard ``shard`` of ``num_shards`` (before limits)."""
+    """The raw records of shard ``shard`` of ``num_shards`` (before limits), in source order."""
     if not 0 <= shard < num_shards:
         raise SourceError(f"text.sources.{name}: shard {shard} out of range 0..{num_shards - 1}")
     if cfg["type"] == "local":
         files = resolve_local_files(name, cfg, base)
         if len(files) >= num_shards:
-            for path in files[shard::num_shards]:
+            start, end = block(len(files), shard, num_shards)
+            for path in files[start:end]:
                 yield from _local_file_records(path, cfg)
         else:
-            stream = (d for path in files for d in _local_file_records(path, cfg))
-            yield from _round_robin(stream, shard, num_shards)
+            total = sum(_count_records(path, cfg) for path in files)
+            stream = (r for path in files for r in _local_file_records(path, cfg))
+            yield from itertools.islice(stream, *block(total, shard, num_shards))
         return
     ds = hub_dataset(cfg, os.environ.get("HPCLLM_HF_MIRROR"))
     text_field, id_field = cfg.get("text_field", "text"), cfg.get("id_field", "id")
     label = f"{cfg['dataset']}" + (f" ({cfg['name']})" if cfg.get("name") else "")
-    if getattr(ds, "num_shards", 0) >= num_shards > 1:
-        ds = ds.shard(num_shards=num_shards, index=shard)
+    if num_shards == 1:
+        yield from _datasets_records(ds, label, text_field, id_field)
+    elif getattr(ds, "num_shards", 0) >= num_shards:
+        # Contiguous blocks of files: each job streams only its own files.
+        ds = ds.shard(num_shards=num_shards, index=shard, contiguous=True)
         yield from _datasets_records(ds, f"{label} shard {shard}", text_field, id_field)
     else:
+        # Fewer files than shards: count the records once, then take a contiguous block.
+        total = sum(1 for _ in ds)
         stream = _datasets_records(ds, label, text_field, id_field)
-        yield from _round_robin(stream, shard, num_shards)
+        yield from itertools.islice(stream, *block(total, shard, num_shards))
 
 
-def _round_robin(stream: Iterator[Any], shard: int, num_shards: int) -> Iterator[Any]:
-    for i, doc in enumerate(stream):
-        if i % num_shards == shard:
-            yield doc
+def _count_records(path: str, cfg: dict[str, Any]) -> int:
+    """How many items ``_local_file_records`` yields for a file, without parsing JSON."""
+    if os.path.getsize(path) == 0:
+        return 1  # the empty-file bad record
+    if (cfg.get("format") or _format_of(path)) == "jsonl":
+        with open_binary(path) as raw:
+            return sum(1 for line in io.BufferedReader(raw, 1 << 20) if line.strip())
+    return sum(1 for _ in _local_file_records(path, cfg))
+
+
+def block(total: int, shard: int, num_shards: int) -> tuple[int, int]:
+    """Shard k's contiguous block of ``total`` items; the first ``total % N`` get one more
+    (the rule of ``datasets.IterableDataset.shard``), so the blocks concatenate in order."""
+    base, extra = divmod(total, num_shards)
+    start = shard * base + min(shard, extra)
+    return start, start + base + (1 if shard < extra else 0)
 
 
 def shard_limit(total: int | None, shard: int, num_shards: int) -> int | None:

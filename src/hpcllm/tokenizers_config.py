@@ -27,5 +27,10 @@ def tokenizer_for(cfg: dict[str, Any], files: list[str] | str):
     vocab_size = cfg.get("vocab_size") if cfg["type"] == "files" else None
     if len(files) == 1:
         return load_tokenizer(files[0], vocab_size, cfg["eod_token"])
-    tok = tokenizer_from_gpt2_files(files[0], files[1])
-    return check_tokenizer(tok, files[0], vocab_size, cfg["eod_token"])
+    tok = check_tokenizer(
+        tokenizer_from_gpt2_files(files[0], files[1]), files[0], vocab_size, cfg["eod_token"]
+    )
+    # As in tokenizer.json (and HF's GPT-2 tokenizer), the end-of-document token is special:
+    # its literal text in a document maps to its id, so both forms give the same ids.
+    tok.add_special_tokens([cfg["eod_token"]])
+    return tok

@@ -4,25 +4,22 @@ import sys
 
 sys.path.insert(0, os.path.join(workflow.basedir, "src"))  # the package, also uninstalled
 
-from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from hpcllm.configuration import SECTIONS, check_section
 from hpcllm.text_sources import resolve_local_files
 from hpcllm.tokenizers_config import tokenizer_files
 
 
+check_section("", config, f"{workflow.basedir}/workflow/schemas/config.schema.yaml")
 validate(config, "../schemas/config.schema.yaml")
-# Each section has its own schema file; validated one by one so that their defaults are
-# filled in (snakemake's validate does not fill defaults behind a $ref to another file).
-for _section in ("text", "vision", "containers", "training", "benchmarks"):
-    try:
-        validate(config.setdefault(_section, {}), f"../schemas/{_section}.schema.yaml")
-    except WorkflowError as e:
-        raise WorkflowError(
-            f"The config section '{_section}' is invalid (see config/README.md and "
-            f"workflow/schemas/{_section}.schema.yaml):",
-            e,
-        )
+# Each section has its own schema file. check_section reports every error by its key;
+# validate then fills in the defaults (one file at a time: snakemake's validate does not
+# fill defaults behind a $ref to another file).
+for _section in SECTIONS:
+    config.setdefault(_section, {})
+    check_section(_section, config[_section], f"{workflow.basedir}/workflow/schemas/{_section}.schema.yaml")
+    validate(config[_section], f"../schemas/{_section}.schema.yaml")
 
 TEXT = config["text"]
 SOURCES = TEXT["sources"]
@@ -39,7 +36,6 @@ for _name in TOKENIZE["tokenizers"]:
             f"text.tokenize.tokenizers names '{_name}', which is not in text.tokenizers "
             f"({', '.join(TOKENIZERS) or 'none defined'})"
         )
-
 
 # The cluster this run targets: config/clusters/<cluster>.yaml (the profile sets
 # `cluster`). Site facts left to the user and profile resources that name an unset

@@ -1,0 +1,89 @@
+"""Config validation messages that name the key, and config/README.md from the schemas."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SECTIONS = ("text", "vision", "containers", "training", "benchmarks")
+
+
+class ConfigError(ValueError):
+    """A config value that does not match its schema; names every offending key."""
+
+
+def key_path(section: str, path) -> str:
+    return ".".join([p for p in [section, *map(str, path)] if p]) or "(top level)"
+
+
+def check_section(section: str, data: Any, schema_path: str | Path) -> None:
+    """Raise ``ConfigError`` listing ``config key text.on_bad_record: 'maybe' is not one
+    of ['fail', 'skip']`` for each error (Snakemake's own message names no section)."""
+    import jsonschema
+
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        lines = [
+            f"config key {key_path(section, e.absolute_path)}: {e.message}" for e in errors[:10]
+        ]
+        raise ConfigError(
+            "\n".join(lines)
+            + "\n(each key is described in config/README.md"
+            + (f", section {section})" if section else ")")
+        )
+
+
+def _describe(name: str, schema: dict[str, Any], defs: dict[str, Any], depth: int, out: list[str]):
+    if "$ref" in schema and schema["$ref"].startswith("#/$defs/"):
+        schema = defs[schema["$ref"].removeprefix("#/$defs/")]
+    kind = schema.get("type") or (
+        "one of " + ", ".join(map(str, schema["enum"])) if "enum" in schema else ""
+    )
+    desc = " ".join(str(schema.get("description", "")).split())
+    default = (
+        f" Default: `{schema['default']!r}`."
+        if "default" in schema and schema["default"] != {}
+        else ""
+    )
+    out.append(f"{'  ' * depth}- `{name}` ({kind}): {desc}{default}".replace(" ()", ""))
+    for key, sub in schema.get("properties", {}).items():
+        _describe(key, sub, defs, depth + 1, out)
+    extra = schema.get("additionalProperties")
+    if isinstance(extra, dict) and extra:
+        _describe("<name>", extra, defs, depth + 1, out)
+    if isinstance(schema.get("items"), dict) and "properties" in schema["items"]:
+        _describe("[item]", schema["items"], defs, depth + 1, out)
+
+
+def config_reference(schema_dir: str | Path) -> str:
+    """A Markdown reference of every config key, from the schemas' descriptions."""
+    schema_dir = Path(schema_dir)
+    top = yaml.safe_load((schema_dir / "config.schema.yaml").read_text())
+    out = [
+        "# Configuration reference",
+        "",
+        "Generated from `workflow/schemas/*.schema.yaml` by `python -m hpcllm config-docs`;",
+        "a test keeps it in step with the schemas. The built-in configuration is",
+        "`config/config.yaml`; pass your own with `--configfile` (it is merged over the",
+        "built-in one), or single keys with `--config key=value`.",
+        "",
+        "## Top level",
+        "",
+    ]
+    for key, sub in top["properties"].items():
+        if key not in SECTIONS:
+            _describe(key, sub, {}, 0, out)
+    for section in SECTIONS:
+        schema = yaml.safe_load((schema_dir / f"{section}.schema.yaml").read_text())
+        out += ["", f"## `{section}`", "", " ".join(str(schema.get("description", "")).split()), ""]
+        defs = schema.get("$defs", {})
+        for key, sub in schema.get("properties", {}).items():
+            _describe(key, sub, defs, 0, out)
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict) and extra:
+            _describe("<name>", extra, defs, 0, out)
+    return "\n".join(out) + "\n"

@@ -1,0 +1,182 @@
+"""tokenize: ids identical to HF tokenizers, Megatron-readable output, bad tokenizers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+from hpcllm.sample_corpus import write_jsonl_zst
+from hpcllm.tokenization import (
+    TokenizerError,
+    gigatoken_encoder,
+    hf_encoder,
+    load_tokenizer,
+    make_encoder,
+    read_texts,
+    tokenize_shard,
+    tokenizer_from_gpt2_files,
+)
+from hpcllm.tokenizers_config import tokenizer_for
+
+EOD = "<|endoftext|>"
+
+
+def hf_ids(tok, text):
+    return tok.encode(text, add_special_tokens=False).ids
+
+
+def test_gigatoken_gives_hf_ids_on_many_scripts(trained_tokenizer, edge_texts, sample_texts):
+    tok = load_tokenizer(trained_tokenizer)
+    texts = edge_texts + sample_texts
+    flat, lengths = gigatoken_encoder(tok).encode(texts)
+    ref_flat, ref_lengths = hf_encoder(tok).encode(texts)
+    np.testing.assert_array_equal(lengths, ref_lengths)
+    np.testing.assert_array_equal(flat, ref_flat)
+    # And per document, against the plain single-text API.
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    for i, text in enumerate(edge_texts):
+        assert flat[offsets[i] : offsets[i + 1]].tolist() == hf_ids(tok, text)
+
+
+def test_gpt2_style_files_give_the_same_ids_as_tokenizer_json(trained_tokenizer, edge_texts):
+    d = trained_tokenizer.parent
+    from_json = load_tokenizer(trained_tokenizer, eod_token=EOD)
+    from_files = tokenizer_for(
+        {"type": "files", "eod_token": EOD}, [str(d / "vocab.json"), str(d / "merges.txt")]
+    )
+    for text in edge_texts:
+        assert hf_ids(from_files, text) == hf_ids(from_json, text)
+    assert from_files.token_to_id(EOD) == from_json.token_to_id(EOD)
+
+
+def tokenize_and_read(tmp_path, tok, texts, **kw):
+    shard = tmp_path / "shard.jsonl.zst"
+    write_jsonl_zst(((str(i), t) for i, t in enumerate(texts)), shard)
+    stats = tokenize_shard(shard, tmp_path / "out_text_document", tok, EOD, **kw)
+    return stats, IndexedDataset(str(tmp_path / "out_text_document"))
+
+
+@pytest.mark.parametrize("encoder", ["auto", "hf"])
+def test_tokenized_shard_read_by_megatron_equals_hf_ids_plus_eod(
+    tmp_path, trained_tokenizer, edge_texts, encoder
+):
+    tok = load_tokenizer(trained_tokenizer, eod_token=EOD)
+    eod = tok.token_to_id(EOD)
+    # Small batches so that many batches (and the prefetch thread) are exercised.
+    stats, ds = tokenize_and_read(tmp_path, tok, edge_texts, encoder=encoder, batch_bytes=1024)
+    assert stats.encoder == ("gigatoken" if encoder == "auto" else "hf")
+    assert len(ds) == len(edge_texts) == stats.documents
+    for doc, text in zip(ds, edge_texts, strict=True):
+        assert doc.tolist() == hf_ids(tok, text) + [eod]
+    assert ds.index.dtype == np.uint16
+
+
+def test_without_append_eod(tmp_path, trained_tokenizer, edge_texts):
+    tok = load_tokenizer(trained_tokenizer, eod_token=EOD)
+    _, ds = tokenize_and_read(tmp_path, tok, edge_texts[:3], append_eod=False)
+    assert [d.tolist() for d in ds] == [hf_ids(tok, t) for t in edge_texts[:3]]
+
+
+def test_auto_falls_back_to_hf_when_gigatoken_cannot_load_or_differs(
+    trained_tokenizer, monkeypatch
+):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    word_level = Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    word_level.pre_tokenizer = pre_tokenizers.Whitespace()
+    assert make_encoder(word_level, "auto", ["a b c"]).name == "hf"
+    with pytest.raises(TokenizerError, match="gigatoken cannot load"):
+        make_encoder(word_level, "gigatoken")
+
+    tok = load_tokenizer(trained_tokenizer)
+    import hpcllm.tokenization as t
+
+    real = t.gigatoken_encoder
+
+    def off_by_one(tk):
+        enc = real(tk)
+        inner = enc._encode
+        enc._encode = lambda texts: (inner(texts)[0] + 1, inner(texts)[1])
+        return enc
+
+    monkeypatch.setattr(t, "gigatoken_encoder", off_by_one)
+    assert make_encoder(tok, "auto", ["some text"]).name == "hf"
+    with pytest.raises(TokenizerError, match="other ids"):
+        make_encoder(tok, "gigatoken", ["some text"])
+
+
+def test_tokenizer_that_does_not_match_the_config(tmp_path, trained_tokenizer):
+    size = load_tokenizer(trained_tokenizer).get_vocab_size()
+    with pytest.raises(
+        TokenizerError,
+        match=rf"has a vocabulary of {size} tokens but the config says vocab_size: 50257",
+    ):
+        tokenizer_for(
+            {"type": "files", "vocab_size": 50257, "eod_token": EOD}, str(trained_tokenizer)
+        )
+    with pytest.raises(TokenizerError, match="'</s>' is not in the vocabulary"):
+        tokenizer_for({"type": "files", "eod_token": "</s>"}, str(trained_tokenizer))
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text('{"not": "a tokenizer"}')
+    with pytest.raises(TokenizerError, match=r"tokenizer\.json: not a loadable tokenizer"):
+        load_tokenizer(bad)
+    with pytest.raises(TokenizerError, match="does not exist"):
+        tokenizer_from_gpt2_files(tmp_path / "vocab.json", tmp_path / "merges.txt")
+
+
+def test_reading_is_streamed_in_bounded_batches(tmp_path):
+    shard = tmp_path / "s.jsonl.zst"
+    write_jsonl_zst(((str(i), "x" * 1000) for i in range(500)), shard)
+    sizes = [sum(len(t) for t in b) for b in read_texts(shard, 16_000)]
+    assert len(sizes) > 25 and max(sizes) <= 17_000
+
+
+def test_a_corrupt_shard_is_named(tmp_path, trained_tokenizer):
+    shard = tmp_path / "s.jsonl.zst"
+    write_jsonl_zst([("0", "fine")], shard)
+    import zstandard
+
+    shard.write_bytes(zstandard.ZstdCompressor().compress(b'{"text": "ok"}\nnot json\n'))
+    with pytest.raises(ValueError, match=r"s\.jsonl\.zst:2: not a shard written by download_text"):
+        tokenize_shard(shard, tmp_path / "o", load_tokenizer(trained_tokenizer), EOD)
+    assert not list(tmp_path.glob("o.*"))
+
+
+KILL_SCRIPT = """
+import sys
+from hpcllm.tokenization import load_tokenizer, tokenize_shard
+tok = load_tokenizer(sys.argv[1])
+tokenize_shard(sys.argv[2], sys.argv[3], tok, "<|endoftext|>", encoder="hf", batch_bytes=4096)
+"""
+
+
+def test_killed_tokenize_leaves_no_complete_looking_output_and_rerun_is_identical(
+    tmp_path, trained_tokenizer, sample_texts
+):
+    shard = tmp_path / "big.jsonl.zst"
+    write_jsonl_zst(((str(i), t) for i, t in enumerate(sample_texts * 4)), shard)
+    out = tmp_path / "out" / "0000_text_document"
+    args = [sys.executable, "-c", KILL_SCRIPT, str(trained_tokenizer), str(shard), str(out)]
+    proc = subprocess.Popen(args)
+    partial = out.parent / "0000_text_document.bin.incomplete"
+    deadline = time.monotonic() + 60
+    while not (partial.exists() and partial.stat().st_size > 0) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert partial.exists(), "the job was killed while writing"
+    assert not out.with_suffix(".bin").exists() and not out.with_suffix(".idx").exists()
+    subprocess.run(args, check=True)
+    assert not partial.exists()
+    rerun = (out.with_suffix(".bin").read_bytes(), out.with_suffix(".idx").read_bytes())
+    tokenize_shard(shard, tmp_path / "ref", load_tokenizer(trained_tokenizer), EOD, encoder="hf")
+    assert rerun == ((tmp_path / "ref.bin").read_bytes(), (tmp_path / "ref.idx").read_bytes())
+    assert json.dumps(len(IndexedDataset(str(out)))) == str(len(sample_texts) * 4)
