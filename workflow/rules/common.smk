@@ -2,14 +2,14 @@
 import os
 import sys
 
-sys.path.insert(0, os.path.join(workflow.basedir, "src"))  # the package, also uninstalled
+# The package, importable also where it is not installed.
+sys.path.insert(0, os.path.join(workflow.basedir, "src"))
 
 from snakemake.utils import validate
 
 from hpcllm.configuration import SECTIONS, check_section
 from hpcllm.text_sources import resolve_local_files
 from hpcllm.tokenizers_config import tokenizer_files
-
 
 check_section("", config, f"{workflow.basedir}/workflow/schemas/config.schema.yaml")
 validate(config, "../schemas/config.schema.yaml")
@@ -18,7 +18,11 @@ validate(config, "../schemas/config.schema.yaml")
 # fill defaults behind a $ref to another file).
 for _section in SECTIONS:
     config.setdefault(_section, {})
-    check_section(_section, config[_section], f"{workflow.basedir}/workflow/schemas/{_section}.schema.yaml")
+    check_section(
+        _section,
+        config[_section],
+        f"{workflow.basedir}/workflow/schemas/{_section}.schema.yaml",
+    )
     validate(config[_section], f"../schemas/{_section}.schema.yaml")
 
 TEXT = config["text"]
@@ -78,7 +82,9 @@ def shard_ids(source):
 
 
 def raw_shards(source):
-    return expand("data/raw/{source}/{shard}.jsonl.zst", source=source, shard=shard_ids(source))
+    return expand(
+        "data/raw/{source}/{shard}.jsonl.zst", source=source, shard=shard_ids(source)
+    )
 
 
 def source_config(wildcards):
@@ -95,7 +101,9 @@ def tokenizer_config(wildcards):
 
 def tokenizer_training_shards(wildcards):
     cfg = TOKENIZERS[wildcards.tok]
-    return [path for source in cfg.get("sources") or SOURCES for path in raw_shards(source)]
+    return [
+        path for source in cfg.get("sources") or SOURCES for path in raw_shards(source)
+    ]
 
 
 def tokenizer_inputs(wildcards):
@@ -110,7 +118,9 @@ def tokenized_shard_prefixes(wildcards):
 
 
 def tokenized_shards(wildcards):
-    return [p + ext for p in tokenized_shard_prefixes(wildcards) for ext in (".bin", ".idx")]
+    return [
+        p + ext for p in tokenized_shard_prefixes(wildcards) for ext in (".bin", ".idx")
+    ]
 
 
 def text_targets():

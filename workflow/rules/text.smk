@@ -2,17 +2,17 @@
 
 
 rule download_text:
-    # On the login node: compute nodes of most EuroHPC sites cannot reach the hub.
-    localrule: True
     output:
         jsonl="data/raw/{source}/{shard}.jsonl.zst",
         manifest="data/raw/{source}/{shard}.manifest.json",
+    log:
+        "logs/download_text/{source}/{shard}.log",
+    # On the login node: compute nodes of most EuroHPC sites cannot reach the hub.
+    localrule: True
     params:
         source=source_config,
         num_shards=source_num_shards,
         text=TEXT,
-    log:
-        "logs/download_text/{source}/{shard}.log",
     script:
         "../scripts/download_text.py"
 
@@ -24,17 +24,17 @@ rule train_tokenizer:
         tokenizer="data/tokenizers/{tok}/tokenizer.json",
         vocab="data/tokenizers/{tok}/vocab.json",
         merges="data/tokenizers/{tok}/merges.txt",
-    params:
-        tokenizer=tokenizer_config,
-        out_dir=subpath(output.tokenizer, parent=True),
-    threads: 4
-    resources:
-        mem_mb=16000,
-        runtime=120,
     log:
         "logs/train_tokenizer/{tok}.log",
     benchmark:
         "benchmarks/train_tokenizer/{tok}.tsv"
+    threads: 4
+    resources:
+        mem_mb=16000,
+        runtime=120,
+    params:
+        tokenizer=tokenizer_config,
+        out_dir=subpath(output.tokenizer, parent=True),
     script:
         "../scripts/train_tokenizer.py"
 
@@ -45,18 +45,18 @@ rule tokenize:
         tokenizer=tokenizer_inputs,
     output:
         multiext("data/tokenized/{tok}/{source}/{shard}_text_document", ".bin", ".idx"),
-    params:
-        tokenizer=tokenizer_config,
-        tokenize=TOKENIZE,
-        prefix=subpath(output[0], strip_suffix=".bin"),
-    threads: 4
-    resources:
-        mem_mb=4000,
-        runtime=60,
     log:
         "logs/tokenize/{tok}/{source}/{shard}.log",
     benchmark:
         "benchmarks/tokenize/{tok}/{source}/{shard}.tsv"
+    threads: 4
+    resources:
+        mem_mb=4000,
+        runtime=60,
+    params:
+        tokenizer=tokenizer_config,
+        tokenize=TOKENIZE,
+        prefix=subpath(output[0], strip_suffix=".bin"),
     script:
         "../scripts/tokenize.py"
 
@@ -66,15 +66,15 @@ rule merge_tokenized:
         tokenized_shards,
     output:
         multiext("data/tokenized/{tok}/{source}_text_document", ".bin", ".idx"),
-    params:
-        shard_prefixes=tokenized_shard_prefixes,
-        prefix=subpath(output[0], strip_suffix=".bin"),
-    resources:
-        mem_mb=4000,
-        runtime=60,
     log:
         "logs/merge_tokenized/{tok}/{source}.log",
     benchmark:
         "benchmarks/merge_tokenized/{tok}/{source}.tsv"
+    resources:
+        mem_mb=4000,
+        runtime=60,
+    params:
+        shard_prefixes=tokenized_shard_prefixes,
+        prefix=subpath(output[0], strip_suffix=".bin"),
     script:
         "../scripts/merge_tokenized.py"
