@@ -70,10 +70,15 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
 
 
 def build_command(
-    executable: str, definition: Path, sif: Path, *, fakeroot: bool, extra: Sequence[str] = ()
+    executable: str | os.PathLike,
+    definition: Path,
+    sif: Path,
+    *,
+    fakeroot: bool,
+    extra: Sequence[str] = (),
 ) -> list[str]:
     return [
-        executable,
+        str(executable),
         "build",
         *(["--fakeroot"] if fakeroot else []),
         "--force",  # the temporary image of an earlier, killed build may exist
@@ -84,7 +89,7 @@ def build_command(
 
 
 def build_image(
-    executable: str,
+    executable: str | os.PathLike,
     definition: str | os.PathLike,
     sif: str | os.PathLike,
     digest: str | os.PathLike,
@@ -100,7 +105,7 @@ def build_image(
     definition = Path(definition).resolve()
     sif = Path(sif).resolve()
     version = subprocess.run(
-        [executable, "--version"], capture_output=True, text=True, check=False
+        [str(executable), "--version"], capture_output=True, text=True, check=False
     ).stdout.strip()
     with atomic_paths(sif, digest) as (tmp_sif, tmp_digest):
         cmd = build_command(executable, definition, tmp_sif, fakeroot=fakeroot, extra=extra_args)

@@ -1,0 +1,128 @@
+"""Cluster facts: every file loads, unknown names and bad keys give clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hpcllm.clusters import (
+    ClusterError,
+    known_clusters,
+    load_cluster,
+    plan_errors,
+    profile_errors,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+ROOT = REPO / "config" / "clusters"
+ISSUE_CLUSTERS = {
+    "juwels", "jureca", "jupiter", "jedi", "lumi", "leonardo", "mn5",
+    "meluxina", "karolina", "vega", "deucalion", "discoverer", "local",
+}  # fmt: skip
+# Every "must set" variable, so that files with unknown facts load completely.
+ALL_SET = {
+    "HPCLLM_GPU_PARTITION": "gpu-p",
+    "HPCLLM_CPU_PARTITION": "cpu-p",
+    "HPCLLM_DEVEL_PARTITION": "devel-p",
+}
+
+
+def test_every_cluster_of_the_issue_has_a_facts_file():
+    assert ISSUE_CLUSTERS <= set(known_clusters(ROOT))
+
+
+@pytest.mark.parametrize("name", sorted(ISSUE_CLUSTERS))
+def test_facts_load_and_are_consistent(name):
+    c = load_cluster(name, ROOT, environ=ALL_SET)
+    assert c.name == name and plan_errors(c) == []
+    if name == "local":
+        assert (c.scheduler, c.gpus_per_node, c.container_runtime) == ("none", 0, "none")
+        return
+    assert c.uses_slurm and c.gpus_per_node in (4, 8) and c.gpu is not None
+    assert c.partitions.gpu, "every GPU cluster has a GPU partition"
+    assert c.gpu.peak_bf16_tflops > c.gpu.peak_fp32_tflops
+    # Caches go to the project's scratch, never to $HOME.
+    for var in ("HF_HOME", "TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR", "XDG_CACHE_HOME"):
+        assert c.env[var].startswith(c.scratch) and "HOME" not in c.env[var]
+
+
+def test_site_specifics_from_the_issue():
+    juwels = load_cluster("juwels", ROOT)
+    assert juwels.launcher == "torchrun_jsc" and juwels.rendezvous_suffix == "i"
+    for key, value in {
+        "NCCL_SOCKET_IFNAME": "ib0",
+        "GLOO_SOCKET_IFNAME": "ib0",
+        "NCCL_IB_TIMEOUT": "50",
+        "UCX_RC_TIMEOUT": "4s",
+        "NCCL_IB_RETRY_CNT": "10",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+        "SRUN_CPUS_PER_TASK": "$SLURM_CPUS_PER_TASK",
+    }.items():
+        assert juwels.env[key] == value
+    assert juwels.env_outside_container == {"PMIX_SECURITY_MODE": "native"}
+    for jsc in ("jureca", "jupiter", "jedi"):
+        assert load_cluster(jsc, ROOT, environ=ALL_SET).launcher == "torchrun_jsc"
+    leonardo = load_cluster("leonardo", ROOT)
+    assert leonardo.env["NCCL_PXN_DISABLE"] == "1" and leonardo.launcher == "torchrun"
+    lumi = load_cluster("lumi", ROOT)
+    assert (lumi.gpu.vendor, lumi.gpus_per_node, lumi.container_runtime) == (
+        "amd",
+        8,
+        "singularity",
+    )
+
+
+def test_unknown_cluster_lists_the_known_ones():
+    with pytest.raises(ClusterError, match="unknown cluster 'juwles'.*Known clusters: .*juwels"):
+        load_cluster("juwles", ROOT)
+    with pytest.raises(ClusterError, match="unknown cluster"):
+        load_cluster("../config", ROOT)
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    (tmp_path / "site.yaml").write_text(text)
+    return tmp_path
+
+
+LOCAL = (ROOT / "local.yaml").read_text()
+
+
+def test_a_bad_key_names_the_file_and_the_key(tmp_path):
+    write(tmp_path, LOCAL + "gpus_per_nod: 4\n")
+    with pytest.raises(
+        ClusterError, match=r"(?s)site.yaml is not a valid.*gpus_per_nod. was unexpected"
+    ):
+        load_cluster("site", tmp_path)
+    write(tmp_path, LOCAL.replace("container_runtime: none", "container_runtime: docker"))
+    with pytest.raises(ClusterError, match=r"container_runtime: 'docker' is not one of"):
+        load_cluster("site", tmp_path)
+    write(tmp_path, LOCAL.replace("gpus_per_node: 0", "gpus_per_node: 4"))
+    with pytest.raises(ClusterError, match="gpus_per_node is 4 but `gpu:`"):
+        load_cluster("site", tmp_path)
+    write(tmp_path, "description: [unclosed\n")
+    with pytest.raises(ClusterError, match="not valid YAML"):
+        load_cluster("site", tmp_path)
+
+
+def test_partitions_not_known_for_sure_come_from_the_environment():
+    c = load_cluster("deucalion", ROOT, environ={"HPCLLM_GPU_PARTITION": "gpu-x"})
+    assert c.partitions.gpu == "gpu-x" and c.partitions.cpu is None
+    errors = plan_errors(c)
+    assert len(errors) == 2
+    assert "partitions.cpu" in errors[0] and "export HPCLLM_CPU_PARTITION=" in errors[0]
+    assert "deucalion.yaml" in errors[0]
+
+
+def test_profile_values_naming_unset_variables_are_reported():
+    resources = {
+        "default-resources": {"slurm_account": "$HPCLLM_ACCOUNT", "mem_mb": 1000},
+        "train_segment": {"slurm_partition": "${PART}", "qos": "fixed"},
+    }
+    errors = profile_errors(resources, environ={"HPCLLM_ACCOUNT": ""})
+    assert len(errors) == 2
+    assert "default-resources takes slurm_account from $HPCLLM_ACCOUNT" in errors[0]
+    assert "export HPCLLM_ACCOUNT=" in errors[0]
+    assert "rule train_segment takes slurm_partition from $PART" in errors[1]
+    assert profile_errors(resources, environ={"HPCLLM_ACCOUNT": "a", "PART": "p"}) == []

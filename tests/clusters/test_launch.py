@@ -1,0 +1,235 @@
+"""The launch builder: the exact command per cluster, and the script it gives, run."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcllm.clusters import load_cluster
+from hpcllm.launch import build_launch, shell_word
+
+REPO = Path(__file__).resolve().parents[2]
+ROOT = REPO / "config" / "clusters"
+ENV = {"HPCLLM_GPU_PARTITION": "g", "HPCLLM_CPU_PARTITION": "c", "HPCLLM_DEVEL_PARTITION": "d"}
+
+# What the batch job runs on 2 nodes, all GPUs of a node, in the image c.sif.
+PINNED = {
+    "deucalion": (
+        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none singularity exec --nv c.sif"
+        " torchrun --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
+    ),
+    "discoverer": (
+        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv c.sif"
+        " torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
+    ),
+    "jedi": (
+        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv c.sif"
+        " env -u PMIX_SECURITY_MODE torchrun_jsc --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
+    ),
+    "jupiter": (
+        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv c.sif"
+        " env -u PMIX_SECURITY_MODE torchrun_jsc --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
+    ),
+    "jureca": (
+        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv c.sif"
+        " env -u PMIX_SECURITY_MODE torchrun_jsc --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
+    ),
+    "juwels": (
+        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv c.sif"
+        " env -u PMIX_SECURITY_MODE torchrun_jsc --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
+    ),
+    "karolina": (
+        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv c.sif"
+        " torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
+    ),
+    "leonardo": (
+        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none singularity exec --nv c.sif"
+        " torchrun --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
+    ),
+    "lumi": (
+        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none singularity exec --rocm --bind /var/spool/slurmd,/opt/cray,/usr/lib64/libcxi.so.1,/usr/lib64/libjansson.so.4 c.sif"
+        " torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
+    ),
+    "meluxina": (
+        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv c.sif"
+        " torchrun --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
+    ),
+    "mn5": (
+        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none singularity exec --nv c.sif"
+        " torchrun --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
+    ),
+    "vega": (
+        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv c.sif"
+        " torchrun --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_command_for_every_cluster_is_pinned(name):
+    cluster = load_cluster(name, ROOT, environ=ENV)
+    launch = build_launch(
+        cluster,
+        nodes=2,
+        procs_per_node=cluster.gpus_per_node,
+        command=["python", "train.py"],
+        container="c.sif",
+    )
+    assert " ".join(launch.argv) == PINNED[name]
+    assert launch.env["MASTER_PORT"] == "29500"
+
+
+def test_local_runs_torchrun_standalone_or_the_bare_command():
+    local = load_cluster("local", ROOT)
+    two = build_launch(local, nodes=1, procs_per_node=2, command=["python", "t.py"])
+    assert two.argv == [
+        "torchrun",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "--no-python",
+        "python",
+        "t.py",
+    ]
+    one = build_launch(local, nodes=1, procs_per_node=1, command=["python", "t.py"])
+    assert one.argv == ["python", "t.py"]
+    assert "scontrol" not in one.shell() and "srun" not in one.shell()
+    with pytest.raises(ValueError, match="no scheduler"):
+        build_launch(local, nodes=2, procs_per_node=1, command=["python"])
+    with pytest.raises(ValueError, match="container_runtime is 'none'"):
+        build_launch(local, nodes=1, procs_per_node=1, command=["python"], container="x.sif")
+
+
+def test_more_processes_than_gpus_is_refused():
+    juwels = load_cluster("juwels", ROOT)
+    with pytest.raises(ValueError, match="5 processes per node.*4 GPUs"):
+        build_launch(juwels, nodes=1, procs_per_node=5, command=["python"])
+
+
+@pytest.mark.parametrize(
+    "text", ["; rm -rf ~", "$(touch pwned)", "`touch pwned`", "a'b\"c", "", "x && y | z > f"]
+)
+def test_shell_words_stay_harmless_strings(text, tmp_path):
+    out = subprocess.run(
+        ["bash", "-c", f"printf '%s' {shell_word(text)}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert out.stdout == text and not (tmp_path / "pwned").exists()
+
+
+def test_variable_references_expand_at_run_time():
+    word = shell_word("${SCRATCH}/cache/$USER-x")
+    out = subprocess.run(
+        ["bash", "-c", f"printf '%s' {word}"],
+        env={"SCRATCH": "/s p", "USER": "u;rm", "PATH": os.environ["PATH"]},
+        capture_output=True,
+        text=True,
+    )
+    assert out.stdout == "/s p/cache/u;rm-x"
+
+
+def fake_tools(bin_dir: Path) -> None:
+    """srun, scontrol and apptainer stand-ins: Slurm and Apptainer cannot run here.
+
+    srun records its argv and the environment it got; scontrol expands a node list.
+    """
+    bin_dir.mkdir()
+    recorder = (
+        f"#!{sys.executable}\n"
+        "import json, os, sys\n"
+        "json.dump({'argv': sys.argv[1:], 'env': dict(os.environ)},"
+        " open(os.environ['RECORD'], 'w'))\n"
+    )
+    scontrol = '#!/bin/bash\n[ "$1 $2" = "show hostnames" ] && printf \'jwb0042\\njwb0043\\n\'\n'
+    for name, text in {"srun": recorder, "scontrol": scontrol}.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(stat.S_IRWXU)
+
+
+def test_job_script_resolves_the_rendezvous_host_and_exports_the_environment(tmp_path):
+    fake_tools(tmp_path / "bin")
+    juwels = load_cluster("juwels", ROOT)
+    launch = build_launch(
+        juwels,
+        nodes=2,
+        procs_per_node=4,
+        command=["python", "pretrain_gpt.py", "--data-path", "; rm -rf ~"],
+        container="img.sif",
+        master_port=29512,
+    )
+    script = tmp_path / "job.sh"
+    script.write_text(launch.shell())
+    record = tmp_path / "record.json"
+    env = {
+        "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+        "RECORD": str(record),
+        "SLURM_JOB_NODELIST": "jwb[0042-0043]",
+        "SLURM_JOB_ID": "4711",
+        "SLURM_CPUS_PER_TASK": "48",
+        "SCRATCH": "/p/scratch/proj",
+    }
+    proc = subprocess.run(
+        ["bash", str(script)], env=env, cwd=tmp_path, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(record.read_text())
+    argv = got["argv"]
+    assert argv[argv.index("--rdzv_endpoint") + 1] == "jwb0042i:29512"
+    assert argv[argv.index("--rdzv_id") + 1] == "4711"
+    assert argv[-4:] == ["python", "pretrain_gpt.py", "--data-path", "; rm -rf ~"]
+    assert argv[argv.index("exec") + 1 : argv.index("exec") + 3] == ["--nv", "img.sif"]
+    assert got["env"]["HF_HOME"] == "/p/scratch/proj/hpcllm-cache/huggingface"
+    assert got["env"]["SRUN_CPUS_PER_TASK"] == "48"
+    assert got["env"]["NCCL_SOCKET_IFNAME"] == "ib0"
+    assert got["env"]["PMIX_SECURITY_MODE"] == "native"  # for srun; unset inside (env -u)
+    assert ["env", "-u", "PMIX_SECURITY_MODE"] == argv[
+        argv.index("img.sif") + 1 : argv.index("img.sif") + 4
+    ]
+
+
+def test_job_script_stops_when_the_scratch_variable_is_unset(tmp_path):
+    fake_tools(tmp_path / "bin")
+    launch = build_launch(load_cluster("juwels", ROOT), nodes=1, procs_per_node=1, command=["true"])
+    script = tmp_path / "job.sh"
+    script.write_text(launch.shell())
+    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "RECORD": str(tmp_path / "r")}
+    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert "SCRATCH is not set" in proc.stderr and "juwels.yaml" in proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_local_launch_runs_two_real_ranks(tmp_path):
+    """The local script runs torchrun --standalone; the two gloo ranks all-reduce."""
+    pytest.importorskip("torch")
+    worker = tmp_path / "worker.py"
+    worker.write_text(
+        "import os, torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "t = torch.tensor([dist.get_rank() + 1.0])\n"
+        "dist.all_reduce(t)\n"
+        "open(f'rank{dist.get_rank()}.txt', 'w').write(f'{dist.get_world_size()} {t.item()}')\n"
+    )
+    launch = build_launch(
+        load_cluster("local", ROOT),
+        nodes=1,
+        procs_per_node=2,
+        command=[sys.executable, str(worker)],
+    )
+    script = tmp_path / "job.sh"
+    script.write_text(launch.shell())
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    proc = subprocess.run(
+        ["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)] == ["2 3.0", "2 3.0"]
