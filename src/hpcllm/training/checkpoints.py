@@ -1,0 +1,108 @@
+"""Megatron-LM's checkpoint directory layout, shared by both engines.
+
+::
+
+    <save>/latest_checkpointed_iteration.txt   the iteration of the newest complete checkpoint
+    <save>/iter_0000100/mp_rank_00/model_optim_rng.pt
+
+The tracker file is written last and atomically (temporary name, then rename): it is the
+commit marker. An ``iter_*`` directory is itself written under a temporary name and renamed
+when complete, so neither a killed save nor a stray directory can pass for a checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+from hpcllm.atomic import atomic_path, temporary_path
+
+TRACKER = "latest_checkpointed_iteration.txt"
+_ITER_DIR = re.compile(r"^iter_(\d{7})$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that is corrupt or partial; the message says what to do."""
+
+
+def iteration_dir(save: str | os.PathLike, iteration: int) -> Path:
+    return Path(save) / f"iter_{iteration:07d}"
+
+
+def model_file(save: str | os.PathLike, iteration: int, rank_dir: str = "mp_rank_00") -> Path:
+    return iteration_dir(save, iteration) / rank_dir / "model_optim_rng.pt"
+
+
+def iteration_dirs(save: str | os.PathLike) -> list[int]:
+    """Iterations that have an ``iter_*`` directory (complete or not), sorted."""
+    save = Path(save)
+    if not save.is_dir():
+        return []
+    found = (_ITER_DIR.match(p.name) for p in save.iterdir() if p.is_dir())
+    return sorted(int(m.group(1)) for m in found if m)
+
+
+def latest_iteration(save: str | os.PathLike) -> int | None:
+    """The iteration of the newest complete checkpoint, or None for a fresh start.
+
+    A directory with ``iter_*`` checkpoints but no tracker, a tracker that is not an
+    iteration number, or a tracker that names a missing directory is an error: loading
+    anything from it could silently restart training or load a half-written state.
+    """
+    save = Path(save)
+    tracker = save / TRACKER
+    if not tracker.exists():
+        iters = iteration_dirs(save)
+        if iters:
+            raise CheckpointError(
+                f"{save}: has checkpoint directories ({', '.join(f'iter_{i:07d}' for i in iters)}) "
+                f"but no {TRACKER}, so none of them is known to be complete. If one is "
+                f"complete, write its iteration number into {tracker}; otherwise delete "
+                f"{save} to train from scratch."
+            )
+        return None
+    text = tracker.read_text().strip()
+    if not text.isdigit():
+        raise CheckpointError(
+            f"{tracker}: holds {text!r}, not an iteration number. Write the iteration of the "
+            f"newest complete iter_* directory into it, or delete {save} to start afresh."
+        )
+    iteration = int(text)
+    path = iteration_dir(save, iteration)
+    if not path.is_dir():
+        raise CheckpointError(
+            f"{tracker}: points at iteration {iteration}, but {path} does not exist. Point the "
+            f"tracker at a complete iter_* directory, or delete {save} to start afresh."
+        )
+    return iteration
+
+
+def write_tracker(save: str | os.PathLike, iteration: int) -> None:
+    """Commit a checkpoint: atomically point the tracker at ``iteration``."""
+    tracker = Path(save) / TRACKER
+    with atomic_path(tracker) as tmp:
+        with open(tmp, "w") as f:
+            f.write(f"{iteration}\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def begin_iteration_dir(save: str | os.PathLike, iteration: int) -> Path:
+    """A fresh temporary directory to write checkpoint ``iteration`` into."""
+    tmp = temporary_path(iteration_dir(save, iteration))
+    if tmp.exists():
+        shutil.rmtree(tmp)  # leftover of a save that was killed
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def finish_iteration_dir(save: str | os.PathLike, iteration: int) -> None:
+    """Rename the temporary directory into place, then commit it in the tracker."""
+    final = iteration_dir(save, iteration)
+    tmp = temporary_path(final)
+    if final.exists():
+        shutil.rmtree(final)  # an uncommitted directory of the same iteration
+    os.replace(tmp, final)
+    write_tracker(save, iteration)

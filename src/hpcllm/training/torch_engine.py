@@ -1,0 +1,532 @@
+"""The ``torch`` engine: a small causal LM trained with plain PyTorch.
+
+For laptops, CI and one GPU. The model is Hugging Face ``transformers``' Llama (RoPE) or
+GPT-2 (learned positions) with a small config; the samples come from Megatron Core's
+``GPTDataset`` (``hpcllm.training.data``), taken in Megatron's order (each iteration the
+next ``global batch`` samples, rank ``r`` of DP taking micro batch slices like Megatron's
+``MegatronPretrainingSampler``). AdamW with linear warmup and cosine decay (Megatron's
+``OptimizerParamScheduler`` formula), gradient clipping, bf16 autocast, DDP under
+``torchrun`` (gloo on CPU, NCCL on GPU).
+
+The command line uses Megatron-LM's flag names (a subset), checkpoints use Megatron's
+directory layout and every log line follows Megatron's ``training_log`` format, so that
+resume, log parsing and aggregation treat both engines alike.
+
+Stopping: at ``--exit-interval`` (the segment's last iteration), after
+``--exit-duration-in-mins``, or on SIGTERM/SIGUSR1 (with ``--exit-signal-handler``): the
+current iteration is finished, a checkpoint saved, and the process exits with 0. Whether
+the segment is complete is read from the checkpoint's iteration, not from the exit code.
+
+Run ``python -m hpcllm.training.torch_engine --help``; docs/training.md has examples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from hpcllm.training import checkpoints
+from hpcllm.training.checkpoints import CheckpointError
+from hpcllm.training.data import Blend, build_datasets, check_blend
+from hpcllm.training.planner import pad_vocab
+
+log = logging.getLogger(__name__)
+_START = time.time()  # --exit-duration-in-mins counts from here, as in Megatron
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m hpcllm.training.torch_engine",
+        description="Train a small causal LM with PyTorch (Megatron-LM's flag names).",
+        allow_abbrev=False,
+    )
+    a = p.add_argument
+    a("--num-layers", type=int, required=True)
+    a("--hidden-size", type=int, required=True)
+    a("--ffn-hidden-size", type=int, default=None, help="default 4 x hidden size")
+    a("--num-attention-heads", type=int, required=True)
+    a("--seq-length", type=int, required=True)
+    a("--max-position-embeddings", type=int, default=None)
+    a("--position-embedding-type", choices=["rope", "learned_absolute"], default="rope")
+    a("--make-vocab-size-divisible-by", type=int, default=128)
+    a("--micro-batch-size", type=int, required=True)
+    a("--global-batch-size", type=int, required=True)
+    a("--train-iters", type=int, required=True, help="length of the whole run (LR schedule)")
+    a("--exit-interval", type=int, default=None, help="stop at an iteration divisible by it")
+    a("--exit-duration-in-mins", type=float, default=None)
+    a("--exit-signal-handler", action="store_true", help="save and exit on SIGTERM/SIGUSR1")
+    a("--bf16", action="store_true", help="bf16 autocast (weights and optimizer in fp32)")
+    a("--adam-beta1", type=float, default=0.9)
+    a("--adam-beta2", type=float, default=0.999)
+    a("--adam-eps", type=float, default=1e-8)
+    a("--weight-decay", type=float, default=0.01)
+    a("--clip-grad", type=float, default=1.0)
+    a("--lr", type=float, required=True)
+    a("--min-lr", type=float, default=0.0)
+    a("--lr-decay-style", choices=["cosine", "linear", "constant"], default="cosine")
+    a("--lr-warmup-iters", type=int, default=0)
+    a("--seed", type=int, default=1234)
+    a("--data-path", nargs="*", default=None, help="prefix, or weight prefix weight prefix ...")
+    a("--mock-data", action="store_true", help="Megatron's mock data (benchmarks)")
+    a("--split", default="969,30,1")
+    a("--data-cache-path", default=None)
+    a("--vocab-file", default=None, help="GPT-2 style vocab.json (gives size and EOD)")
+    a("--merge-file", default=None, help="accepted for Megatron compatibility")
+    a("--vocab-size", type=int, default=None, help="without --vocab-file (mock data)")
+    a("--eod-token", default="<|endoftext|>")
+    a("--save", default=None)
+    a("--load", default=None)
+    a("--save-interval", type=int, default=None)
+    a("--log-interval", type=int, default=100)
+    a("--log-throughput", action="store_true")
+    a("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    a("--threads", type=int, default=None, help="torch CPU threads per process")
+    return p
+
+
+# ---------------------------------------------------------------------------- the model
+
+
+def build_model(args: argparse.Namespace, vocab_size: int) -> torch.nn.Module:
+    """A Hugging Face causal LM with the experiment's sizes, initialised from ``--seed``."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    ffn = args.ffn_hidden_size or 4 * args.hidden_size
+    positions = args.max_position_embeddings or args.seq_length
+    torch.manual_seed(args.seed)
+    if args.position_embedding_type == "rope":
+        cfg = transformers.LlamaConfig(
+            vocab_size=vocab_size,
+            hidden_size=args.hidden_size,
+            intermediate_size=ffn,
+            num_hidden_layers=args.num_layers,
+            num_attention_heads=args.num_attention_heads,
+            num_key_value_heads=args.num_attention_heads,
+            max_position_embeddings=positions,
+            tie_word_embeddings=True,
+            attention_dropout=0.0,
+        )
+        model = transformers.LlamaForCausalLM(cfg)
+    else:
+        cfg = transformers.GPT2Config(
+            vocab_size=vocab_size,
+            n_embd=args.hidden_size,
+            n_inner=ffn,
+            n_layer=args.num_layers,
+            n_head=args.num_attention_heads,
+            n_positions=positions,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
+        model = transformers.GPT2LMHeadModel(cfg)
+    model.config._attn_implementation = "sdpa"  # PyTorch SDPA: flash attention on GPUs
+    return model
+
+
+def flops_per_iteration(args: argparse.Namespace, vocab_size: int) -> float:
+    """Megatron-LM's ``num_floating_point_operations`` for a dense transformer.
+
+    Forward and backward (3x forward), attention with the ``s/h`` score term, the gated
+    (SwiGLU) MLP of Llama counted 3/2, the logits.
+    """
+    h, s, layers = args.hidden_size, args.seq_length, args.num_layers
+    ffn = args.ffn_hidden_size or 4 * h
+    gated = 1.5 if args.position_embedding_type == "rope" else 1.0
+    per_token_layer = 12 * h * h * ((1 + 1 + s / h) + (ffn / h) * gated)
+    logits = 6 * h * vocab_size
+    return args.global_batch_size * s * (layers * per_token_layer + logits)
+
+
+# ------------------------------------------------------------- learning-rate schedule
+
+
+def learning_rate(args: argparse.Namespace, step: int) -> float:
+    """Megatron's ``OptimizerParamScheduler.get_lr`` after ``step`` optimizer steps."""
+    warmup, decay = args.lr_warmup_iters, args.train_iters
+    if warmup > 0 and step <= warmup:
+        return args.lr * step / warmup
+    if args.lr_decay_style == "constant" or step > decay:
+        return args.lr if args.lr_decay_style == "constant" else args.min_lr
+    ratio = (step - warmup) / max(1, decay - warmup)
+    if args.lr_decay_style == "linear":
+        coeff = 1.0 - ratio
+    else:
+        coeff = 0.5 * (math.cos(math.pi * ratio) + 1.0)
+    return args.min_lr + coeff * (args.lr - args.min_lr)
+
+
+# ------------------------------------------------------------------- distributed set-up
+
+
+@dataclass
+class Dist:
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+
+
+def init_distributed(device_choice: str) -> Dist:
+    """A process group under torchrun (env://), or a one-process group without it.
+
+    Megatron Core's dataset builder expects a process group when it caches indices.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = device_choice == "cuda" or (device_choice == "auto" and torch.cuda.is_available())
+    device = torch.device(f"cuda:{local}") if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    backend = "nccl" if cuda else "gloo"
+    if not dist.is_initialized():
+        if "MASTER_ADDR" in os.environ:
+            dist.init_process_group(backend, rank=rank, world_size=world)
+        else:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return Dist(rank, world, local, device)
+
+
+class StopFlag:
+    """Set by SIGTERM/SIGUSR1; the loop finishes the iteration, saves and exits."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.signal = signum
+
+
+# ------------------------------------------------------------------------- checkpoints
+
+
+def _rng_state() -> dict:
+    import random
+
+    import numpy as np
+
+    state = {
+        "random": random.getstate(),
+        "np": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    import random
+
+    import numpy as np
+
+    random.setstate(state["random"])
+    np.random.set_state(state["np"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def save_checkpoint(
+    save: str, iteration: int, model, optimizer, scheduler: dict, args, d: Dist
+) -> None:
+    """Rank 0 writes ``iter_*/mp_rank_00/model_optim_rng.pt``, then commits the tracker."""
+    rng = [None] * d.world
+    dist.all_gather_object(rng, _rng_state())
+    if d.rank == 0:
+        tmp = checkpoints.begin_iteration_dir(save, iteration)
+        state = {
+            "checkpoint_version": 3.0,
+            "iteration": iteration,
+            "consumed_samples": iteration * args.global_batch_size,
+            "args": vars(args),
+            "model": _unwrap(model).state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "opt_param_scheduler": scheduler,
+            "rng_state": rng,
+        }
+        (tmp / "mp_rank_00").mkdir()
+        torch.save(state, tmp / "mp_rank_00" / "model_optim_rng.pt")
+        checkpoints.finish_iteration_dir(save, iteration)
+        print(
+            f"  successfully saved checkpoint from iteration {iteration:7d} to {save}",
+            flush=True,
+        )
+    dist.barrier()
+
+
+def load_checkpoint(load: str, model, optimizer, args, d: Dist) -> int:
+    """Restore the newest complete checkpoint; 0 when there is none."""
+    iteration = checkpoints.latest_iteration(load)
+    if iteration is None:
+        return 0
+    path = checkpoints.model_file(load, iteration)
+    if not path.is_file():
+        raise CheckpointError(
+            f"{path}: missing, although {Path(load) / checkpoints.TRACKER} names iteration "
+            f"{iteration}. The checkpoint is partial; point the tracker at a complete one "
+            f"or delete {load} to start afresh."
+        )
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    saved = state.get("args", {})
+    for key in ("num_layers", "hidden_size", "num_attention_heads", "global_batch_size"):
+        if key in saved and saved[key] != getattr(args, key):
+            raise CheckpointError(
+                f"{path}: was trained with {key}={saved[key]}, this run has "
+                f"{getattr(args, key)}; resume with the same settings or use another --save"
+            )
+    _unwrap(model).load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    rng = state["rng_state"]
+    _set_rng_state(rng[d.rank] if len(rng) == d.world else rng[0])
+    if d.rank == 0:
+        print(f"  loaded checkpoint from {load} at iteration {iteration}", flush=True)
+    return iteration
+
+
+def _unwrap(model):
+    return model.module if hasattr(model, "module") else model
+
+
+# ---------------------------------------------------------------------------- training
+
+
+def vocabulary(args) -> tuple[int, int]:
+    """(vocabulary size, end-of-document id) from ``--vocab-file`` or ``--vocab-size``."""
+    if args.vocab_file:
+        try:
+            vocab = json.loads(Path(args.vocab_file).read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{args.vocab_file}: not a readable vocab.json ({e})") from None
+        if args.eod_token not in vocab:
+            raise ValueError(f"{args.vocab_file}: has no end-of-document token {args.eod_token!r}")
+        return max(vocab.values()) + 1, vocab[args.eod_token]
+    if not args.vocab_size:
+        raise ValueError("give --vocab-file (with real data) or --vocab-size (mock data)")
+    return args.vocab_size, args.vocab_size - 1
+
+
+def blend_from(data_path: list[str]) -> Blend:
+    """Megatron's ``--data-path``: ``prefix ...`` or ``weight prefix weight prefix ...``."""
+    try:
+        float(data_path[0])
+    except ValueError:
+        return Blend(tuple(data_path), None)
+    if len(data_path) % 2:
+        raise ValueError(f"--data-path {' '.join(data_path)}: weights and prefixes must pair")
+    return Blend(tuple(data_path[1::2]), tuple(float(w) for w in data_path[0::2]))
+
+
+def log_line(
+    iteration, args, consumed, elapsed_ms, tflops, lr, loss, grad_norm, throughput: bool
+) -> str:
+    """One line in the format of Megatron-LM's ``training_log`` (megatron/training/training.py)."""
+    s = f" [{datetime.now().strftime('%Y-%m-%d %H:%M:%S.%f')}]"
+    s += f" iteration {iteration:8d}/{args.train_iters:8d} |"
+    s += f" consumed samples: {consumed:12d} |"
+    s += f" elapsed time per iteration (ms): {elapsed_ms:.1f} |"
+    if throughput:
+        s += f" throughput per GPU (TFLOP/s/GPU): {tflops:.1f} |"
+    s += f" learning rate: {lr:.6E} |"
+    s += f" global batch size: {args.global_batch_size:5d} |"
+    s += f" lm loss: {loss:.6E} |"
+    s += " loss scale: 1.0 |"
+    s += f" grad norm: {grad_norm:.3f} |"
+    s += " number of skipped iterations:   0 |"
+    s += " number of nan iterations:   0 |"
+    return s
+
+
+def train(args: argparse.Namespace) -> dict:
+    """Train until ``--exit-interval``/``--train-iters``, a time limit or a signal.
+
+    Returns a summary (rank 0's view): first and last iteration, consumed samples, the
+    last logged loss, seconds, whether it stopped early and why.
+    """
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    stop_flag = StopFlag()
+    if args.exit_signal_handler:
+        stop_flag.install()
+    d = init_distributed(args.device)
+    tokenizer_vocab, eod = vocabulary(args)
+    padded = pad_vocab(tokenizer_vocab, 1, args.make_vocab_size_divisible_by)
+    dp_chunk = args.micro_batch_size * d.world
+    if args.global_batch_size % dp_chunk:
+        raise ValueError(
+            f"--global-batch-size {args.global_batch_size} is not divisible by micro batch "
+            f"x data-parallel size = {dp_chunk}"
+        )
+    micro_steps = args.global_batch_size // dp_chunk
+    stop_at = args.train_iters
+    if args.exit_interval:
+        stop_at = min(stop_at, args.exit_interval)
+
+    if args.mock_data:
+        blend = None
+    else:
+        if not args.data_path:
+            raise ValueError("give --data-path (or --mock-data)")
+        blend = blend_from(args.data_path)
+        check_blend(blend, tokenizer_vocab)
+    train_ds = build_datasets(
+        blend,
+        args.split,
+        args.seq_length,
+        args.seed,
+        [args.train_iters * args.global_batch_size, 0, 0],
+        tokenizer_vocab,
+        eod,
+        args.data_cache_path,
+    )[0]
+
+    model = build_model(args, padded).to(d.device)
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": args.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=args.lr,
+        betas=(args.adam_beta1, args.adam_beta2),
+        eps=args.adam_eps,
+    )
+    iteration = 0
+    if args.load:
+        iteration = load_checkpoint(args.load, model, optimizer, args, d)
+    if d.world > 1:
+        ids = [d.local_rank] if d.device.type == "cuda" else None
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    model.train()
+    autocast = torch.autocast(d.device.type, dtype=torch.bfloat16) if args.bf16 else nullcontext()
+    flops = flops_per_iteration(args, padded)
+    first = iteration + 1
+    summary = {"first_iteration": first, "last_iteration": iteration, "loss": None}
+    if d.rank == 0:
+        print(
+            f"torch engine: world size {d.world}, device {d.device}, "
+            f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
+            f"iterations {first}..{stop_at} of {args.train_iters}",
+            flush=True,
+        )
+    interval_loss, interval_iters, interval_start = 0.0, 0, time.time()
+    stopped = None
+    while iteration < stop_at:
+        lr = learning_rate(args, iteration)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        base = iteration * args.global_batch_size
+        loss_sum = torch.zeros(1, device=d.device)
+        for m in range(micro_steps):
+            start = base + m * dp_chunk + d.rank * args.micro_batch_size
+            samples = [train_ds[i] for i in range(start, start + args.micro_batch_size)]
+            tokens = torch.stack([s["tokens"] for s in samples]).to(d.device)
+            labels = torch.stack([s["labels"] for s in samples]).to(d.device)
+            mask = torch.stack([s["loss_mask"] for s in samples]).to(d.device)
+            sync = m == micro_steps - 1 or d.world == 1
+            with model.no_sync() if not sync else nullcontext(), autocast:
+                logits = model(input_ids=tokens).logits
+            losses = torch.nn.functional.cross_entropy(
+                logits.float().view(-1, logits.size(-1)), labels.view(-1), reduction="none"
+            )
+            loss = (losses * mask.view(-1)).sum() / mask.sum()
+            with model.no_sync() if not sync else nullcontext():
+                (loss / micro_steps).backward()
+            loss_sum += loss.detach()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        iteration += 1
+        # One all-reduce carries the loss and whether any rank must stop.
+        wants_stop = stop_flag.signal is not None or (
+            args.exit_duration_in_mins is not None
+            and (time.time() - _START) / 60 > args.exit_duration_in_mins
+        )
+        stats = torch.tensor(
+            [loss_sum.item() / micro_steps, float(stop_flag.signal is not None), float(wants_stop)],
+            device=d.device,
+            dtype=torch.float64,
+        )
+        if d.world > 1:
+            mean = stats[:1].clone()
+            dist.all_reduce(mean)
+            dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+            stats[0] = mean[0] / d.world
+        interval_loss += stats[0].item()
+        interval_iters += 1
+        if iteration % args.log_interval == 0 or iteration == stop_at or stats[2]:
+            elapsed = (time.time() - interval_start) / interval_iters
+            if d.rank == 0:
+                line = log_line(
+                    iteration,
+                    args,
+                    iteration * args.global_batch_size,
+                    elapsed * 1000,
+                    flops / (elapsed * 1e12 * d.world),
+                    learning_rate(args, iteration),
+                    interval_loss / interval_iters,
+                    float(grad_norm),
+                    args.log_throughput,
+                )
+                print(line, flush=True)
+            summary["loss"] = interval_loss / interval_iters
+            interval_loss, interval_iters, interval_start = 0.0, 0, time.time()
+        if stats[2]:
+            stopped = "signal" if stats[1] else "time"
+        scheduler = {
+            "max_lr": args.lr,
+            "min_lr": args.min_lr,
+            "lr_warmup_steps": args.lr_warmup_iters,
+            "lr_decay_steps": args.train_iters,
+            "lr_decay_style": args.lr_decay_style,
+            "num_steps": iteration,
+        }
+        at_interval = args.save_interval and iteration % args.save_interval == 0
+        if args.save and (at_interval or stopped or iteration == stop_at):
+            save_checkpoint(args.save, iteration, model, optimizer, scheduler, args, d)
+        if stopped:
+            if d.rank == 0:
+                print(f"exiting at iteration {iteration} ({stopped}) before {stop_at}", flush=True)
+            break
+    summary.update(
+        last_iteration=iteration,
+        consumed_samples=iteration * args.global_batch_size,
+        seconds=time.time() - _START,
+        complete=iteration >= stop_at,
+        stopped=stopped,
+    )
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    args = parser().parse_args(argv)
+    summary = train(args)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    print(f"torch engine done: {json.dumps(summary)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
