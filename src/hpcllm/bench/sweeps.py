@@ -67,17 +67,53 @@ class Point:
         return data
 
 
-def load_experiment(name: str, spec: str | dict, root: str | Path = ".") -> dict:
-    """An experiment from its config entry: an inline mapping or a YAML file path."""
+def facts_of(cluster) -> ClusterFacts:
+    """The sweep's view of a :class:`hpcllm.clusters.Cluster`."""
+    gpu = cluster.gpu
+    return ClusterFacts(
+        name=cluster.name,
+        gpus_per_node=cluster.gpus_per_node,
+        gpu_memory_gb=gpu.memory_gb if gpu else 0.0,
+        peak_tflops={"bf16": gpu.peak_bf16_tflops, "fp32": gpu.peak_fp32_tflops} if gpu else {},
+        gpu_model=gpu.model if gpu else "cpu",
+    )
+
+
+def load_experiment(
+    name: str, spec: str | dict, root: str | Path = ".", schema: dict | None = None
+) -> dict:
+    """An experiment from its config entry (an inline mapping or a YAML file path),
+    checked against ``schema`` (benchmarks.schema.yaml) where given."""
+    where = f"benchmarks.experiments.{name}"
     if isinstance(spec, dict):
-        return spec
-    path = Path(root) / spec
-    if not path.is_file():
-        raise SweepError(f"benchmarks.experiments.{name}: file {spec} does not exist")
-    with open(path) as f:
-        data = yaml.safe_load(f)
-    if not isinstance(data, dict):
-        raise SweepError(f"{spec}: expected a mapping with the experiment's keys")
+        data = spec
+    else:
+        path = Path(root) / spec
+        if not path.is_file():
+            raise SweepError(f"{where}: file {spec} does not exist")
+        with open(path) as f:
+            data = yaml.safe_load(f)
+        if not isinstance(data, dict):
+            raise SweepError(f"{spec}: expected a mapping with the experiment's keys")
+        where = f"{spec}"
+    if schema is not None:
+        import jsonschema
+
+        kind = data.get("benchmark")
+        if kind not in ("language", "vision"):
+            raise SweepError(f"{where}: 'benchmark' must be language or vision, not {kind!r}")
+        validator = jsonschema.Draft202012Validator(
+            {"$defs": schema["$defs"], "$ref": f"#/$defs/{kind}"}
+        )
+        errors = list(validator.iter_errors(data))
+        if errors:
+            raise SweepError(
+                "\n".join(
+                    f"{where}: key {'.'.join(map(str, e.absolute_path)) or '(top level)'}: {e.message}"
+                    for e in errors[:10]
+                )
+                + "\n(see docs/benchmarks.md)"
+            )
     return data
 
 
@@ -111,10 +147,13 @@ def expand_experiment(name: str, exp: dict, cluster: ClusterFacts) -> list[Point
     raise SweepError(f"experiment {name}: 'benchmark' must be language or vision, not {kind!r}")
 
 
-def expand_all(experiments: dict, cluster: ClusterFacts, root: str | Path = ".") -> list[Point]:
+def expand_all(
+    experiments: dict, cluster: ClusterFacts, root: str | Path = ".", schema: dict | None = None
+) -> list[Point]:
     points: list[Point] = []
     for name, spec in experiments.items():
-        points.extend(expand_experiment(name, load_experiment(name, spec, root), cluster))
+        exp = load_experiment(name, spec, root, schema)
+        points.extend(expand_experiment(name, exp, cluster))
     ids = [p.id for p in points]
     if len(set(ids)) != len(ids):
         raise SweepError("benchmarks.experiments: two experiments give the same point ids")

@@ -1,0 +1,62 @@
+"""GPU energy counters, where the machine has them; None elsewhere (CPU, no library).
+
+NVIDIA: NVML's total-energy counter (millijoules since the driver loaded), through
+``pynvml`` (package nvidia-ml-py, in NGC containers). AMD: ``amdsmi``'s energy counter
+(ROCm 6). Sites that measure with Jülich's ``jpwr`` wrap the whole command instead; its
+CSV is outside this module. A missing library or an unsupported device just means no
+energy columns in the summary.
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger(__name__)
+
+
+class EnergyCounter:
+    """Joules used by one GPU since the counter was created, or None if unknown."""
+
+    def __init__(self, device_index: int) -> None:
+        self._read = _nvml_reader(device_index) or _amdsmi_reader(device_index)
+        self._start = self._read() if self._read else None
+
+    @property
+    def available(self) -> bool:
+        return self._start is not None
+
+    def joules(self) -> float | None:
+        if self._start is None:
+            return None
+        return self._read() - self._start
+
+
+def _nvml_reader(index: int):
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)  # raises where unsupported
+    except Exception as e:  # no library, no driver, no GPU, an old GPU: no energy
+        log.info("no NVML energy counter: %s", e)
+        return None
+    return lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000.0
+
+
+def _amdsmi_reader(index: int):
+    try:
+        import amdsmi
+
+        amdsmi.amdsmi_init()
+        handle = amdsmi.amdsmi_get_processor_handles()[index]
+
+        def read() -> float:
+            e = amdsmi.amdsmi_get_energy_count(handle)
+            return e["energy_accumulator"] * e["counter_resolution"] / 1e6  # uJ -> J
+
+        read()
+    except Exception as e:
+        log.info("no amdsmi energy counter: %s", e)
+        return None
+    return read

@@ -1,0 +1,128 @@
+"""Run one sweep point: launch its command, keep its log, record how it ended.
+
+A benchmark run that fails (out of memory at too few nodes, a node that dies) is a
+result, not a reason to stop the sweep: the run's record says how it failed, the bench
+job itself succeeds, and the summary shows the point as failed. To run a failed point
+again, force it (``snakemake --forcerun bench_language`` or delete its folder).
+The log is written under a temporary name and renamed when the run ends.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hpcllm.atomic import atomic_paths
+from hpcllm.bench.failures import classify_log
+from hpcllm.launch import Launch
+
+log = logging.getLogger(__name__)
+
+
+def run_launch(
+    launch: Launch,
+    point: dict,
+    log_path: str | Path,
+    record_path: str | Path,
+    time_limit_s: float | None = None,
+) -> dict:
+    """Run ``launch`` (its shell script) with output into ``log_path``; write the record."""
+    env = {**os.environ, "HPCLLM_RUN_ID": point["id"]}
+    # torchrun and python of this environment first, also when snakemake was started
+    # by its full path without the venv on PATH.
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    started = time.time()
+    timed_out = False
+    with atomic_paths(log_path, record_path) as (tmp_log, tmp_record):
+        with open(tmp_log, "w") as out:
+            proc = subprocess.Popen(
+                ["bash", "-c", launch.shell()],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # a time limit stops the whole process group
+            )
+            try:
+                returncode = proc.wait(timeout=time_limit_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    returncode = proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    returncode = proc.wait()
+                out.write(f"\nhpcllm: stopped after the run's time limit of {time_limit_s:.0f} s\n")
+        if timed_out:
+            status = "time_limit"
+        elif returncode == 0:
+            status = "ok"
+        else:
+            status = classify_log([tmp_log]) or "error"
+        record = {
+            "id": point["id"],
+            "status": status,
+            "returncode": returncode,
+            "wall_time_s": time.time() - started,
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+            "command": launch.argv,
+        }
+        Path(tmp_record).write_text(json.dumps(record, indent=1) + "\n")
+    log.info(
+        "%s: %s (exit code %s) in %.1f s", point["id"], status, returncode, record["wall_time_s"]
+    )
+    return record
+
+
+def launch_for(point: dict, cluster, command: list[str], container: str | None) -> Launch:
+    """The launch of ``command`` on the point's nodes; without Slurm, its "nodes" are
+    processes on this machine (see :mod:`hpcllm.bench.sweeps`)."""
+    from hpcllm.launch import build_launch
+
+    if cluster.uses_slurm:
+        nodes, per_node = point["nodes"], point["procs_per_node"]
+    else:
+        nodes, per_node = 1, point["gpus"]
+    return build_launch(
+        cluster, nodes=nodes, procs_per_node=per_node, command=command, container=container
+    )
+
+
+def python_for(container: str | None) -> str:
+    """This environment's Python outside a container; the image's ``python`` inside one."""
+    return "python" if container else sys.executable
+
+
+def run_vision_point(
+    point: dict,
+    lmdb: str,
+    log_path: str,
+    record_path: str,
+    settings_path: str,
+    cluster,
+    container: str | None = None,
+    time_limit_s: float | None = None,
+) -> dict:
+    """Write the point's settings, run :mod:`hpcllm.bench.vision_train` on its nodes."""
+    settings = {**point, "model": point["model"], "precision": point["precision"]}
+    with atomic_paths(settings_path) as (tmp,):
+        Path(tmp).write_text(json.dumps(settings, indent=1) + "\n")
+    command = [
+        python_for(container),
+        "-m",
+        "hpcllm.bench.vision_train",
+        "--settings",
+        str(Path(settings_path).resolve()),
+        "--data",
+        str(Path(lmdb).resolve()),
+    ]
+    if point.get("stage_in"):
+        command += ["--local-storage", cluster.local_storage]
+    launch = launch_for(point, cluster, command, container)
+    return run_launch(launch, point, log_path, record_path, time_limit_s)

@@ -1,0 +1,8 @@
+from hpcllm import logs
+from hpcllm.bench.plots import PLOTS, plot_all
+from hpcllm.bench.summary import summarize, write_summary
+
+logs.setup(snakemake.log[0])
+summary = summarize(snakemake.params.points, snakemake.params.results, snakemake.params.slurm_logs)
+write_summary(summary, snakemake.output.summary)
+plot_all(summary, {name: getattr(snakemake.output, name) for name in PLOTS})
