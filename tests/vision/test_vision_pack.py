@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import LABEL_FILES, expected_labels
+from vision_helpers import LABEL_FILES, expected_labels
 
 from hpcllm.vision.lmdb_dataset import LMDBImageDataset, read_meta
 from hpcllm.vision.lmdb_pack import image_problem, pack_lmdb

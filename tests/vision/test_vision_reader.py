@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import expected_labels
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
+from vision_helpers import expected_labels
 
 from hpcllm.vision.lmdb_dataset import LMDBImageDataset
 from hpcllm.vision.lmdb_pack import pack_lmdb

@@ -9,59 +9,16 @@ node-local or read-only copies cannot hold one) and without readahead (random ac
 from __future__ import annotations
 
 import io
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import lmdb
 from PIL import Image
 from torch.utils.data import Dataset
 
-from hpcllm.vision.lmdb_pack import FORMAT, META_KEY, RECORD_HEADER, VERSION, record_key
-
-
-def open_readonly(path: str | os.PathLike) -> lmdb.Environment:
-    path = Path(path)
-    if not (path / "data.mdb").is_file():
-        raise FileNotFoundError(f"{path}: not an LMDB directory (no data.mdb); run pack_lmdb")
-    return lmdb.open(
-        str(path), readonly=True, lock=False, readahead=False, meminit=False, max_readers=512
-    )
-
-
-# One environment per LMDB and process: py-lmdb refuses to open the same files twice in a
-# process, so every dataset over a path shares it. A forked DataLoader worker inherits the
-# parent's entries; it closes them (its own mapping only) and opens its own.
-_ENVIRONMENTS: dict[Path, tuple[int, lmdb.Environment]] = {}
-
-
-def shared_environment(path: str | os.PathLike) -> lmdb.Environment:
-    key = Path(path).resolve()
-    pid, env = _ENVIRONMENTS.get(key, (None, None))
-    if env is not None and pid == os.getpid():
-        return env
-    if env is not None:
-        env.close()
-    env = open_readonly(key)
-    _ENVIRONMENTS[key] = (os.getpid(), env)
-    return env
-
-
-def read_meta(path: str | os.PathLike) -> dict[str, Any]:
-    """The LMDB's metadata: ``num_samples``, ``classes`` and the rest (see lmdb_pack)."""
-    with shared_environment(path).begin() as txn:
-        raw = txn.get(META_KEY)
-    if raw is None:
-        raise ValueError(f"{path}: no {META_KEY.decode()} record; not written by pack_lmdb")
-    meta = json.loads(raw)
-    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-        raise ValueError(
-            f"{path}: format {meta.get('format')} version {meta.get('version')}, expected "
-            f"{FORMAT} version {VERSION}; repack it"
-        )
-    return meta
+from hpcllm.vision.lmdb_env import read_meta, shared_environment
+from hpcllm.vision.lmdb_pack import RECORD_HEADER, record_key
 
 
 class LMDBImageDataset(Dataset):

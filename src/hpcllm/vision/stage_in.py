@@ -30,9 +30,8 @@ import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import lmdb
-
 from hpcllm.atomic import temporary_path
+from hpcllm.vision.lmdb_env import close_environment, shared_environment
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +73,8 @@ def _crc(path: Path) -> int:
 
 
 def _entries(lmdb_dir: Path) -> int:
-    env = lmdb.open(str(lmdb_dir), readonly=True, lock=False, readahead=False)
-    try:
-        return env.stat()["entries"]
-    finally:
-        env.close()
+    env = shared_environment(lmdb_dir)
+    return env.stat()["entries"]
 
 
 def check_free_space(
@@ -134,7 +130,9 @@ def stage_in(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    shutil.rmtree(final, ignore_errors=True)
+    finally:
+        close_environment(tmp)
+    remove_staged(final)  # an older copy on this node
     os.replace(tmp, final)
     seconds = time.monotonic() - start
     log.info(
@@ -145,6 +143,7 @@ def stage_in(
 
 
 def remove_staged(path: str | os.PathLike) -> None:
+    close_environment(path)
     shutil.rmtree(path, ignore_errors=True)
     with contextlib.suppress(OSError):  # the <dataset> folder, when nothing else is in it
         Path(path).parent.rmdir()
