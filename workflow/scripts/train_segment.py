@@ -1,0 +1,19 @@
+from hpcllm import logs
+from hpcllm.training.segment import Paths, run_segment
+
+logs.setup(snakemake.log.main)
+experiment = snakemake.wildcards.experiment
+run_segment(
+    experiment,
+    snakemake.params.prepared,
+    int(snakemake.wildcards.k),
+    Paths(
+        save=snakemake.params.save,
+        record=snakemake.output.record,
+        engine_log=snakemake.log.engine,
+        data_cache=f"{snakemake.params.save}/data_cache",
+        tensorboard=f"{snakemake.params.save}/tensorboard",
+    ),
+    snakemake.params.cluster,
+    container=snakemake.input.container[0] if snakemake.input.container else None,
+)
