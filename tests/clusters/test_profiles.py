@@ -1,0 +1,189 @@
+"""Every cluster profile: dry run and DAG picture on a machine without Slurm, the sbatch
+line the Slurm plugin would build, and the plan-time errors for what is left unset."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import re
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from hpcllm.clusters import load_cluster
+
+
+def _root_conftest():
+    """tests/conftest.py under its own name (``import conftest`` may find another one)."""
+    path = Path(__file__).resolve().parents[1] / "conftest.py"
+    spec = importlib.util.spec_from_file_location("hpcllm_tests_root_conftest_clusters", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_conftest = _root_conftest()
+REPO, make_workdir, run_snakemake = _conftest.REPO, _conftest.make_workdir, _conftest.run_snakemake
+
+PROFILES = sorted(
+    p.parent.name
+    for p in (REPO / "profiles").glob("*/config.yaml")
+    if p.parent.name not in ("local", "testcluster")
+)
+GPU_RULES = ("train_segment", "bench_language", "bench_vision")
+SLURM_TOOLS = ("sbatch", "srun", "squeue", "sinfo", "sacct", "sacctmgr", "scontrol", "scancel")
+# What a user exports before planning; the values are checked in the plan below.
+USER_ENV = {
+    "HPCLLM_ACCOUNT": "proj0042",
+    "HPCLLM_GPU_PARTITION": "gpu-p",
+    "HPCLLM_CPU_PARTITION": "cpu-p",
+    "HPCLLM_DEVEL_PARTITION": "devel-p",
+    "HPCLLM_QOS": "acc_x",
+}
+
+
+def profile(name: str) -> dict:
+    return yaml.safe_load((REPO / "profiles" / name / "config.yaml").read_text())
+
+
+@pytest.fixture(scope="module")
+def no_slurm(tmp_path_factory) -> dict[str, str]:
+    """An environment in which every Slurm command fails as if not installed."""
+    bin_dir = tmp_path_factory.mktemp("noslurm")
+    for tool in SLURM_TOOLS:
+        (bin_dir / tool).write_text(f"#!/bin/sh\necho '{tool}: not installed' >&2\nexit 127\n")
+        (bin_dir / tool).chmod(stat.S_IRWXU)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HPCLLM_", "SLURM_"))}
+    return {**env, "PATH": f"{bin_dir}:{env['PATH']}"}
+
+
+def planned_jobs(output: str) -> list[tuple[str, dict[str, str]]]:
+    """(rule, resources) of every job a dry run lists."""
+    jobs = []
+    for block in re.split(r"\n(?=(?:local)?rule \w+:)", output):
+        head = re.match(r"(?:local)?rule (\w+):", block)
+        res = re.search(r"^\s+resources: (.*)$", block, re.M)
+        if head and res:
+            pairs = (item.split("=", 1) for item in res.group(1).split(", "))
+            jobs.append((head.group(1), dict(pairs)))
+    return jobs
+
+
+@pytest.mark.workflow
+@pytest.mark.parametrize("name", PROFILES)
+def test_dry_run_and_dag_per_profile(name, tmp_path, no_slurm):
+    workdir = make_workdir(tmp_path / "work")
+    env = {**no_slurm, **USER_ENV}
+    proc = run_snakemake(workdir, "-n", "--profile", f"profiles/{name}", env=env, timeout=300)
+    jobs = planned_jobs(proc.stdout + proc.stderr)
+    cluster = load_cluster(name, REPO / "config" / "clusters", environ=USER_ENV)
+    rules = {rule for rule, _ in jobs}
+    assert {"tokenize", "merge_tokenized", "train_tokenizer"} <= rules, rules
+    cpu_partition = cluster.partitions.cpu or cluster.partitions.gpu
+    for rule, resources in jobs:
+        if rule == "all":
+            continue
+        assert resources["slurm_account"] == "proj0042", (rule, resources)
+        expected = cluster.partitions.gpu if rule in GPU_RULES else cpu_partition
+        assert resources["slurm_partition"] == expected, (rule, resources)
+    if any(rule in GPU_RULES for rule in rules):  # GPU steps run in the cluster's image
+        assert "build_container" in rules
+    dag = run_snakemake(workdir, "--dag", "--profile", f"profiles/{name}", env=env)
+    svg = subprocess.run(
+        ["dot", "-Tsvg"], input=dag.stdout, capture_output=True, text=True, check=True
+    ).stdout
+    assert "<svg" in svg and "tokenize" in svg
+
+
+pytestmark = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz dot missing")
+
+
+class _Resources(dict):
+    __getattr__ = dict.__getitem__
+
+
+def _value(raw):
+    """A profile resource as Snakemake evaluates it: environment variables expanded, a
+    Python literal taken as such (the quoted 'all' on JEDI), other text as text."""
+    if not isinstance(raw, str):
+        return raw
+    text = os.path.expandvars(raw)
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_sbatch_line_of_the_gpu_rules(name, monkeypatch):
+    """The Slurm plugin's own submit string for the GPU rules of each profile."""
+    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+    from snakemake_executor_plugin_slurm.validation import validate_slurm_extra
+
+    for key, value in USER_ENV.items():
+        monkeypatch.setenv(key, value)
+    cfg = profile(name)
+    cluster = load_cluster(name, REPO / "config" / "clusters", environ=USER_ENV)
+    assert cfg["executor"] == "slurm" and cfg["config"]["cluster"] == name
+    assert cfg["default-resources"]["slurm_account"] == "$HPCLLM_ACCOUNT"
+    assert cfg["latency-wait"] >= 30
+    for rule in GPU_RULES:
+        raw = {**cfg["default-resources"], **cfg["set-resources"][rule], "nodes": 2}
+        res = _Resources({k: _value(v) for k, v in raw.items()})
+        job = SimpleNamespace(resources=res, threads=1, name=rule, is_group=lambda: False)
+        validate_slurm_extra(job)
+        call = get_submit_command(
+            job,
+            {
+                "run_uuid": "u",
+                "slurm_logfile": "l",
+                "comment_str": rule,
+                "account": f"-A {res['slurm_account']}",
+                "partition": f"-p {res['slurm_partition']}",
+                "workdir": "/w",
+            },
+        ) + set_gres_string(job)
+        assert f"-p {cluster.partitions.gpu}" in call and "-A proj0042" in call
+        assert "--nodes=2" in call and "--ntasks-per-node=1" in call
+        assert f"--gres=gpu:{cluster.gpus_per_node}" in call and "--gpus" not in call
+        assert f"--cpus-per-task={cluster.cpus_per_node}" in call
+        assert "--ntasks-per-gpu" not in call
+        if rule == "train_segment":
+            assert re.search(r"--signal=B:USR1@\d+", call)
+        if "qos" in raw:
+            assert "--qos=" in call and "$" not in call
+
+
+def _fails(workdir, *args, env) -> str:
+    proc = run_snakemake(workdir, *args, env=env, check=False, timeout=300)
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    return proc.stdout + proc.stderr
+
+
+@pytest.mark.workflow
+def test_plan_time_errors_say_what_to_set(tmp_path, no_slurm):
+    workdir = make_workdir(tmp_path / "work")
+    env = {**no_slurm, **USER_ENV}
+    out = _fails(
+        workdir, "-n", "--profile", "profiles/juwels", "--config", "cluster=juwles", env=env
+    )
+    assert "unknown cluster 'juwles'" in out and "juwels" in out
+    no_account = {k: v for k, v in env.items() if k != "HPCLLM_ACCOUNT"}
+    out = _fails(workdir, "-n", "--profile", "profiles/juwels", env=no_account)
+    assert "slurm_account from $HPCLLM_ACCOUNT, which is not set" in out
+    assert "export HPCLLM_ACCOUNT=" in out
+    no_partition = {k: v for k, v in env.items() if k != "HPCLLM_GPU_PARTITION"}
+    out = _fails(workdir, "-n", "--profile", "profiles/discoverer", env=no_partition)
+    assert "discoverer.yaml: partitions.gpu is not known for sure" in out
+    assert "export HPCLLM_GPU_PARTITION=" in out
+    # A real run needs the container runtime; this machine has none: stop before submitting.
+    out = _fails(workdir, "--profile", "profiles/juwels", "containers/megatron-nvidia.sif", env=env)
+    assert "'apptainer' is not on the PATH" in out and "container_runtime: none" in out
+    assert not (workdir / "containers" / "megatron-nvidia.sif").exists()
