@@ -1,0 +1,159 @@
+"""The torch engine on real sample data: exact resume, signals, log format, bad input."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from hpcllm.training import checkpoints
+from hpcllm.training.checkpoints import CheckpointError
+from hpcllm.training.data import DataError
+from hpcllm.training.torch_engine import main, parser, train
+
+ITERS = 12
+
+
+def engine_argv(save: Path, prefixes, vocab_file, *extra: str) -> list[str]:
+    return [
+        "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+        "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "4",
+        "--train-iters", str(ITERS), "--lr", "3e-3", "--min-lr", "3e-4",
+        "--lr-warmup-iters", "2", "--adam-beta2", "0.95", "--weight-decay", "0.1",
+        "--data-path", "0.6", prefixes[0], "0.4", prefixes[1], "--split", "98,2,0",
+        "--data-cache-path", str(save.parent / "cache"), "--vocab-file", vocab_file,
+        "--save", str(save), "--load", str(save), "--save-interval", "100",
+        "--log-interval", "1", "--log-throughput", "--threads", "1", "--exit-signal-handler",
+        *extra,
+    ]  # fmt: skip
+
+
+def run_in_process(argv: list[str]) -> dict:
+    try:
+        return train(parser().parse_args(argv))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def final_weights(save: Path) -> dict[str, torch.Tensor]:
+    it = checkpoints.latest_iteration(save)
+    state = torch.load(checkpoints.model_file(save, it), map_location="cpu", weights_only=False)
+    return {
+        "iteration": it,
+        **state["model"],
+        **{f"opt{k}": v for k, v in _flat(state["optimizer"])},
+    }
+
+
+def _flat(opt_state):
+    for pid, st in opt_state["state"].items():
+        for key, value in st.items():
+            yield f"{pid}.{key}", value
+
+
+def assert_bitwise_equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        if isinstance(a[key], torch.Tensor):
+            assert torch.equal(a[key], b[key]), f"{key} differs"
+        else:
+            assert a[key] == b[key], key
+
+
+@pytest.fixture(scope="module")
+def one_segment(tmp_path_factory, data_prefixes, vocab_file) -> dict:
+    save = tmp_path_factory.mktemp("one") / "ckpt"
+    summary = run_in_process(engine_argv(save, data_prefixes, vocab_file))
+    assert summary["complete"] and summary["last_iteration"] == ITERS
+    return final_weights(save)
+
+
+def test_three_segments_equal_one_bitwise(tmp_path, data_prefixes, vocab_file, one_segment):
+    save = tmp_path / "ckpt"
+    for stop in (4, 8, 12):
+        summary = run_in_process(
+            engine_argv(save, data_prefixes, vocab_file, "--exit-interval", str(stop))
+        )
+        assert summary["first_iteration"] == stop - 3 and summary["last_iteration"] == stop
+    assert sorted(checkpoints.iteration_dirs(save)) == [4, 8, 12]
+    assert_bitwise_equal(final_weights(save), one_segment)
+
+
+def test_signal_saves_and_resume_is_exact(tmp_path, data_prefixes, vocab_file, one_segment):
+    """SIGUSR1 mid-run: the iteration finishes, a checkpoint is saved, exit 0, incomplete."""
+    save = tmp_path / "ckpt"
+    log = tmp_path / "engine.log"
+    argv = [sys.executable, "-m", "hpcllm.training.torch_engine"] + engine_argv(
+        save, data_prefixes, vocab_file
+    )
+    with open(log, "w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.time() + 120
+        while "iteration        3/" not in log.read_text():
+            assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGUSR1)
+        assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
+    text = log.read_text()
+    stopped = checkpoints.latest_iteration(save)
+    assert 3 <= stopped < ITERS, text[-2000:]
+    assert f"exiting at iteration {stopped} (signal)" in text
+    assert f"iteration {stopped + 1:8d}/" not in text
+    summary = run_in_process(engine_argv(save, data_prefixes, vocab_file))
+    assert summary["first_iteration"] == stopped + 1 and summary["complete"]
+    assert_bitwise_equal(final_weights(save), one_segment)
+
+
+MEGATRON_LINE = re.compile(
+    r"^ \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}\] iteration +(\d+)/ +(\d+) \|"
+    r" consumed samples: +(\d+) \| elapsed time per iteration \(ms\): [\d.]+ \|"
+    r" throughput per GPU \(TFLOP/s/GPU\): [\d.]+ \| learning rate: \d\.\d{6}E[+-]\d\d \|"
+    r" global batch size: +(\d+) \| lm loss: \d\.\d{6}E[+-]\d\d \| loss scale: 1\.0 \|"
+    r" grad norm: [\d.]+ \| number of skipped iterations: +0 \| number of nan iterations: +0 \|$"
+)
+
+
+def test_log_lines_follow_megatron_training_log(tmp_path, data_prefixes, vocab_file, capsys):
+    main(engine_argv(tmp_path / "ckpt", data_prefixes, vocab_file, "--exit-interval", "3"))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    out = capsys.readouterr().out.splitlines()
+    lines = [x for x in out if "iteration" in x and "|" in x]
+    assert len(lines) == 3
+    for n, line in enumerate(lines, 1):
+        m = MEGATRON_LINE.match(line)
+        assert m, line
+        assert (int(m[1]), int(m[2]), int(m[3]), int(m[4])) == (n, ITERS, 4 * n, 4)
+
+
+def test_partial_checkpoint_is_refused(tmp_path, data_prefixes, vocab_file):
+    save = tmp_path / "ckpt"
+    run_in_process(engine_argv(save, data_prefixes, vocab_file, "--exit-interval", "2"))
+    os.remove(checkpoints.model_file(save, 2))
+    with pytest.raises(CheckpointError, match="partial"):
+        run_in_process(engine_argv(save, data_prefixes, vocab_file))
+    (save / checkpoints.TRACKER).unlink()
+    with pytest.raises(CheckpointError, match="no latest_checkpointed_iteration.txt"):
+        run_in_process(engine_argv(save, data_prefixes, vocab_file))
+
+
+def test_wrong_tokenizer_is_refused(tmp_path, data_prefixes):
+    vocab = tmp_path / "vocab.json"
+    vocab.write_text('{"a": 0, "b": 1, "<|endoftext|>": 2}')
+    with pytest.raises(DataError, match="another tokenizer"):
+        run_in_process(engine_argv(tmp_path / "ckpt", data_prefixes, str(vocab)))
+
+
+def test_missing_data_is_refused(tmp_path, data_prefixes, vocab_file):
+    missing = [str(tmp_path / "nothing_text_document"), data_prefixes[1]]
+    with pytest.raises(DataError, match="nothing_text_document.*does not exist"):
+        run_in_process(engine_argv(tmp_path / "ckpt", missing, vocab_file))
