@@ -122,6 +122,30 @@ rule bench_vision:
         "../scripts/bench_vision.py"
 
 
+rule bench_language:
+    input:
+        unpack(bench_language_inputs),
+    output:
+        log="results/bench/language/{point}/run.log",
+        record="results/bench/language/{point}/run.json",
+    log:
+        "logs/bench_language/{point}.log",
+    benchmark:
+        "benchmarks/bench_language/{point}.tsv"
+    threads: bench_threads
+    resources:
+        nodes=bench_nodes,
+        tasks=bench_nodes,
+        gres=bench_gres,
+        runtime=120,
+    params:
+        point=bench_point,
+        container=bench_container("language"),
+        time_limit_s=bench_time_limit_s,
+    script:
+        "../scripts/bench_language.py"
+
+
 rule aggregate_benchmarks:
     input:
         bench_records(),

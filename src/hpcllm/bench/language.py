@@ -1,0 +1,120 @@
+"""The language benchmark: a training engine run with a sweep point's settings.
+
+``megatron`` (clusters) runs Megatron-LM's ``pretrain_gpt.py`` (in the container, at
+/opt/Megatron-LM) with the arguments of ``hpcllm.training.megatron_args``; ``torch``
+(laptops, CI) runs ``hpcllm.training.torch_engine``. Both with ``--log-interval 1`` and
+throughput logging, so every iteration is a Megatron-format line for the parser.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hpcllm.bench.runner import launch_for, python_for, run_launch
+from hpcllm.training.planner import Layout
+from hpcllm.training.presets import resolve_experiment
+
+PRETRAIN_GPT = "/opt/Megatron-LM/pretrain_gpt.py"
+
+
+def experiment_of(point: dict) -> dict:
+    """The training experiment (preset plus the point's batch, layout and precision)."""
+    spec = {
+        "preset": point["preset"],
+        **point.get("model_overrides", {}),
+    }
+    exp = resolve_experiment(point["id"], spec)
+    exp["model"]["seq_length"] = point["seq_length"]
+    exp["batch"] = {"micro": point["micro_batch"], "global": point["global_batch"]}
+    exp["layout"].update(
+        tp=point["tp"],
+        pp=point["pp"],
+        sequence_parallel=point["sequence_parallel"],
+        distributed_optimizer=point["distributed_optimizer"],
+    )
+    exp["precision"] = point["precision"]
+    exp["save_interval"] = point["iterations"] * 10  # a benchmark saves no checkpoint
+    exp["log_interval"] = 1
+    return exp
+
+
+def _tokenizer_files(point: dict) -> tuple[str | None, str | None]:
+    if not point.get("tokenizer"):
+        return None, None
+    folder = Path(point["tokenizer"]).parent
+    return str(folder / "vocab.json"), str(folder / "merges.txt")
+
+
+def engine_command(point: dict, run_dir: str | Path, python: str) -> list[str]:
+    exp = experiment_of(point)
+    model = exp["model"]
+    vocab, merges = _tokenizer_files(point)
+    mock = point["data"] == "mock"
+    if point["engine"] == "torch":
+        cmd = [
+            python, "-m", "hpcllm.training.torch_engine",
+            "--num-layers", str(model["num_layers"]),
+            "--hidden-size", str(model["hidden_size"]),
+            "--num-attention-heads", str(model["num_attention_heads"]),
+            "--seq-length", str(point["seq_length"]),
+            "--micro-batch-size", str(point["micro_batch"]),
+            "--global-batch-size", str(point["global_batch"]),
+            "--train-iters", str(point["iterations"]),
+            "--lr", str(exp["optim"]["lr"]),
+            "--min-lr", str(exp["optim"]["min_lr"]),
+            "--log-interval", "1",
+            "--log-throughput",
+            "--data-cache-path", str(Path(run_dir).resolve() / "index-cache"),
+            "--split", "100,0,0",  # a benchmark trains only
+        ]  # fmt: skip
+        if model.get("ffn_hidden_size"):
+            cmd += ["--ffn-hidden-size", str(model["ffn_hidden_size"])]
+        if point["precision"] == "bf16":
+            cmd.append("--bf16")
+        if mock:
+            cmd += ["--mock-data", "--vocab-size", str(model.get("vocab_size") or 50257)]
+        else:
+            cmd += ["--data-path", str(Path(point["data"]).resolve())]
+        if vocab:
+            cmd += ["--vocab-file", str(Path(vocab).resolve())]
+        return cmd
+    from hpcllm.training.megatron_args import pretrain_gpt_args
+
+    layout = Layout(
+        gpus=point["gpus"],
+        tp=point["tp"],
+        pp=point["pp"],
+        dp=point["dp"],
+        micro_batch=point["micro_batch"],
+        global_batch=point["global_batch"],
+    )
+    args = pretrain_gpt_args(
+        exp,
+        layout,
+        data_path=None if mock else [point["data"]],
+        split="100,0,0",
+        vocab_file=vocab,
+        merge_file=merges,
+        save=str(Path(run_dir) / "checkpoints"),
+        tensorboard_dir=str(Path(run_dir) / "tensorboard"),
+        data_cache_path=None,
+        train_iters=point["iterations"],
+        stop_iteration=point["iterations"],
+        exit_minutes=None,
+    )
+    return [python, PRETRAIN_GPT, *args, *(["--mock-data"] if mock else [])]
+
+
+def run_language_point(
+    point: dict,
+    log_path: str,
+    record_path: str,
+    cluster,
+    container: str | None = None,
+    time_limit_s: float | None = None,
+) -> dict:
+    run_dir = Path(log_path).parent
+    command = engine_command(point, run_dir, python_for(container))
+    return run_launch(
+        launch_for(point, cluster, command, container), point, log_path, record_path, time_limit_s
+    )

@@ -1,0 +1,14 @@
+from hpcllm import logs
+from hpcllm.bench.language import run_language_point
+from hpcllm.clusters import load_cluster
+
+logs.setup(snakemake.log[0])
+point = snakemake.params.point
+run_language_point(
+    point,
+    snakemake.output.log,
+    snakemake.output.record,
+    load_cluster(point["cluster"]),
+    container=snakemake.params.container,
+    time_limit_s=snakemake.params.time_limit_s,
+)
