@@ -1,0 +1,110 @@
+"""Megatron-LM's pretrain_gpt.py arguments: pinned per preset, valid for the pinned commit."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpcllm.training.megatron_args import (
+    FLAGS,
+    MEGATRON_LM_COMMIT,
+    MegatronArgsError,
+    exit_duration_minutes,
+    pretrain_gpt_args,
+)
+from hpcllm.training.planner import check_layout
+from hpcllm.training.presets import PRESETS, resolve_experiment
+
+GPUS = {"tiny": 1, "gpt3_860m": 1, "gpt3_175b": 1024, "gpt_13b6": 160}
+
+
+def args_for(preset: str, **kw) -> list[str]:
+    exp = resolve_experiment("x", {"preset": preset, "save_interval": 100})
+    layout = check_layout("x", exp, GPUS.get(preset, 8))
+    options = dict(
+        data_path=["0.7", "data/a_text_document", "0.3", "data/b_text_document"],
+        split="949,50,1",
+        vocab_file="tok/vocab.json",
+        merge_file="tok/merges.txt",
+        save="checkpoints/x",
+        tensorboard_dir="checkpoints/x/tensorboard",
+        data_cache_path="checkpoints/x/data_cache",
+        train_iters=3000,
+        stop_iteration=1000,
+        exit_minutes=1430,
+    )
+    options.update(kw)
+    return pretrain_gpt_args(exp, layout, **options)
+
+
+def pairs(argv: list[str]) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for i, a in enumerate(argv):
+        if a.startswith("--"):
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            out[a] = None if nxt is None or nxt.startswith("--") else nxt
+    return out
+
+
+def test_opengptx_800m_arguments_are_the_reports():
+    got = pairs(args_for("opengptx_800m"))
+    expected = {
+        "--num-layers": "16", "--hidden-size": "2048", "--num-attention-heads": "8",
+        "--seq-length": "2048", "--micro-batch-size": "4", "--global-batch-size": "512",
+        "--position-embedding-type": "rope", "--use-flash-attn": None,
+        "--sequence-parallel": None, "--bf16": None, "--adam-beta1": "0.9",
+        "--adam-beta2": "0.95", "--lr": "0.00025", "--min-lr": "2.5e-05",
+        "--lr-decay-style": "cosine", "--clip-grad": "1", "--weight-decay": "0.1",
+        "--use-distributed-optimizer": None, "--tensor-model-parallel-size": "2",
+        "--pipeline-model-parallel-size": "1", "--save": "checkpoints/x",
+        "--load": "checkpoints/x", "--log-throughput": None, "--exit-signal-handler": None,
+        "--exit-duration-in-mins": "1430", "--exit-interval": "1000", "--train-iters": "3000",
+        "--tensorboard-dir": "checkpoints/x/tensorboard", "--split": "949,50,1",
+        "--tokenizer-type": "GPT2BPETokenizer", "--vocab-file": "tok/vocab.json",
+    }  # fmt: skip
+    for flag, value in expected.items():
+        assert flag in got, flag
+        assert got[flag] == value, flag
+    argv = args_for("opengptx_800m")
+    i = argv.index("--data-path")
+    assert argv[i + 1 : i + 5] == ["0.7", "data/a_text_document", "0.3", "data/b_text_document"]
+
+
+@pytest.mark.parametrize(
+    ("preset", "expected"),
+    [
+        ("gpt3_175b", {"--num-layers": "96", "--hidden-size": "12288", "--tensor-model-parallel-size": "8", "--pipeline-model-parallel-size": "16", "--global-batch-size": "1536", "--recompute-granularity": "selective", "--position-embedding-type": "learned_absolute"}),
+        ("gpt3_860m", {"--num-layers": "20", "--hidden-size": "1792", "--num-attention-heads": "14", "--tensor-model-parallel-size": "1"}),
+        ("gpt_7b", {"--num-layers": "32", "--hidden-size": "4096", "--num-attention-heads": "32"}),
+        ("gpt_13b6", {"--num-layers": "40", "--hidden-size": "5120", "--pipeline-model-parallel-size": "2", "--recompute-granularity": "full", "--recompute-method": "uniform"}),
+    ],
+)  # fmt: skip
+def test_preset_arguments_are_pinned(preset, expected):
+    got = pairs(args_for(preset))
+    for flag, value in expected.items():
+        assert got.get(flag, "MISSING") == value, flag
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_only_flags_of_the_pinned_commit(preset):
+    known = set(FLAGS[MEGATRON_LM_COMMIT].values())
+    flags = [a for a in args_for(preset) if a.startswith("--")]
+    assert set(flags) <= known
+    assert "--data-impl" not in flags  # rejected by current Megatron-LM
+    assert len(flags) == len(set(flags))
+
+
+def test_last_segment_has_no_exit_interval_and_no_time_limit_without_slurm():
+    got = pairs(args_for("gpt_7b", stop_iteration=3000, exit_minutes=None))
+    assert "--exit-interval" not in got and "--exit-duration-in-mins" not in got
+
+
+def test_exit_duration_from_remaining_time():
+    assert exit_duration_minutes(24 * 3600, 600) == 1430
+    assert exit_duration_minutes(None, 600) is None
+    with pytest.raises(MegatronArgsError, match="less than the safety margin"):
+        exit_duration_minutes(300, 600)
+
+
+def test_unknown_commit_is_refused():
+    with pytest.raises(MegatronArgsError, match="no flag table"):
+        args_for("gpt_7b", commit="0" * 40)
