@@ -86,10 +86,17 @@ class Launch:
                 export = f"if {test}; then {export}; fi"
             lines.append(export)
         if self.rendezvous_suffix is not None:
+            # The first node of the job. sed reads the whole list: `head -n1` would close
+            # the pipe early and, with pipefail, kill the script on scontrol's SIGPIPE.
             lines.append(
-                'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"'
-                + (shell_word(self.rendezvous_suffix) if self.rendezvous_suffix else "")
+                'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"'
             )
+            lines.append(
+                'if [ -z "$MASTER_ADDR" ]; then echo "no node list in SLURM_JOB_NODELIST" >&2; '
+                "exit 1; fi"
+            )
+            if self.rendezvous_suffix:
+                lines.append(f'MASTER_ADDR="$MASTER_ADDR"{shell_word(self.rendezvous_suffix)}')
             lines.append("export MASTER_ADDR")
         lines.append("exec " + " ".join(shell_word(a) for a in self.argv))
         return "\n".join(lines) + "\n"
