@@ -148,7 +148,11 @@ def fake_tools(bin_dir: Path) -> None:
         "json.dump({'argv': sys.argv[1:], 'env': dict(os.environ)},"
         " open(os.environ['RECORD'], 'w'))\n"
     )
-    scontrol = '#!/bin/bash\n[ "$1 $2" = "show hostnames" ] && printf \'jwb0042\\njwb0043\\n\'\n'
+    # A long node list: reading only its first line must not break the pipe (pipefail).
+    scontrol = (
+        '#!/bin/bash\n[ "$1 $2" = "show hostnames" ] || exit 1\n'
+        "printf 'jwb0042\\njwb0043\\n'; seq -f 'jwb%04g' 44 20000\n"
+    )
     for name, text in {"srun": recorder, "scontrol": scontrol}.items():
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(stat.S_IRWXU)
