@@ -1,0 +1,175 @@
+"""Benchmark of pack_lmdb and the LMDB reader (not part of the test suite).
+
+    .venv/bin/python benchmarks/lmdb_pack.py [--images 20000] [--work /tmp/hpcllm-lmdb-bench]
+
+Generates (once) an ImageNet-style tree of real JPEGs of about 100 KB, then prints, as
+medians of --repeats runs:
+- packing: images/s and MB/s of pack_lmdb (listing, reading, checking, writing, fsync);
+- the ceiling: ``tar -cf`` of the same folder to the same disk, with and without fsync of
+  the archive, and pack_lmdb's speed as a fraction of it;
+- random access, single process and with 2 DataLoader workers: images/s of the LMDB
+  reader (bytes only, and with Pillow decode to RGB) against reading the same images
+  from the folder.
+The source files are in the page cache for all of it (read once before timing), so the
+figures compare the software, not a cold parallel file system.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from hpcllm.vision.lmdb_dataset import LMDBImageDataset  # noqa: E402
+from hpcllm.vision.lmdb_env import close_environment  # noqa: E402
+from hpcllm.vision.lmdb_pack import pack_lmdb  # noqa: E402
+from hpcllm.vision.sample_data import write_sample_tree  # noqa: E402
+from hpcllm.vision.trees import list_split  # noqa: E402
+
+
+def tree_bytes(folder: Path) -> tuple[int, int]:
+    files = [p for p in folder.rglob("*") if p.is_file()]
+    return len(files), sum(p.stat().st_size for p in files)
+
+
+def warm_cache(folder: Path) -> None:
+    for p in folder.rglob("*"):
+        if p.is_file():
+            p.read_bytes()
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def tar(tree: Path, out: Path, fsync: bool) -> None:
+    out.unlink(missing_ok=True)
+    subprocess.run(["tar", "-cf", str(out), "-C", str(tree), "train"], check=True)
+    if fsync:
+        fd = os.open(out, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+
+
+class Records(Dataset):
+    """Random images by index: from the LMDB or from the folder, bytes only or decoded."""
+
+    def __init__(self, lmdb: Path, root: Path, indices: list[int], source: str, decode: bool):
+        self.lmdb, self.root, self.indices = lmdb, root, indices
+        self.source, self.decode = source, decode
+        self.names = [LMDBImageDataset(lmdb).read_record(i)[2] for i in indices]
+        self.dataset = LMDBImageDataset(lmdb)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, k: int) -> int:
+        if self.source == "lmdb":
+            if self.decode:
+                return self.dataset[self.indices[k]][1]
+            return len(self.dataset.read_record(self.indices[k])[0])
+        data = (self.root / self.names[k]).read_bytes()
+        if self.decode:
+            return Image.open(io.BytesIO(data)).convert("RGB").size[0]
+        return len(data)
+
+
+def read_rate(records: Records, workers: int) -> float:
+    if workers == 0:
+        seconds = timed(lambda: [records[k] for k in range(len(records))])
+    else:
+        loader = DataLoader(records, batch_size=64, num_workers=workers, collate_fn=list)
+        seconds = timed(lambda: [b for b in loader])
+    return len(records) / seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--images", type=int, default=20000)
+    parser.add_argument("--classes", type=int, default=100)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/hpcllm-lmdb-bench"))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=4, help="pack_lmdb reader threads")
+    parser.add_argument("--reads", type=int, default=3000, help="random reads per measurement")
+    args = parser.parse_args()
+
+    tree = args.work / f"imagenet{args.images}"
+    if not tree.is_dir():
+        print(f"generating {args.images} images in {tree} ...", flush=True)
+        write_sample_tree(
+            tree, "imagenet", classes=args.classes, train_per_class=args.images // args.classes,
+            val_per_class=1, size=(500, 375), noise=25, val_labels="folders", threads=2,
+        )  # fmt: skip
+    count, size = tree_bytes(tree / "train")
+    warm_cache(tree / "train")
+    print(f"tree: {count} images, {size / 1e6:.0f} MB, {size / count / 1e3:.0f} KB each")
+    out = args.work / "out"
+    out.mkdir(exist_ok=True)
+
+    def pack() -> None:
+        listing = list_split(tree, "imagenet", "train")
+        pack_lmdb(listing, out / "train.lmdb", out / "train.report.json", threads=args.threads)
+
+    pack_s, tar_s, tar_sync_s = [], [], []
+    for _ in range(args.repeats):
+        shutil.rmtree(out / "train.lmdb", ignore_errors=True)
+        subprocess.run(["sync"], check=True)
+        pack_s.append(timed(pack))
+        subprocess.run(["sync"], check=True)
+        tar_s.append(timed(lambda: tar(tree, out / "train.tar", fsync=False)))
+        subprocess.run(["sync"], check=True)
+        tar_sync_s.append(timed(lambda: tar(tree, out / "train.tar", fsync=True)))
+    p, t, ts = (statistics.median(x) for x in (pack_s, tar_s, tar_sync_s))
+    print(
+        f"pack_lmdb      {count / p:8.0f} images/s {size / p / 1e6:7.0f} MB/s  (runs {_fmt(pack_s)} s)"
+    )
+    print(
+        f"tar -cf        {count / t:8.0f} images/s {size / t / 1e6:7.0f} MB/s  (runs {_fmt(tar_s)} s)"
+    )
+    print(
+        f"tar -cf+fsync  {count / ts:8.0f} images/s {size / ts / 1e6:7.0f} MB/s  (runs {_fmt(tar_sync_s)} s)"
+    )
+    print(f"ratio pack/tar: {t / p:.2f} (tar without fsync), {ts / p:.2f} (both fsync)")
+    (out / "train.tar").unlink()
+
+    lmdb = out / "train.lmdb"
+    n = LMDBImageDataset(lmdb).num_samples
+    rng = random.Random(0)
+    print(f"random access, {args.reads} reads, images/s (median of {args.repeats}):")
+    for decode in (False, True):
+        for workers in (0, 2):
+            rates = {}
+            for source in ("lmdb", "folder"):
+                runs = []
+                for _ in range(args.repeats):
+                    indices = rng.sample(range(n), min(args.reads, n))
+                    runs.append(read_rate(Records(lmdb, tree, indices, source, decode), workers))
+                rates[source] = statistics.median(runs)
+            what = "decode " if decode else "bytes  "
+            print(
+                f"  {what} workers={workers}: LMDB {rates['lmdb']:8.0f}  folder "
+                f"{rates['folder']:8.0f}  ratio {rates['lmdb'] / rates['folder']:.2f}"
+            )
+    close_environment(lmdb)
+
+
+def _fmt(xs: list[float]) -> str:
+    return ", ".join(f"{x:.2f}" for x in xs)
+
+
+if __name__ == "__main__":
+    main()
