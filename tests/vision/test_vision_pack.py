@@ -197,6 +197,15 @@ def test_failed_repack_keeps_the_previous_lmdb(imagenet_tree, tmp_path):
     ]
 
 
+def test_a_repacked_lmdb_is_read_anew_in_the_same_process(imagenet_tree, tmp_path):
+    pack(imagenet_tree, tmp_path, "imagenet", "train")
+    assert LMDBImageDataset(tmp_path / "train.lmdb").num_samples == 12
+    root = shutil.copytree(imagenet_tree, tmp_path / "tree")
+    (next((root / "train").glob("*/*_0.JPEG"))).unlink()
+    pack(root, tmp_path, "imagenet", "train")
+    assert LMDBImageDataset(tmp_path / "train.lmdb").num_samples == 11
+
+
 def test_missing_labels_file_and_flat_val_are_explained(imagenet_tree):
     with pytest.raises(BadInputError, match="val_labels.format"):
         list_split(imagenet_tree, "imagenet", "val", {"format": "folders"})

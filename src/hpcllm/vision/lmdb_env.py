@@ -24,32 +24,42 @@ def open_readonly(path: str | os.PathLike) -> lmdb.Environment:
 # One environment per LMDB and process: py-lmdb refuses to open the same files twice in a
 # process, so every dataset over a path shares it. A forked DataLoader worker inherits the
 # parent's entries; it closes them (its own mapping only) and opens its own.
-_ENVIRONMENTS: dict[Path, tuple[int, lmdb.Environment]] = {}
+_ENVIRONMENTS: dict[Path, tuple[int, int, lmdb.Environment]] = {}  # path: pid, inode, env
 
 
-def shared_environment(path: str | os.PathLike) -> lmdb.Environment:
+def shared_environment(path: str | os.PathLike, recheck: bool = False) -> lmdb.Environment:
+    """This process's environment of ``path``. ``recheck``: reopen it if the LMDB was
+    repacked (a new data.mdb) since; costs a stat, so not done for every record."""
     key = Path(path).resolve()
-    pid, env = _ENVIRONMENTS.get(key, (None, None))
+    pid, inode, env = _ENVIRONMENTS.get(key, (None, None, None))
     if env is not None and pid == os.getpid():
-        return env
+        if not recheck or _inode(key) == inode:
+            return env
     if env is not None:
         env.close()
     env = open_readonly(key)
-    _ENVIRONMENTS[key] = (os.getpid(), env)
+    _ENVIRONMENTS[key] = (os.getpid(), _inode(key), env)
     return env
+
+
+def _inode(lmdb_dir: Path) -> int:
+    try:
+        return (lmdb_dir / "data.mdb").stat().st_ino
+    except FileNotFoundError:
+        return -1
 
 
 def close_environment(path: str | os.PathLike) -> None:
     """Close this process's environment of ``path`` (before deleting a staged copy: a
     mapping keeps a deleted file's space, on tmpfs the node's memory)."""
-    pid, env = _ENVIRONMENTS.pop(Path(path).resolve(), (None, None))
+    _, _, env = _ENVIRONMENTS.pop(Path(path).resolve(), (None, None, None))
     if env is not None:
         env.close()
 
 
 def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     """The LMDB's metadata: ``num_samples``, ``classes`` and the rest (see lmdb_pack)."""
-    with shared_environment(path).begin() as txn:
+    with shared_environment(path, recheck=True).begin() as txn:
         raw = txn.get(META_KEY)
     if raw is None:
         raise ValueError(f"{path}: no {META_KEY.decode()} record; not written by pack_lmdb")

@@ -37,7 +37,8 @@ from typing import Any
 import lmdb
 from PIL import Image, UnidentifiedImageError
 
-from hpcllm.atomic import atomic_paths
+from hpcllm.atomic import atomic_path, temporary_path
+from hpcllm.vision.atomic_dir import replace_dir
 from hpcllm.vision.trees import BadInputError, Problem, Sample, SplitListing
 
 log = logging.getLogger(__name__)
@@ -248,55 +249,63 @@ def pack_lmdb(
     _keep_freed_memory()
     start = time.monotonic()
     count = num_bytes = 0
-    with atomic_paths(out_dir, report_path) as (tmp_dir, tmp_report):
-        if tmp_dir.exists():  # left by a killed run
-            shutil.rmtree(tmp_dir)
+    out_dir = Path(out_dir)
+    tmp_dir = temporary_path(out_dir)
+    with atomic_path(report_path) as tmp_report:  # renamed last, after the LMDB
+        shutil.rmtree(tmp_dir, ignore_errors=True)  # left by a killed run
         tmp_dir.mkdir(parents=True)
-        writer = _Writer(tmp_dir, map_size, txn_bytes)
-        ok = False
         try:
-            for sample, record, size, problem in _read_ahead(samples, check, threads):
-                if problem:
-                    bad = Problem(str(sample.path), "bad_image", problem)
-                    if on_bad_image == "fail":
-                        raise BadInputError(format_problems([bad], "bad image"))
-                    log.warning("skipping %s", bad)
-                    problems.append(bad)
-                    continue
-                writer.put(record_key(count), record)
-                count += 1
-                num_bytes += size
-                if count % 50000 == 0:
-                    log.info("%d images, %.1f GB", count, num_bytes / 1e9)
-            if count == 0:
-                raise BadInputError(f"no usable images among the {len(samples)} listed")
-            full_meta = {
+            writer = _Writer(tmp_dir, map_size, txn_bytes)
+            ok = False
+            try:
+                for sample, record, size, problem in _read_ahead(samples, check, threads):
+                    if problem:
+                        bad = Problem(str(sample.path), "bad_image", problem)
+                        if on_bad_image == "fail":
+                            raise BadInputError(format_problems([bad], "bad image"))
+                        log.warning("skipping %s", bad)
+                        problems.append(bad)
+                        continue
+                    writer.put(record_key(count), record)
+                    count += 1
+                    num_bytes += size
+                    if count % 50000 == 0:
+                        log.info("%d images, %.1f GB", count, num_bytes / 1e9)
+                if count == 0:
+                    raise BadInputError(f"no usable images among the {len(samples)} listed")
+                full_meta = {
+                    **(meta or {}),
+                    "format": FORMAT,
+                    "version": VERSION,
+                    "num_samples": count,
+                    "num_bytes": num_bytes,
+                    "classes": listing.classes,
+                }
+                writer.put(META_KEY, json.dumps(full_meta).encode())
+                ok = True
+            finally:
+                writer.close(sync=ok)
+            seconds = time.monotonic() - start
+            report = {
                 **(meta or {}),
-                "format": FORMAT,
-                "version": VERSION,
                 "num_samples": count,
+                "num_classes": len(listing.classes),
                 "num_bytes": num_bytes,
-                "classes": listing.classes,
+                "lmdb_bytes": (tmp_dir / "data.mdb").stat().st_size,
+                "seconds": round(seconds, 3),
+                "map_grown": writer.grown,
+                "on_bad_image": on_bad_image,
+                "check": check,
+                "num_skipped": len(problems),
+                "skipped": [
+                    {"path": p.path, "kind": p.kind, "message": p.message} for p in problems
+                ],
             }
-            writer.put(META_KEY, json.dumps(full_meta).encode())
-            ok = True
-        finally:
-            writer.close(sync=ok)
-        seconds = time.monotonic() - start
-        report = {
-            **(meta or {}),
-            "num_samples": count,
-            "num_classes": len(listing.classes),
-            "num_bytes": num_bytes,
-            "lmdb_bytes": (tmp_dir / "data.mdb").stat().st_size,
-            "seconds": round(seconds, 3),
-            "map_grown": writer.grown,
-            "on_bad_image": on_bad_image,
-            "check": check,
-            "num_skipped": len(problems),
-            "skipped": [{"path": p.path, "kind": p.kind, "message": p.message} for p in problems],
-        }
-        Path(tmp_report).write_text(json.dumps(report, indent=1) + "\n")
+            Path(tmp_report).write_text(json.dumps(report, indent=1) + "\n")
+            replace_dir(tmp_dir, out_dir)
+        except BaseException:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+            raise
     log.info(
         "packed %d images (%.1f MB) into %s in %.1f s (%.0f images/s), %d skipped",
         count, num_bytes / 1e6, out_dir, seconds, count / max(seconds, 1e-9), len(problems),

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from hpcllm.atomic import atomic_path
+from hpcllm.atomic import temporary_path
+from hpcllm.vision.atomic_dir import replace_dir
 
 
 def sample_wnids(num_classes: int) -> list[str]:
@@ -80,9 +81,10 @@ def write_sample_tree(
     size = tuple(size) if size else ((64, 64) if layout == "tinyimagenet" else (160, 120))
     wnids = sample_wnids(classes)
     jobs: list[tuple[Path, int]] = []
-    with atomic_path(root) as tmp:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+    root = Path(root)
+    tmp = temporary_path(root)
+    shutil.rmtree(tmp, ignore_errors=True)  # left by a killed run
+    try:
         for c, wnid in enumerate(wnids):
             folder = tmp / "train" / wnid / ("images" if layout == "tinyimagenet" else "")
             folder.mkdir(parents=True)
@@ -111,7 +113,11 @@ def write_sample_tree(
         with ThreadPoolExecutor(max(1, threads)) as pool:
             for _ in pool.map(lambda job: _save_jpeg(job[0], job[1], size, noise), jobs):
                 pass
-    return Path(root)
+        replace_dir(tmp, root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return root
 
 
 def _imagenet_val(
