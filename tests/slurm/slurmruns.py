@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import subprocess
@@ -97,23 +98,46 @@ def slurm_logs(workdir: Path) -> dict[str, list[tuple[str, Path]]]:
     return found
 
 
-def checksums(root: Path, pattern: str = "**/*") -> dict[str, str]:
-    """sha256 of every file under ``root`` matching ``pattern``, by relative path."""
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.glob(pattern))
-        if p.is_file()
-    }
+def fingerprints(root: Path) -> dict[str, str]:
+    """A sha256 per output file under ``root``, by relative path, of what must not vary.
+
+    Two kinds of output vary between identical runs by design, so only their content is
+    compared: an LMDB's data.mdb leaves page slack uninitialised (its records are hashed
+    instead), and a ``*.report.json`` records how many seconds the step took.
+    """
+    found = {}
+    for path in sorted(root.rglob("*")):
+        if not path.is_file() or path.name in ("lock.mdb", ".snakemake_timestamp"):
+            continue
+        if path.name == "data.mdb":
+            digest = lmdb_digest(path.parent)
+        elif path.name.endswith(".report.json"):
+            report = json.loads(path.read_text())
+            report.pop("seconds", None)
+            digest = hashlib.sha256(json.dumps(report, sort_keys=True).encode()).hexdigest()
+        else:
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        found[str(path.relative_to(root))] = digest
+    return found
 
 
-def jobs_run(output: str) -> dict[str, int]:
-    """The job counts table Snakemake prints before a run: rule -> number of jobs."""
-    counts: dict[str, int] = {}
-    m = re.search(r"Job stats:\n(.*?)\n\n", output, re.S)
-    if not m:
-        return counts
-    for line in m.group(1).splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1].isdigit() and parts[0] != "total":
-            counts[parts[0]] = int(parts[1])
-    return counts
+def lmdb_digest(path: Path) -> str:
+    import lmdb
+
+    h = hashlib.sha256()
+    with lmdb.open(str(path), readonly=True, lock=False, subdir=True) as env:
+        with env.begin() as txn:
+            for key, value in txn.cursor():
+                h.update(len(key).to_bytes(8, "little") + key + len(value).to_bytes(8, "little"))
+                h.update(value)
+    return h.hexdigest()
+
+
+def rule_headers(output: str) -> tuple[dict[str, int], dict[str, int]]:
+    """Jobs Snakemake ran, by rule: (submitted, ``rule X:``; local, ``localrule X:``)."""
+    remote: dict[str, int] = {}
+    local: dict[str, int] = {}
+    for kind, rule in re.findall(r"^(rule|localrule) (\w+):$", output, re.M):
+        counts = remote if kind == "rule" else local
+        counts[rule] = counts.get(rule, 0) + 1
+    return remote, local

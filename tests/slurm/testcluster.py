@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -22,11 +23,22 @@ from pathlib import Path
 NODES = ("n1", "n2")
 PARTITION = "batch"
 # Declared per node; the two nodes share this host's cores (config_overrides lets the
-# declaration exceed the hardware), so rules asking for 4 threads still fit on one node.
-NODE_CPUS = 4
+# declaration exceed the hardware), so two 4-thread jobs fit on one node.
+NODE_CPUS = 8
 NODE_MEMORY_MB = 20000
 HOSTS_LINE = "127.0.0.1 " + " ".join(NODES) + "  # hpcllm test Slurm cluster (tests/slurm)"
-BINARIES = ("munged", "munge", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scontrol")
+BINARIES = (
+    "munged",
+    "munge",
+    "slurmctld",
+    "slurmd",
+    "sbatch",
+    "srun",
+    "squeue",
+    "scontrol",
+    "unshare",
+)
+DEFAULT_CONF_DIR = "/etc/slurm"  # where Slurm's clients look without SLURM_CONF
 
 
 def missing_requirements() -> str | None:
@@ -37,6 +49,8 @@ def missing_requirements() -> str | None:
             f"the Slurm tests need slurm-wlm and munge ({', '.join(missing)} not found); "
             "install them with `sudo bash scripts/install-system-deps.sh`"
         )
+    if not os.path.isdir(DEFAULT_CONF_DIR):
+        return f"{DEFAULT_CONF_DIR} does not exist: is slurm-wlm installed?"
     if os.geteuid() != 0:
         return (
             "the Slurm tests start a real cluster (slurmd) and must run as root: "
@@ -166,7 +180,28 @@ class TestCluster:
         )
 
     def start_node(self, node: str) -> None:
-        subprocess.run(["slurmd", "-f", str(self.conf), "-N", node], env=self.env, check=True)
+        """Start a node's slurmd in its own mount namespace where /etc/slurm is ours.
+
+        The Slurm plugin's job step drops every SLURM_* variable, SLURM_CONF included,
+        before its inner ``srun``: that srun reads the default /etc/slurm/slurm.conf. The
+        namespace shows it this cluster's file there (jobs inherit it) without touching
+        the host's /etc/slurm.
+        """
+        mount = f"mount --bind {shlex.quote(str(self.conf.parent))} {DEFAULT_CONF_DIR}"
+        slurmd = shlex.join(["slurmd", "-f", str(self.conf), "-N", node])
+        subprocess.run(
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                f"{mount} && exec {slurmd}",
+            ],
+            env=self.env,
+            check=True,
+        )
 
     def node_alive(self, node: str) -> bool:
         pid = _read_pid(self.root / f"slurmd-{node}.pid")
@@ -251,7 +286,8 @@ def start(root: Path, timeout: float = 60) -> TestCluster:
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o711)  # munged refuses a socket directory others may write to
     ensure_node_names_resolve()
-    conf = root / "slurm.conf"
+    conf = root / "etc" / "slurm.conf"  # etc/ is mounted over /etc/slurm for the nodes
+    conf.parent.mkdir(exist_ok=True)
     conf.write_text(slurm_conf(root, free_port(), {n: free_port() for n in NODES}))
     for name in ("state", *(f"spool-{n}" for n in NODES)):
         (root / name).mkdir(exist_ok=True)
