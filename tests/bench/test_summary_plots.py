@@ -1,0 +1,136 @@
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pandas as pd
+
+from hpcllm.bench.plots import PLOTS, plot_all
+from hpcllm.bench.summary import summarize, write_summary
+
+DATA = Path(__file__).parent / "data"
+
+
+def point(nodes, scaling="strong", **over):
+    p = {
+        "id": f"exp.m.{scaling}.bf16.n{nodes:04d}",
+        "benchmark": "language",
+        "experiment": "exp",
+        "model": "m",
+        "scaling": scaling,
+        "precision": "bf16",
+        "nodes": nodes,
+        "gpus": 4 * nodes,
+        "seq_length": 2048,
+        "global_batch": 16,
+        "warmup_iterations": 1,
+        "peak_tflops": 989.0,
+    }
+    p.update(over)
+    return p
+
+
+def put_run(results, p, log_text, status=None):
+    d = results / p["benchmark"] / p["id"]
+    d.mkdir(parents=True)
+    (d / "run.log").write_text(log_text)
+    if status:
+        (d / "run.json").write_text(json.dumps({"id": p["id"], "status": status, "returncode": 1}))
+
+
+def scaled_log(factor):
+    """The current-format fixture with every iteration time multiplied by ``factor``."""
+    import re
+
+    text = (DATA / "megatron_current.log").read_text()
+    return re.sub(
+        r"elapsed time per iteration \(ms\): ([\d.]+)",
+        lambda m: f"elapsed time per iteration (ms): {float(m[1]) * factor:.1f}",
+        text,
+    )
+
+
+def test_summary_marks_every_bad_case_and_plots_still_render(tmp_path):
+    results = tmp_path / "results"
+    points = [point(1), point(2), point(4), point(8), point(16), point(1, "weak")]
+    put_run(results, points[0], scaled_log(1.0))
+    # twice the GPUs, the same iteration time at the same global batch: tokens/s per GPU
+    # halved, efficiency 0.5 (no speed-up from the second node)
+    put_run(results, points[1], scaled_log(1.0))
+    put_run(results, points[2], (DATA / "megatron_truncated.log").read_text())
+    put_run(results, points[3], (DATA / "megatron_oom.log").read_text(), status="out_of_memory")
+    # points[4] is missing; points[5] (weak) is a sweep with a single point, no iterations
+    put_run(results, points[5], (DATA / "no_iterations.log").read_text())
+    df = summarize(points, results).set_index("id")
+    status = df["status"].to_dict()
+    assert status[points[0]["id"]] == "ok" and status[points[1]["id"]] == "ok"
+    assert status[points[2]["id"]] == "truncated"
+    assert status[points[3]["id"]] == "out_of_memory"
+    assert status[points[4]["id"]] == "missing"
+    assert status[points[5]["id"]] == "no_iterations"
+    assert df.loc[points[0]["id"], "efficiency"] == 1.0
+    assert abs(df.loc[points[1]["id"], "efficiency"] - 0.5) < 1e-3
+    assert math.isnan(df.loc[points[3]["id"], "efficiency"])
+    assert (
+        abs(df.loc[points[0]["id"], "mfu"] - df.loc[points[0]["id"], "tflops_per_gpu"] / 989) < 1e-9
+    )
+
+    write_summary(df.reset_index(), tmp_path / "summary.csv")
+    back = pd.read_csv(tmp_path / "summary.csv")
+    assert len(back) == 6 and set(back["status"]) >= {"ok", "missing", "truncated"}
+    paths = {name: tmp_path / f"{name}.png" for name in PLOTS}
+    plot_all(df.reset_index(), paths)
+    for path in paths.values():
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
+def test_plots_render_with_no_runs_at_all(tmp_path):
+    df = summarize([point(1)], tmp_path / "nothing")
+    assert list(df["status"]) == ["missing"]
+    paths = {name: tmp_path / f"{name}.png" for name in PLOTS}
+    plot_all(df, paths)
+    assert all(p.stat().st_size > 1000 for p in paths.values())
+
+
+def test_vision_run_from_records(tmp_path):
+    results = tmp_path / "r"
+    base = {
+        "benchmark": "vision",
+        "experiment": "v",
+        "model": "resnet_tiny",
+        "scaling": "strong",
+        "precision": "amp",
+        "measured_epoch": 2,
+        "peak_tflops": 100.0,
+    }
+
+    def log(train_time):
+        lines = [{"event": "start", "train_flops_per_image": 1e9}]
+        for epoch in (1, 2):
+            lines += [
+                {"event": "batch", "epoch": epoch, "batch": b, "time_s": train_time / 4}
+                for b in range(4)
+            ]
+            lines.append(
+                {
+                    "event": "epoch",
+                    "epoch": epoch,
+                    "epoch_time_s": train_time + 1,
+                    "train_time_s": train_time,
+                    "images": 64,
+                }
+            )
+        lines.append({"event": "end"})
+        return "\n".join(json.dumps(x) for x in lines) + "\n"
+
+    p1 = {**base, "id": "v.1", "nodes": 1, "gpus": 1}
+    p2 = {**base, "id": "v.2", "nodes": 2, "gpus": 2}
+    put_run(results, p1, log(8.0))
+    put_run(results, p2, log(4.0))  # half the time on twice the GPUs: perfect strong scaling
+    df = summarize([p1, p2], results).set_index("id")
+    assert df.loc["v.2", "efficiency_train_time"] == 1.0
+    assert df.loc["v.2", "efficiency_epoch_time"] == (9.0 * 1) / (5.0 * 2)
+    assert df.loc["v.2", "efficiency_batch_time"] == 2.0  # batches got faster
+    assert df.loc["v.1", "images_per_s_per_gpu"] == 8.0
+    assert df.loc["v.1", "mfu"] == 8.0 * 1e9 / 1e12 / 100.0
+    shutil.rmtree(results)

@@ -1,0 +1,107 @@
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hpcllm.bench.sweeps import (
+    ClusterFacts,
+    SweepError,
+    expand_all,
+    expand_experiment,
+    facts_of,
+    node_counts,
+)
+from hpcllm.clusters import load_cluster
+
+REPO = Path(__file__).resolve().parents[2]
+SCHEMA = yaml.safe_load((REPO / "workflow/schemas/benchmarks.schema.yaml").read_text())
+JUWELS = ClusterFacts("juwels", 4, 40.0, {"bf16": 312.0, "fp32": 19.5}, "A100")
+
+
+def language(**over):
+    exp = yaml.safe_load((REPO / "config/experiments/language.yaml").read_text())
+    exp.update(over)
+    return exp
+
+
+def test_node_counts_double_from_the_minimum():
+    assert node_counts(32, 256) == [32, 64, 128, 256]
+    assert node_counts(1, 1) == [1]
+    assert node_counts(4, 3) == []
+
+
+def test_gpt3_175b_on_juwels_tp_in_node_pp_across_nodes():
+    points = [p for p in expand_experiment("lang", language(), JUWELS) if p.model == "gpt3_175b"]
+    assert sorted({p.nodes for p in points}) == [32, 64, 128, 256]
+    strong = {p.nodes: p.settings for p in points if p.scaling == "strong"}
+    weak = {p.nodes: p.settings for p in points if p.scaling == "weak"}
+    assert strong[32]["tp"] == 4 and strong[32]["pp"] == 32 and strong[32]["dp"] == 1
+    assert strong[256]["dp"] == 8 and strong[256]["global_batch"] == 1536
+    assert strong[256]["grad_accum"] == 1536 // 8
+    assert weak[64]["global_batch"] == 192 * 2 and weak[64]["grad_accum"] == 192
+    assert strong[32]["sequence_parallel"] and strong[32]["distributed_optimizer"]
+    assert points[0].peak_tflops == 312.0  # dense bf16, not the sparsity figure
+
+
+def test_small_model_one_gpu_per_replica():
+    points = [p for p in expand_experiment("lang", language(), JUWELS) if p.model == "gpt3_860m"]
+    assert sorted({p.nodes for p in points}) == [1, 2, 4, 8, 16, 32, 64, 128]
+    p = next(p for p in points if p.nodes == 128 and p.scaling == "strong")
+    assert (p.settings["tp"], p.settings["pp"], p.settings["dp"]) == (1, 1, 512)
+    assert not p.settings["sequence_parallel"]  # only with TP > 1
+
+
+def test_batch_that_does_not_divide_is_refused_with_its_key():
+    exp = language(max_nodes={"juwels": 256})
+    exp["models"]["gpt3_860m"].pop("max_nodes")
+    with pytest.raises(SweepError, match="gpt3_860m.*strong_global_batch 512.*256 nodes"):
+        expand_experiment("lang", exp, JUWELS)
+
+
+def test_clusters_not_named_get_no_points():
+    assert expand_experiment("lang", language(), ClusterFacts("local", 0)) == []
+
+
+def test_vision_batch_by_gpu_memory_and_weak_repeat():
+    exp = yaml.safe_load((REPO / "config/experiments/vision.yaml").read_text())
+    points = expand_experiment("vision", exp, JUWELS)
+    assert {p.settings["batch_per_gpu"] for p in points} == {128}
+    h100 = ClusterFacts("juwels", 4, 80.0)
+    assert expand_experiment("vision", exp, h100)[0].settings["batch_per_gpu"] == 512
+    assert (
+        expand_experiment("vision", exp, ClusterFacts("juwels", 4, 64.0))[0].settings[
+            "batch_per_gpu"
+        ]
+        == 256
+    )
+    weak8 = next(p for p in points if p.scaling == "weak" and p.nodes == 8)
+    strong8 = next(p for p in points if p.scaling == "strong" and p.nodes == 8)
+    assert weak8.settings["repeat"] == 8 and strong8.settings["repeat"] == 1
+    assert {p.precision for p in points} == {"fp32", "amp"}
+    assert len(points) == 7 * 2 * 2  # 1..64 nodes, two modes, two precisions
+
+
+def test_schema_errors_name_the_file_and_key(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("benchmark: vision\ndataset: x\nmax_nodes: {local: 2}\nprecision: [fp64]\n")
+    with pytest.raises(SweepError, match=r"bad.yaml: key precision.0: 'fp64' is not one of"):
+        expand_all({"bad": str(bad)}, ClusterFacts("local", 0), schema=SCHEMA)
+    with pytest.raises(SweepError, match="does not exist"):
+        expand_all({"gone": "nope.yaml"}, ClusterFacts("local", 0), root=tmp_path, schema=SCHEMA)
+
+
+def test_full_juwels_sweeps_expand_quickly():
+    cluster = facts_of(load_cluster("juwels", root=REPO / "config/clusters"))
+    start = time.perf_counter()
+    points = expand_all(
+        {
+            "language": "config/experiments/language.yaml",
+            "vision": "config/experiments/vision.yaml",
+        },
+        cluster,
+        root=REPO,
+        schema=SCHEMA,
+    )
+    assert time.perf_counter() - start < 5
+    assert len({p.id for p in points}) == len(points) > 40
