@@ -125,12 +125,19 @@ def english_documents() -> Iterator[tuple[str, str]]:
 def take_bytes(
     docs: Iterator[tuple[str, str]], target: int, repeat: bool = True
 ) -> Iterator[tuple[str, str]]:
-    """Documents until ``target`` bytes; with ``repeat``, passes again (ids marked) if short."""
+    """Documents until ``target`` bytes; with ``repeat``, passes again if short.
+
+    Later passes mark their ids and perturb the text (a pass number glued to every
+    seventh word), so that a corpus made larger this way still has words an encoder's
+    cache has not seen: memory measured on it is not flattered by repetition.
+    """
     total, rounds = 0, 0
     while total < target:
         seen = 0
         for doc_id, text in docs() if callable(docs) else docs:
-            yield (doc_id if rounds == 0 else f"{doc_id}#{rounds}"), text
+            if rounds:
+                doc_id, text = f"{doc_id}#{rounds}", _perturb(text, rounds)
+            yield doc_id, text
             total += len(text.encode("utf-8"))
             seen += 1
             if total >= target:
@@ -138,6 +145,12 @@ def take_bytes(
         rounds += 1
         if not repeat or not callable(docs) or seen == 0:
             return
+
+
+def _perturb(text: str, rounds: int) -> str:
+    words = text.split(" ")
+    words[::7] = [f"{w}{rounds}" for w in words[::7]]
+    return " ".join(words)
 
 
 def write_jsonl_zst(docs: Iterator[tuple[str, str]], path: str | os.PathLike) -> int:
