@@ -20,6 +20,12 @@ def _root_conftest():
 _root = _root_conftest()
 make_workdir, run_snakemake = _root.make_workdir, _root.run_snakemake
 
+
+def snakemake_cmd(workdir: Path, *args: str) -> list[str]:
+    """The command ``run_snakemake`` runs, for tests that start Snakemake in the background."""
+    return [_root.snakemake_bin(), "-s", str(_root.REPO / "Snakefile"), "-d", str(workdir), *args]
+
+
 SOURCES = ("sample_en", "sample_multilingual", "fineweb")
 
 
