@@ -37,7 +37,7 @@ class LMDBImageDataset(Dataset):
     ) -> None:
         if repeat < 1:
             raise ValueError(f"repeat must be at least 1, not {repeat}")
-        self.path = Path(path)
+        self.path = Path(path).resolve()
         self.transform = transform
         self.repeat = repeat
         self.meta = read_meta(self.path)
@@ -51,7 +51,7 @@ class LMDBImageDataset(Dataset):
         """The encoded image bytes, the label and the source path of image ``index``."""
         if not -len(self) <= index < len(self):
             raise IndexError(f"index {index} out of range for {len(self)} samples")
-        with shared_environment(self.path).begin(buffers=True) as txn:
+        with shared_environment(self.path, resolved=True).begin(buffers=True) as txn:
             value = txn.get(record_key(index % self.num_samples))
             if value is None:
                 raise KeyError(f"{self.path}: record {index % self.num_samples} missing")

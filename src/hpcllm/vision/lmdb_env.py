@@ -27,10 +27,14 @@ def open_readonly(path: str | os.PathLike) -> lmdb.Environment:
 _ENVIRONMENTS: dict[Path, tuple[int, int, lmdb.Environment]] = {}  # path: pid, inode, env
 
 
-def shared_environment(path: str | os.PathLike, recheck: bool = False) -> lmdb.Environment:
+def shared_environment(
+    path: str | os.PathLike, recheck: bool = False, resolved: bool = False
+) -> lmdb.Environment:
     """This process's environment of ``path``. ``recheck``: reopen it if the LMDB was
-    repacked (a new data.mdb) since; costs a stat, so not done for every record."""
-    key = Path(path).resolve()
+    repacked (a new data.mdb) since; costs a stat, so not done for every record.
+    ``resolved``: ``path`` is already absolute without symlinks (saves the lstat calls of
+    resolving it on every record)."""
+    key = Path(path) if resolved else Path(path).resolve()
     pid, inode, env = _ENVIRONMENTS.get(key, (None, None, None))
     if env is not None and pid == os.getpid():
         if not recheck or _inode(key) == inode:
