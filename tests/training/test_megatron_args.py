@@ -108,3 +108,13 @@ def test_exit_duration_from_remaining_time():
 def test_unknown_commit_is_refused():
     with pytest.raises(MegatronArgsError, match="no flag table"):
         args_for("gpt_7b", commit="0" * 40)
+
+
+def test_container_recipe_must_build_the_pinned_commit():
+    from hpcllm.training.megatron_args import container_commit_mismatch
+
+    ok = f"%post\n    MEGATRON_COMMIT={MEGATRON_LM_COMMIT}\n"
+    assert container_commit_mismatch(ok, "a.def") is None
+    other = "%post\n    MEGATRON_COMMIT=001d15c455caa88fdb495435842f25ae69d2c1c3\n"
+    assert "builds Megatron-LM 001d15c455ca" in container_commit_mismatch(other, "a.def")
+    assert "names no MEGATRON_COMMIT" in container_commit_mismatch("%post\n", "a.def")

@@ -157,3 +157,15 @@ def test_missing_data_is_refused(tmp_path, data_prefixes, vocab_file):
     missing = [str(tmp_path / "nothing_text_document"), data_prefixes[1]]
     with pytest.raises(DataError, match="nothing_text_document.*does not exist"):
         run_in_process(engine_argv(tmp_path / "ckpt", missing, vocab_file))
+
+
+def test_throughput_benchmark_runs_on_the_cpu(repo):
+    out = subprocess.run(
+        [sys.executable, str(repo / "benchmarks/train_throughput.py"), "--cpu"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    tokens = float(re.search(r"tokens/s: ([\d.]+)", out.stdout)[1])
+    assert tokens > 0 and "TFLOP/s per GPU:" in out.stdout

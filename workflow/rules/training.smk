@@ -10,6 +10,15 @@ for _name, _raw in TRAINING["experiments"].items():
         EXPERIMENTS[_name] = prepare_experiment(_name, _raw, TEXT, CLUSTER)
     except ValueError as e:
         raise _WorkflowError(str(e))
+from hpcllm.training.megatron_args import container_commit_mismatch
+
+if any(p.experiment["engine"] == "megatron" for p in EXPERIMENTS.values()):
+    for _image in container_image("train"):
+        _def = config["containers"]["images"][os.path.basename(_image)[: -len(".sif")]]
+        _def = _def if os.path.exists(_def) else os.path.join(workflow.basedir, _def)
+        _mismatch = container_commit_mismatch(open(_def).read(), _def)
+        if _mismatch:
+            logger.warning(f"Warning: {_mismatch}")
 for _name in TRAINING.get("run") or []:
     if _name not in EXPERIMENTS:
         raise _WorkflowError(

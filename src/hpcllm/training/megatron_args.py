@@ -10,6 +10,7 @@ recipe builds the same commit (envs/*.def read it from here, see docs/training.m
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from hpcllm.training.planner import Layout
@@ -82,6 +83,20 @@ FLAGS: dict[str, dict[str, str]] = {
 
 class MegatronArgsError(ValueError):
     """An experiment that the pinned Megatron-LM version cannot express."""
+
+
+def container_commit_mismatch(definition_text: str, where: str) -> str | None:
+    """A message when a container recipe builds another Megatron-LM commit than the pin."""
+    found = re.search(r"MEGATRON_COMMIT=([0-9a-f]{7,40})", definition_text)
+    if found is None:
+        return f"{where}: names no MEGATRON_COMMIT; the megatron engine cannot check its flags"
+    if found.group(1) != MEGATRON_LM_COMMIT and found.group(1) not in FLAGS:
+        return (
+            f"{where}: builds Megatron-LM {found.group(1)[:12]}, but the arguments are "
+            f"generated for {MEGATRON_LM_COMMIT[:12]} (hpcllm.training.megatron_args); build "
+            "that commit, or add a flag table for this one read from its arguments.py"
+        )
+    return None
 
 
 def exit_duration_minutes(remaining_seconds: float | None, margin_seconds: float) -> int | None:

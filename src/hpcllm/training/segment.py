@@ -255,6 +255,10 @@ def run_segment(
             procs_per_node=lay.get("procs_per_node", 1),
             command=command,
             container=container,
+            # Megatron-LM refuses sequence parallelism without it (one CUDA work queue).
+            env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+            if experiment["engine"] == "megatron"
+            else None,
         )
         log.info("segment %d of %s: iterations %d..%d", segment, name, start_iteration + 1, stop)
         script = Path(paths.engine_log).with_suffix(".sh")
