@@ -79,10 +79,10 @@ def ensure_node_names_resolve() -> None:
         socket.gethostbyname(node)  # fails loudly if /etc/hosts is not used
 
 
-def slurm_conf(root: Path, ctld_port: int, node_ports: dict[str, int]) -> str:
+def slurm_conf(root: Path, name: str, ctld_port: int, node_ports: dict[str, int]) -> str:
     host = socket.gethostname().split(".")[0]
     lines = [
-        "ClusterName=hpcllmtest",
+        f"ClusterName={name}",
         f"SlurmctldHost={host}",
         f"SlurmctldPort={ctld_port}",
         "AuthType=auth/munge",
@@ -131,6 +131,7 @@ def slurm_conf(root: Path, ctld_port: int, node_ports: dict[str, int]) -> str:
 class TestCluster:
     root: Path
     conf: Path
+    name: str
     nodes: tuple[str, ...] = NODES
     partition: str = PARTITION
     _stopped: bool = field(default=False, repr=False)
@@ -221,13 +222,28 @@ class TestCluster:
     def stop_node(self, node: str) -> None:
         """Kill a node as a crash would: its slurmd and every job process on it, SIGKILL."""
         pid = _read_pid(self.root / f"slurmd-{node}.pid")
-        for p in _pids_with_env("SLURMD_NODENAME", node, also=("SLURM_CONF", str(self.conf))):
+        for p in _pids_with_env("SLURMD_NODENAME", node, also=("SLURM_CLUSTER_NAME", self.name)):
             _kill(p, signal.SIGKILL)
         if pid:
             _kill(pid, signal.SIGKILL)
             _wait_gone([pid], 10)
         with contextlib.suppress(FileNotFoundError):
             (self.root / f"slurmd-{node}.pid").unlink()
+
+    def processes(self) -> list[int]:
+        """Processes of this cluster: daemons, and everything its jobs started."""
+        return sorted(
+            set(_pids_with_env("SLURM_CONF", str(self.conf)))
+            | set(_pids_with_env("SLURM_CLUSTER_NAME", self.name))
+        )
+
+    @staticmethod
+    def environ(pid: int) -> dict[str, str]:
+        try:
+            raw = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            return {}
+        return dict(e.decode(errors="replace").partition("=")[::2] for e in raw.split(b"\0") if e)
 
     # Jobs ----------------------------------------------------------------------------
     def jobs(self) -> list[dict[str, str]]:
@@ -268,8 +284,8 @@ class TestCluster:
             pid for pid in (_read_pid(p) for p in self.root.glob("slurm*.pid")) if pid is not None
         ]
         _wait_gone(daemons, 15)
-        # Whatever still runs with this cluster's SLURM_CONF (daemons, job steps) ends here.
-        for pid in daemons + _pids_with_env("SLURM_CONF", str(self.conf)):
+        # Whatever this cluster started and still runs (daemons, job steps) ends here.
+        for pid in daemons + self.processes():
             _kill(pid, signal.SIGKILL)
         munged = _read_pid(self.root / "munged.pid")
         if munged:
@@ -288,10 +304,11 @@ def start(root: Path, timeout: float = 60) -> TestCluster:
     ensure_node_names_resolve()
     conf = root / "etc" / "slurm.conf"  # etc/ is mounted over /etc/slurm for the nodes
     conf.parent.mkdir(exist_ok=True)
-    conf.write_text(slurm_conf(root, free_port(), {n: free_port() for n in NODES}))
+    name = f"hpcllmtest{os.getpid()}"  # names this session's jobs' processes (environ)
+    conf.write_text(slurm_conf(root, name, free_port(), {n: free_port() for n in NODES}))
     for name in ("state", *(f"spool-{n}" for n in NODES)):
         (root / name).mkdir(exist_ok=True)
-    cluster = TestCluster(root=root, conf=conf)
+    cluster = TestCluster(root=root, conf=conf, name=name)
     try:
         key = root / "munge.key"
         key.write_bytes(os.urandom(1024))
