@@ -523,6 +523,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     summary = train(args)
     if dist.is_initialized():
+        dist.barrier()  # no rank tears the group down while another still uses it
         dist.destroy_process_group()
     print(f"torch engine done: {json.dumps(summary)}", flush=True)
     return 0
