@@ -2,29 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
-
-
-def _root_conftest():
-    """tests/conftest.py under its own name (``import conftest`` may find another one)."""
-    path = Path(__file__).resolve().parents[1] / "conftest.py"
-    spec = importlib.util.spec_from_file_location("hpcllm_tests_root_conftest_training", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_root = _root_conftest()
-make_workdir, run_snakemake = _root.make_workdir, _root.run_snakemake
-
-
-def snakemake_cmd(workdir: Path, *args: str) -> list[str]:
-    """The command ``run_snakemake`` runs, for tests that start Snakemake in the background."""
-    return [_root.snakemake_bin(), "-s", str(_root.REPO / "Snakefile"), "-d", str(workdir), *args]
-
+from training_helpers import make_workdir, run_snakemake
 
 SOURCES = ("sample_en", "sample_multilingual", "fineweb")
 

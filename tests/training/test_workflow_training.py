@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import run_snakemake, snakemake_cmd
+from training_helpers import run_snakemake, snakemake_cmd
 
 pytestmark = pytest.mark.workflow
 
