@@ -41,6 +41,8 @@ def command(workdir: Path, profile: str, *args: str) -> list[str]:
 def environment(cluster: TestCluster | None) -> dict[str, str]:
     env = dict(cluster.env if cluster else os.environ)
     env.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    # As after `source .venv/bin/activate`: jobs without a container find torchrun there.
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     if cluster is None:
         env.pop("SLURM_CONF", None)
     return env

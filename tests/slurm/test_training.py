@@ -7,6 +7,7 @@ uninterrupted run is the reference the fault tests must reproduce bit for bit.
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
@@ -41,7 +42,7 @@ def training_workdir(text_data: Path, path: Path) -> Path:
 
 
 def run_training(work: Path, cluster, *args: str, **kw):
-    return slurmruns.run(work, cluster, "--configfile", str(CONFIG), *args, FINAL, **kw)
+    return slurmruns.run(work, cluster, "--configfile", str(CONFIG), *args, "--", FINAL, **kw)
 
 
 def final_weights(work: Path) -> dict[str, torch.Tensor]:
@@ -51,7 +52,7 @@ def final_weights(work: Path) -> dict[str, torch.Tensor]:
 
 
 def engine_processes(cluster) -> dict[str, str]:
-    """node -> RANK of every torch engine process of this cluster running now."""
+    """node -> RANK of every torch engine worker of this cluster running now."""
     found = {}
     for pid in cluster.processes():
         env = cluster.environ(pid)
@@ -59,8 +60,9 @@ def engine_processes(cluster) -> dict[str, str]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:  # gone meanwhile
             continue
-        if b"hpcllm.training.torch_engine" in cmdline and "SLURMD_NODENAME" in env:
-            found[env["SLURMD_NODENAME"]] = env.get("RANK", "?")
+        # torchrun's workers carry their RANK; torchrun itself (same argv tail) does not.
+        if b"hpcllm.training.torch_engine" in cmdline and "RANK" in env:
+            found[env.get("SLURMD_NODENAME", "?")] = env["RANK"]
     return found
 
 
@@ -70,7 +72,7 @@ def uninterrupted(slurm_cluster, text_data, tmp_path_factory):
     slurm_cluster.restore()
     work = training_workdir(text_data, tmp_path_factory.mktemp("slurm-train") / "work")
     proc = slurmruns.start(
-        work, slurm_cluster, "--configfile", str(CONFIG), FINAL, log=work / "snakemake.out"
+        work, slurm_cluster, "--configfile", str(CONFIG), "--", FINAL, log=work / "snakemake.out"
     )
     ranks: dict[str, str] = {}
     while proc.poll() is None:
@@ -83,7 +85,8 @@ def uninterrupted(slurm_cluster, text_data, tmp_path_factory):
 
 def test_two_node_segment_runs_a_rank_on_each_node_and_saves_once(uninterrupted, slurm_cluster):
     work, ranks, output = uninterrupted
-    assert ranks == {"n1": "0", "n2": "1"}
+    # One rank per node (the c10d rendezvous, not the node order, numbers them).
+    assert sorted(ranks) == ["n1", "n2"] and sorted(ranks.values()) == ["0", "1"]
     segment_jobs = [
         j for j in slurm_cluster.jobs() if j["comment"].startswith("rule_train_segment")
     ]
@@ -111,13 +114,126 @@ def test_two_nodes_train_like_one_process_with_the_same_global_batch(
     """Gradients are averaged over both ranks: the weights match a 1-process run."""
     work, _, _ = uninterrupted
     single = training_workdir(text_data, tmp_path / "single")
-    one_node = (
-        "training={'experiments': {'tiny_2n': {'layout': {'nodes': 1, 'procs_per_node': 1}}}}"
+    one_node = single / "one_node.yaml"
+    one_node.write_text(
+        "training: {experiments: {tiny_2n: {layout: {nodes: 1, procs_per_node: 1}}}}\n"
     )
     slurmruns.run(
-        single, None, "--configfile", str(CONFIG), "--config", one_node, FINAL, profile="local"
+        single, None, "--configfile", str(CONFIG), str(one_node), "--", FINAL, profile="local"
     )
     two, one = final_weights(work), final_weights(single)
     assert two.keys() == one.keys()
     for name in two:
         torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def wait_for_engine(cluster, proc, work: Path, segment: int, timeout: float = 240) -> str:
+    """The Slurm job id of segment ``segment`` once its engine ranks run on both nodes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, (work / "snakemake.out").read_text()[-4000:]
+        running = [
+            j
+            for j in cluster.jobs()
+            if j["comment"] == f"rule_train_segment_wildcards_{EXPERIMENT}_{segment}"
+            and j["state"] == "RUNNING"
+        ]
+        if running and len(engine_processes(cluster)) == 2:
+            return running[0]["id"]
+        time.sleep(0.2)
+    raise TimeoutError(f"segment {segment} never ran: {cluster.jobs()}")
+
+
+def assert_reported(output: str, job_id: str, segment: int) -> None:
+    """Snakemake names the failed rule, the Slurm job id and its Slurm log."""
+    assert "Error in rule train_segment" in output, output[-4000:]
+    assert f"SLURM-job '{job_id}' failed" in output, output[-4000:]
+    assert f"slurm_logs/rule_train_segment/{EXPERIMENT}_{segment}/{job_id}.log" in output
+
+
+def test_scancel_of_a_running_segment_is_reported_and_the_rerun_resumes(
+    uninterrupted, cluster, text_data, tmp_path
+):
+    work = training_workdir(text_data, tmp_path / "work")
+    proc = slurmruns.start(
+        work, cluster, "--configfile", str(CONFIG), "--", FINAL, log=work / "snakemake.out"
+    )
+    try:
+        job_id = wait_for_engine(cluster, proc, work, segment=2)
+        cluster.run("scancel", job_id)
+        assert proc.wait(timeout=180) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert_reported((work / "snakemake.out").read_text(), job_id, segment=2)
+    assert {j["id"]: j["state"] for j in cluster.jobs()}[job_id] == "CANCELLED"
+    assert (work / SEG1).exists() and not (work / FINAL).exists()
+    resumed_from = int((work / SAVE / "latest_checkpointed_iteration.txt").read_text())
+    assert 4 <= resumed_from < 8
+
+    run_training(work, cluster)
+    record = json.loads((work / FINAL).read_text())
+    assert record["resumed_from_iteration"] == resumed_from
+    reference = final_weights(uninterrupted[0])
+    resumed = final_weights(work)
+    assert all(torch.equal(resumed[k], reference[k]) for k in reference)
+
+
+def test_a_node_dying_mid_segment_fails_the_job_and_the_rerun_completes(
+    uninterrupted, cluster, text_data, tmp_path
+):
+    work = training_workdir(text_data, tmp_path / "work")
+    proc = slurmruns.start(
+        work, cluster, "--configfile", str(CONFIG), "--", FINAL, log=work / "snakemake.out"
+    )
+    try:
+        job_id = wait_for_engine(cluster, proc, work, segment=1)
+        cluster.stop_node("n2")
+        returncode = proc.wait(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert returncode != 0
+    assert_reported((work / "snakemake.out").read_text(), job_id, segment=1)
+    assert {j["id"]: j["state"] for j in cluster.jobs()}[job_id] in ("FAILED", "NODE_FAIL")
+    assert not (work / SEG1).exists()
+
+    cluster.restore()  # n2's slurmd is back: the node returns to service
+    run_training(work, cluster)
+    reference = final_weights(uninterrupted[0])
+    rerun = final_weights(work)
+    assert all(torch.equal(rerun[k], reference[k]) for k in reference)
+
+
+def test_a_segment_longer_than_its_time_limit_saves_and_the_rerun_continues(
+    cluster, text_data, tmp_path
+):
+    """Slurm's --signal (profile) stops the engine before the 1-minute limit kills it."""
+    work = training_workdir(text_data, tmp_path / "work")
+    long_run = work / "long.yaml"  # far more iterations than fit into a minute
+    long_run.write_text(
+        "training: {experiments: {tiny_2n: {iterations_per_segment: 100000, "
+        "save_interval: 100000}}}\n"
+    )
+    args = (
+        "--configfile",
+        str(CONFIG),
+        str(long_run),
+        "--set-resources",
+        "train_segment:runtime=1",
+    )
+    engine_log = work / f"logs/train_segment/{EXPERIMENT}/seg1.engine.log"
+    stopped_at = []
+    for attempt in (1, 2):
+        proc = slurmruns.run(work, cluster, *args, "--", SEG1, check=False, timeout=300)
+        output = proc.stdout + proc.stderr
+        assert proc.returncode != 0 and "Error in rule train_segment" in output
+        assert not (work / SEG1).exists()
+        log = engine_log.read_text()
+        # The engine saw the signal, saved and stopped by itself, before the time limit.
+        assert log.count("(signal) before 100000") == attempt, log[-3000:]
+        assert "DUE TO TIME LIMIT" not in log
+        stopped_at.append(int((work / SAVE / "latest_checkpointed_iteration.txt").read_text()))
+    first, second = stopped_at
+    assert 0 < first < second
+    assert f"iterations {first + 1}..100000" in engine_log.read_text()

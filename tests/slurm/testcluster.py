@@ -38,6 +38,7 @@ BINARIES = (
     "scontrol",
     "unshare",
 )
+NODE_VARIABLE = "HPCLLM_TEST_NODE"  # in the environment of a node's slurmd and slurmstepds
 DEFAULT_CONF_DIR = "/etc/slurm"  # where Slurm's clients look without SLURM_CONF
 
 
@@ -200,7 +201,7 @@ class TestCluster:
                 "-c",
                 f"{mount} && exec {slurmd}",
             ],
-            env=self.env,
+            env={**self.env, NODE_VARIABLE: node},  # marks its slurmstepds too, see stop_node
             check=True,
         )
 
@@ -220,13 +221,12 @@ class TestCluster:
         self.wait_nodes("idle", timeout=timeout)
 
     def stop_node(self, node: str) -> None:
-        """Kill a node as a crash would: its slurmd and every job process on it, SIGKILL."""
-        pid = _read_pid(self.root / f"slurmd-{node}.pid")
-        for p in _pids_with_env("SLURMD_NODENAME", node, also=("SLURM_CLUSTER_NAME", self.name)):
-            _kill(p, signal.SIGKILL)
-        if pid:
+        """Kill a node as a crash would: its slurmd, slurmstepds and job processes, SIGKILL."""
+        daemons = _pids_with_env(NODE_VARIABLE, node, also=("SLURM_CONF", str(self.conf)))
+        tasks = _pids_with_env("SLURMD_NODENAME", node, also=("SLURM_CLUSTER_NAME", self.name))
+        for pid in daemons + tasks:
             _kill(pid, signal.SIGKILL)
-            _wait_gone([pid], 10)
+        _wait_gone(daemons + tasks, 10)
         with contextlib.suppress(FileNotFoundError):
             (self.root / f"slurmd-{node}.pid").unlink()
 
@@ -306,8 +306,8 @@ def start(root: Path, timeout: float = 60) -> TestCluster:
     conf.parent.mkdir(exist_ok=True)
     name = f"hpcllmtest{os.getpid()}"  # names this session's jobs' processes (environ)
     conf.write_text(slurm_conf(root, name, free_port(), {n: free_port() for n in NODES}))
-    for name in ("state", *(f"spool-{n}" for n in NODES)):
-        (root / name).mkdir(exist_ok=True)
+    for sub in ("state", *(f"spool-{n}" for n in NODES)):
+        (root / sub).mkdir(exist_ok=True)
     cluster = TestCluster(root=root, conf=conf, name=name)
     try:
         key = root / "munge.key"
