@@ -45,7 +45,22 @@ def atomic_paths(*paths: str | os.PathLike) -> Iterator[tuple[Path, ...]]:
     for t, p in zip(temps, finals):
         if not t.exists():
             raise FileNotFoundError(f"{t} was not written; {p} is not complete")
-        os.replace(t, p)
+        replace(t, p)
+
+
+def replace(tmp: Path, final: Path) -> None:
+    """Rename ``tmp`` to ``final``. ``os.replace`` cannot replace a non-empty directory
+    (a repack outside Snakemake, which removes outputs first), so an existing directory
+    is moved aside first and removed after: ``final`` is never a mix of both (it is
+    briefly absent)."""
+    if final.is_dir() and not final.is_symlink():
+        old = final.with_name(final.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, final)
 
 
 @contextlib.contextmanager

@@ -6,7 +6,7 @@ import resource
 import pandas as pd
 import pytest
 import yaml
-from conftest import REPO, run_snakemake
+from support import REPO, run_snakemake
 
 # Mock data for the language runs: the sweep needs no text stage in this test.
 TINY = {"benchmarks": {"experiments": {"language_tiny": {"data": "mock", "tokenizer": None}}}}

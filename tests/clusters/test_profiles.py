@@ -4,32 +4,18 @@ line the Slurm plugin would build, and the plan-time errors for what is left uns
 from __future__ import annotations
 
 import ast
-import importlib.util
 import os
 import re
 import shutil
 import stat
 import subprocess
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import yaml
+from support import REPO, make_workdir, run_snakemake  # noqa: E402
 
 from hpcllm.clusters import load_cluster
-
-
-def _root_conftest():
-    """tests/conftest.py under its own name (``import conftest`` may find another one)."""
-    path = Path(__file__).resolve().parents[1] / "conftest.py"
-    spec = importlib.util.spec_from_file_location("hpcllm_tests_root_conftest_clusters", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_conftest = _root_conftest()
-REPO, make_workdir, run_snakemake = _conftest.REPO, _conftest.make_workdir, _conftest.run_snakemake
 
 PROFILES = sorted(
     p.parent.name

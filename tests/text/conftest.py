@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -59,12 +58,3 @@ def trained_tokenizer(tmp_path_factory, sample_texts) -> Path:
     write_jsonl_zst(((str(i), t) for i, t in enumerate(sample_texts)), shard)
     train_bpe([shard], d / "bpe", vocab_size=2000, special_tokens=["<|endoftext|>"])
     return d / "bpe" / "tokenizer.json"
-
-
-def write_jsonl(path: Path, records: list, raw_lines: dict[int, bytes] | None = None) -> Path:
-    """Write records as JSONL; ``raw_lines`` puts raw bytes at given 1-based line numbers."""
-    lines = [json.dumps(r, ensure_ascii=False).encode() for r in records]
-    for lineno, raw in (raw_lines or {}).items():
-        lines.insert(lineno - 1, raw)
-    path.write_bytes(b"\n".join(lines) + b"\n")
-    return path

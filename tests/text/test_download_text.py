@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import write_jsonl
+from text_helpers import write_jsonl
 
 from hpcllm.sample_corpus import write_hub_mirror
 from hpcllm.text_shards import ShardPolicy, write_shard
@@ -17,7 +17,8 @@ def local(files, **kw):
     return {"type": "local", "files": files, **kw}
 
 
-def run_shard(tmp_path, cfg, policy=ShardPolicy(), shard=0, num_shards=1, name="src"):
+def run_shard(tmp_path, cfg, policy=None, shard=0, num_shards=1, name="src"):
+    policy = policy or ShardPolicy()
     out = tmp_path / "out" / f"{shard:04d}.jsonl.zst"
     manifest = tmp_path / "out" / f"{shard:04d}.manifest.json"
     m = write_shard(name, cfg, policy, shard, num_shards, out, manifest, base=tmp_path)

@@ -118,3 +118,13 @@ def test_container_recipe_must_build_the_pinned_commit():
     other = "%post\n    MEGATRON_COMMIT=001d15c455caa88fdb495435842f25ae69d2c1c3\n"
     assert "builds Megatron-LM 001d15c455ca" in container_commit_mismatch(other, "a.def")
     assert "names no MEGATRON_COMMIT" in container_commit_mismatch("%post\n", "a.def")
+
+
+def test_shipped_container_recipes_build_the_pinned_commit():
+    from support import REPO
+
+    from hpcllm.training.megatron_args import container_commit_mismatch
+
+    for name in ("megatron-nvidia.def", "megatron-rocm.def"):
+        path = REPO / "envs" / name
+        assert container_commit_mismatch(path.read_text(), str(path)) is None

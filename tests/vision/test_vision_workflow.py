@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from vision_helpers import expected_labels, run_snakemake
+from support import run_snakemake
+from vision_helpers import expected_labels
 
 from hpcllm.vision.lmdb_dataset import LMDBImageDataset
 from hpcllm.vision.sample_data import write_sample_tree

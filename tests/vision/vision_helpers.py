@@ -3,21 +3,7 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 from pathlib import Path
-
-
-def _root_conftest():
-    """tests/conftest.py under its own name: ``import conftest`` finds whichever conftest
-    pytest imported last, as every test folder has one."""
-    path = Path(__file__).resolve().parents[1] / "conftest.py"
-    spec = importlib.util.spec_from_file_location("hpcllm_tests_root_conftest", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-run_snakemake = _root_conftest().run_snakemake
 
 LABEL_FILES = {
     "folders": {"format": "folders"},

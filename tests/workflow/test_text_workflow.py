@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from conftest import REPO, run_snakemake
 from megatron.core.datasets.indexed_dataset import IndexedDataset
+from support import REPO, make_workdir, run_snakemake
 
 from hpcllm.configuration import config_reference
 from hpcllm.sample_corpus import write_hub_mirror  # noqa: F401  (the mirror's writer)
-from hpcllm.tokenization import load_tokenizer, read_texts
 from hpcllm.text_sources import shard_documents
+from hpcllm.tokenization import load_tokenizer, read_texts
 
 SOURCES = ("sample_en", "sample_multilingual", "fineweb")
 TARGETS = [
@@ -26,8 +26,6 @@ def source_texts(workdir, name, cfg):
 
 @pytest.fixture(scope="module")
 def text_run(tmp_path_factory):
-    from conftest import make_workdir
-
     work = make_workdir(tmp_path_factory.mktemp("text") / "work")
     run_snakemake(work, "--cores", "2", *TARGETS)
     return work

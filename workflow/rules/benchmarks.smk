@@ -111,7 +111,6 @@ rule bench_vision:
     threads: bench_threads
     resources:
         nodes=bench_nodes,
-        tasks=bench_nodes,
         gres=bench_gres,
         runtime=120,
     params:
@@ -135,7 +134,6 @@ rule bench_language:
     threads: bench_threads
     resources:
         nodes=bench_nodes,
-        tasks=bench_nodes,
         gres=bench_gres,
         runtime=120,
     params:

@@ -58,8 +58,9 @@ def training_tokenizer(wildcards):
 
 
 def training_container(wildcards):
-    engine = EXPERIMENTS[wildcards.experiment].experiment["engine"]
-    return container_image("train") if engine == "megatron" else []
+    """The training image on clusters with a container runtime, for either engine (the
+    torch engine needs the GPU build of PyTorch there too); none where the runtime is none."""
+    return container_image("train")
 
 
 def segment_nodes(wildcards):

@@ -38,7 +38,7 @@ import lmdb
 from PIL import Image, UnidentifiedImageError
 
 from hpcllm.atomic import atomic_path, temporary_path
-from hpcllm.vision.atomic_dir import replace_dir
+from hpcllm.atomic import replace as replace_dir
 from hpcllm.vision.trees import BadInputError, Problem, Sample, SplitListing
 
 log = logging.getLogger(__name__)

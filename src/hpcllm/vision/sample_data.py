@@ -18,7 +18,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from hpcllm.atomic import temporary_path
-from hpcllm.vision.atomic_dir import replace_dir
+from hpcllm.atomic import replace as replace_dir
 
 
 def sample_wnids(num_classes: int) -> list[str]:
