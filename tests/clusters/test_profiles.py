@@ -39,6 +39,18 @@ def profile(name: str) -> dict:
 
 
 @pytest.fixture(scope="module")
+def imagenet_root(tmp_path_factory) -> str:
+    """A small ImageNet-style tree where the user would point $HPCLLM_IMAGENET_ROOT."""
+    from hpcllm.vision.sample_data import write_sample_tree
+
+    root = tmp_path_factory.mktemp("imagenet") / "ILSVRC2012"
+    write_sample_tree(
+        root, "imagenet", classes=2, train_per_class=2, val_per_class=1, val_labels="folders"
+    )
+    return str(root)
+
+
+@pytest.fixture(scope="module")
 def no_slurm(tmp_path_factory) -> dict[str, str]:
     """An environment in which every Slurm command fails as if not installed."""
     bin_dir = tmp_path_factory.mktemp("noslurm")
@@ -63,9 +75,9 @@ def planned_jobs(output: str) -> list[tuple[str, dict[str, str]]]:
 
 @pytest.mark.workflow
 @pytest.mark.parametrize("name", PROFILES)
-def test_dry_run_and_dag_per_profile(name, tmp_path, no_slurm):
+def test_dry_run_and_dag_per_profile(name, tmp_path, no_slurm, imagenet_root):
     workdir = make_workdir(tmp_path / "work")
-    env = {**no_slurm, **USER_ENV}
+    env = {**no_slurm, **USER_ENV, "HPCLLM_IMAGENET_ROOT": imagenet_root}
     proc = run_snakemake(workdir, "-n", "--profile", f"profiles/{name}", env=env, timeout=300)
     jobs = planned_jobs(proc.stdout + proc.stderr)
     cluster = load_cluster(name, REPO / "config" / "clusters", environ=USER_ENV)

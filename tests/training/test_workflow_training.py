@@ -72,11 +72,15 @@ def test_failed_segment_reruns_alone_and_resumes(text_workdir):
         os.kill(pid, signal.SIGKILL)
     out = proc.communicate(timeout=300)[0].decode()
     assert proc.returncode != 0, out
-    assert (
-        "stopped at iteration 8 of 12" in out
-        or "stopped at iteration 8 of 12"
-        in (work / "logs/train_segment/rerun/seg2.log").read_text()
-    )
+    # The kill lands after iteration 9 was logged; on a busy machine the engine may
+    # have saved a later checkpoint (every 2 iterations) before it died.
+    from hpcllm.training.checkpoints import latest_iteration
+
+    newest = latest_iteration(save)
+    assert newest in (8, 10), newest
+    assert f"stopped at iteration {newest} of 12" in out + (
+        work / "logs/train_segment/rerun/seg2.log"
+    ).read_text()
     seg1 = work / "results/train/rerun/seg1.json"
     assert seg1.exists() and not (work / "results/train/rerun/seg2.json").exists()
     kept = {p: p.stat().st_mtime_ns for p in [seg1, *sorted((save / "iter_0000006").rglob("*"))]}
@@ -85,14 +89,14 @@ def test_failed_segment_reruns_alone_and_resumes(text_workdir):
     assert "rule train_segment" in proc.stdout + proc.stderr
     assert {p: p.stat().st_mtime_ns for p in kept} == kept  # segment 1 not run again
     assert "loaded checkpoint from" in engine_log.read_text().split("==>")[-1]
-    assert "at iteration 8" in engine_log.read_text().split("==>")[-1]
+    assert f"at iteration {newest}" in engine_log.read_text().split("==>")[-1]
     import json
 
     records = [
         json.loads((work / f"results/train/rerun/seg{k}.json").read_text()) for k in (1, 2, 3)
     ]
     assert [r["last_iteration"] for r in records] == [6, 12, 18]
-    assert records[1]["resumed_from_iteration"] == 8
+    assert records[1]["resumed_from_iteration"] == newest
     assert records[2]["lm_loss"] < records[0]["lm_loss"]
 
 

@@ -28,75 +28,6 @@ wildcard_constraints:
     point=r"[A-Za-z0-9_.-]+",
 
 
-def bench_ids(benchmark):
-    return [i for i, p in BENCH_POINTS.items() if p["benchmark"] == benchmark]
-
-
-def bench_point(wildcards):
-    return BENCH_POINTS[wildcards.point]
-
-
-def bench_container(benchmark):
-    image = image_for(
-        CLUSTER,
-        "train" if benchmark == "language" else "vision",
-        config["containers"].get("use", {}),
-    )
-    return f"containers/{image}.sif" if image else None
-
-
-def bench_vision_inputs(wildcards):
-    point = BENCH_POINTS[wildcards.point]
-    inputs = {"lmdb": f"data/vision/{point['dataset']}/{point['split']}.lmdb"}
-    if bench_container("vision"):
-        inputs["container"] = bench_container("vision")
-    return inputs
-
-
-def bench_language_inputs(wildcards):
-    point = BENCH_POINTS[wildcards.point]
-    inputs = {}
-    if point["data"] != "mock":
-        inputs["data"] = [point["data"] + ".bin", point["data"] + ".idx"]
-    if point.get("tokenizer"):
-        inputs["tokenizer"] = point["tokenizer"]
-    if bench_container("language"):
-        inputs["container"] = bench_container("language")
-    return inputs
-
-
-def bench_nodes(wildcards):
-    return BENCH_POINTS[wildcards.point]["nodes"] if CLUSTER.uses_slurm else 1
-
-
-def bench_threads(wildcards):
-    """Slurm: the whole node for the launcher; here: one core per process of the run."""
-    point = BENCH_POINTS[wildcards.point]
-    return CLUSTER.cpus_per_node if CLUSTER.uses_slurm else point["gpus"]
-
-
-def bench_gres(wildcards):
-    return f"gpu:{CLUSTER.gpus_per_node}" if CLUSTER.gpus_per_node else ""
-
-
-def bench_time_limit_s(wildcards, resources):
-    return resources.runtime * 60 * BENCH["run_time_limit_fraction"]
-
-
-def bench_records():
-    return [
-        f"results/bench/{p['benchmark']}/{i}/run.json" for i, p in BENCH_POINTS.items()
-    ]
-
-
-def benchmark_targets():
-    if not BENCH_POINTS:
-        return []
-    return ["results/bench/summary.csv"] + [
-        f"results/bench/plots/{name}.png" for name in BENCH_PLOTS
-    ]
-
-
 rule bench_vision:
     input:
         unpack(bench_vision_inputs),
@@ -108,6 +39,8 @@ rule bench_vision:
         "logs/bench_vision/{point}.log",
     benchmark:
         "benchmarks/bench_vision/{point}.tsv"
+    conda:
+        "../../envs/workflow.yaml"
     threads: bench_threads
     resources:
         nodes=bench_nodes,
@@ -131,6 +64,8 @@ rule bench_language:
         "logs/bench_language/{point}.log",
     benchmark:
         "benchmarks/bench_language/{point}.tsv"
+    conda:
+        "../../envs/workflow.yaml"
     threads: bench_threads
     resources:
         nodes=bench_nodes,
@@ -181,9 +116,11 @@ rule aggregate_benchmarks:
     log:
         "logs/aggregate_benchmarks.log",
     localrule: True
+    conda:
+        "../../envs/workflow.yaml"
     params:
         points=list(BENCH_POINTS.values()),
-        results="results/bench",
+        results=subpath(output.summary, parent=True),
         slurm_logs=".snakemake/slurm_logs",
     script:
         "../scripts/aggregate_benchmarks.py"

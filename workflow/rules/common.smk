@@ -134,3 +134,179 @@ def text_targets():
 
 def all_targets(wildcards):
     return text_targets() + vision_targets() + training_targets() + benchmark_targets()
+
+
+# ---- vision (the globals these use are set in vision.smk)
+
+
+def vision_targets():
+    return [
+        f"data/vision/{name}/{split}.lmdb"
+        for name, cfg in IMAGE_DATASETS.items()
+        if is_configured(cfg)
+        for split in cfg["splits"]
+    ]
+
+
+def image_dataset_config(wildcards):
+    return IMAGE_DATASETS[wildcards.dataset]
+
+
+def image_tree(wildcards):
+    """The split's folder: made by make_sample_images for a sample, else the user's tree."""
+    cfg = IMAGE_DATASETS[wildcards.dataset]
+    root = dataset_root(wildcards.dataset, cfg)
+    return root if "sample" in cfg else f"{root}/{wildcards.split}"
+
+
+# ---- containers (the globals these use are set in containers.smk)
+
+
+def containers_targets():
+    return []  # built when a GPU step needs one (container_image)
+
+
+def container_image(purpose):
+    """[containers/<image>.sif] for a GPU step of ``purpose`` ("train", "vision"); [] without.
+
+    GPU rules list it as an input, so the image is built before them.
+    """
+    image = image_for(CLUSTER, purpose, CONTAINERS["use"])
+    return [] if image is None else [f"containers/{image}.sif"]
+
+
+def container_definition(wildcards):
+    """The image's definition file. Also where a missing runtime is caught: while the DAG
+    is built for a real run (a dry run or --dag only warns: it builds nothing)."""
+    path = CONTAINERS["images"][wildcards.image]
+    if not os.path.isabs(path) and not os.path.exists(path):
+        path = os.path.join(workflow.basedir, path)
+    try:
+        runtime_executable(CLUSTER)
+    except ContainerRuntimeError as e:
+        if workflow.executor_plugin is not None and not workflow.dryrun:
+            raise WorkflowError(str(e))
+        logger.warning(f"Warning: {e}")
+    return path
+
+
+# ---- training (the globals these use are set in training.smk)
+
+
+def training_targets():
+    names = TRAINING.get("run") or list(EXPERIMENTS)
+    return [
+        f"results/train/{name}/seg{EXPERIMENTS[name].experiment['segments']}.json"
+        for name in names
+    ]
+
+
+def prepared_experiment(wildcards):
+    return EXPERIMENTS[wildcards.experiment]
+
+
+def previous_segment(wildcards):
+    """Segment k-1's result record (none for the first segment)."""
+    k = int(wildcards.k)
+    if k > EXPERIMENTS[wildcards.experiment].experiment["segments"]:
+        raise ValueError(f"{wildcards.experiment} has no segment {k}")
+    return [] if k == 1 else [f"results/train/{wildcards.experiment}/seg{k - 1}.json"]
+
+
+def training_data(wildcards):
+    prefixes = EXPERIMENTS[wildcards.experiment].blend.prefixes
+    return [p + ext for p in prefixes for ext in (".bin", ".idx")]
+
+
+def training_tokenizer(wildcards):
+    tok_dir = EXPERIMENTS[wildcards.experiment].tokenizer_dir
+    return [f"{tok_dir}/vocab.json", f"{tok_dir}/merges.txt"]
+
+
+def training_container(wildcards):
+    """The training image on clusters with a container runtime, for either engine (the
+    torch engine needs the GPU build of PyTorch there too); none where the runtime is none.
+    """
+    return container_image("train")
+
+
+def segment_nodes(wildcards):
+    return EXPERIMENTS[wildcards.experiment].experiment["layout"]["nodes"]
+
+
+def segment_slurm_extra(wildcards):
+    """Slurm signals the job steps (srun -> torchrun -> the engine) before the time limit."""
+    seconds = EXPERIMENTS[wildcards.experiment].experiment["time"]["signal_seconds"]
+    return f"--signal=TERM@{seconds}"
+
+
+# ---- benchmarks (the globals these use are set in benchmarks.smk)
+
+
+def bench_ids(benchmark):
+    return [i for i, p in BENCH_POINTS.items() if p["benchmark"] == benchmark]
+
+
+def bench_point(wildcards):
+    return BENCH_POINTS[wildcards.point]
+
+
+def bench_container(benchmark):
+    image = image_for(
+        CLUSTER,
+        "train" if benchmark == "language" else "vision",
+        config["containers"].get("use", {}),
+    )
+    return f"containers/{image}.sif" if image else None
+
+
+def bench_vision_inputs(wildcards):
+    point = BENCH_POINTS[wildcards.point]
+    inputs = {"lmdb": f"data/vision/{point['dataset']}/{point['split']}.lmdb"}
+    if bench_container("vision"):
+        inputs["container"] = bench_container("vision")
+    return inputs
+
+
+def bench_language_inputs(wildcards):
+    point = BENCH_POINTS[wildcards.point]
+    inputs = {}
+    if point["data"] != "mock":
+        inputs["data"] = [point["data"] + ".bin", point["data"] + ".idx"]
+    if point.get("tokenizer"):
+        inputs["tokenizer"] = point["tokenizer"]
+    if bench_container("language"):
+        inputs["container"] = bench_container("language")
+    return inputs
+
+
+def bench_nodes(wildcards):
+    return BENCH_POINTS[wildcards.point]["nodes"] if CLUSTER.uses_slurm else 1
+
+
+def bench_threads(wildcards):
+    """Slurm: the whole node for the launcher; here: one core per process of the run."""
+    point = BENCH_POINTS[wildcards.point]
+    return CLUSTER.cpus_per_node if CLUSTER.uses_slurm else point["gpus"]
+
+
+def bench_gres(wildcards):
+    return f"gpu:{CLUSTER.gpus_per_node}" if CLUSTER.gpus_per_node else ""
+
+
+def bench_time_limit_s(wildcards, resources):
+    return resources.runtime * 60 * BENCH["run_time_limit_fraction"]
+
+
+def bench_records():
+    return [
+        f"results/bench/{p['benchmark']}/{i}/run.json" for i, p in BENCH_POINTS.items()
+    ]
+
+
+def benchmark_targets():
+    if not BENCH_POINTS:
+        return []
+    return ["results/bench/summary.csv"] + [
+        f"results/bench/plots/{name}.png" for name in BENCH_PLOTS
+    ]

@@ -17,34 +17,6 @@ for _purpose, _images in CONTAINERS["use"].items():
             )
 
 
-def containers_targets():
-    return []  # built when a GPU step needs one (container_image)
-
-
-def container_image(purpose):
-    """[containers/<image>.sif] for a GPU step of ``purpose`` ("train", "vision"); [] without.
-
-    GPU rules list it as an input, so the image is built before them.
-    """
-    image = image_for(CLUSTER, purpose, CONTAINERS["use"])
-    return [] if image is None else [f"containers/{image}.sif"]
-
-
-def container_definition(wildcards):
-    """The image's definition file. Also where a missing runtime is caught: while the DAG
-    is built for a real run (a dry run or --dag only warns: it builds nothing)."""
-    path = CONTAINERS["images"][wildcards.image]
-    if not os.path.isabs(path) and not os.path.exists(path):
-        path = os.path.join(workflow.basedir, path)
-    try:
-        runtime_executable(CLUSTER)
-    except ContainerRuntimeError as e:
-        if workflow.executor_plugin is not None and not workflow.dryrun:
-            raise WorkflowError(str(e))
-        logger.warning(f"Warning: {e}")
-    return path
-
-
 rule build_container:
     input:
         definition=container_definition,
@@ -59,6 +31,8 @@ rule build_container:
         image="|".join(CONTAINERS["images"]) or "NONE",
     # Login node where the site allows builds there (config/clusters: container_build).
     localrule: not CLUSTER.container_build.on_compute_node
+    conda:
+        "../../envs/workflow.yaml"
     threads: 8
     resources:
         mem_mb=32000,

@@ -9,6 +9,8 @@ rule download_text:
         "logs/download_text/{source}/{shard}.log",
     # On the login node: compute nodes of most EuroHPC sites cannot reach the hub.
     localrule: True
+    conda:
+        "../../envs/workflow.yaml"
     params:
         source=source_config,
         num_shards=source_num_shards,
@@ -28,6 +30,8 @@ rule train_tokenizer:
         "logs/train_tokenizer/{tok}.log",
     benchmark:
         "benchmarks/train_tokenizer/{tok}.tsv"
+    conda:
+        "../../envs/workflow.yaml"
     threads: 4
     resources:
         mem_mb=16000,
@@ -49,6 +53,8 @@ rule tokenize:
         "logs/tokenize/{tok}/{source}/{shard}.log",
     benchmark:
         "benchmarks/tokenize/{tok}/{source}/{shard}.tsv"
+    conda:
+        "../../envs/workflow.yaml"
     threads: 4
     resources:
         mem_mb=4000,
@@ -70,6 +76,8 @@ rule merge_tokenized:
         "logs/merge_tokenized/{tok}/{source}.log",
     benchmark:
         "benchmarks/merge_tokenized/{tok}/{source}.tsv"
+    conda:
+        "../../envs/workflow.yaml"
     resources:
         mem_mb=4000,
         runtime=60,

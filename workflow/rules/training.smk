@@ -14,9 +14,12 @@ from hpcllm.training.megatron_args import container_commit_mismatch
 
 if any(p.experiment["engine"] == "megatron" for p in EXPERIMENTS.values()):
     for _image in container_image("train"):
-        _def = config["containers"]["images"][os.path.basename(_image)[: -len(".sif")]]
-        _def = _def if os.path.exists(_def) else os.path.join(workflow.basedir, _def)
-        _mismatch = container_commit_mismatch(open(_def).read(), _def)
+        _definition = config["containers"]["images"][
+            os.path.basename(_image)[: -len(".sif")]
+        ]
+        if not os.path.exists(_definition):
+            _definition = os.path.join(workflow.basedir, _definition)
+        _mismatch = container_commit_mismatch(open(_definition).read(), _definition)
         if _mismatch:
             logger.warning(f"Warning: {_mismatch}")
 for _name in TRAINING.get("run") or []:
@@ -25,52 +28,6 @@ for _name in TRAINING.get("run") or []:
             f"training.run names '{_name}', which is not in training.experiments "
             f"({', '.join(EXPERIMENTS) or 'none defined'})"
         )
-
-
-def training_targets():
-    names = TRAINING.get("run") or list(EXPERIMENTS)
-    return [
-        f"results/train/{name}/seg{EXPERIMENTS[name].experiment['segments']}.json"
-        for name in names
-    ]
-
-
-def prepared_experiment(wildcards):
-    return EXPERIMENTS[wildcards.experiment]
-
-
-def previous_segment(wildcards):
-    """Segment k-1's result record (none for the first segment)."""
-    k = int(wildcards.k)
-    if k > EXPERIMENTS[wildcards.experiment].experiment["segments"]:
-        raise ValueError(f"{wildcards.experiment} has no segment {k}")
-    return [] if k == 1 else [f"results/train/{wildcards.experiment}/seg{k - 1}.json"]
-
-
-def training_data(wildcards):
-    prefixes = EXPERIMENTS[wildcards.experiment].blend.prefixes
-    return [p + ext for p in prefixes for ext in (".bin", ".idx")]
-
-
-def training_tokenizer(wildcards):
-    tok_dir = EXPERIMENTS[wildcards.experiment].tokenizer_dir
-    return [f"{tok_dir}/vocab.json", f"{tok_dir}/merges.txt"]
-
-
-def training_container(wildcards):
-    """The training image on clusters with a container runtime, for either engine (the
-    torch engine needs the GPU build of PyTorch there too); none where the runtime is none."""
-    return container_image("train")
-
-
-def segment_nodes(wildcards):
-    return EXPERIMENTS[wildcards.experiment].experiment["layout"]["nodes"]
-
-
-def segment_slurm_extra(wildcards):
-    """Slurm signals the job steps (srun -> torchrun -> the engine) before the time limit."""
-    seconds = EXPERIMENTS[wildcards.experiment].experiment["time"]["signal_seconds"]
-    return f"--signal=TERM@{seconds}"
 
 
 rule train_segment:
@@ -89,6 +46,8 @@ rule train_segment:
     wildcard_constraints:
         experiment="|".join(EXPERIMENTS) or "NONE",
         k=r"[1-9]\d*",
+    conda:
+        "../../envs/workflow.yaml"
     threads: 1
     resources:
         nodes=segment_nodes,

@@ -1,32 +1,14 @@
 # Image trees to one LMDB per dataset and split (read by the vision benchmark, which
 # stages them to node-local storage with hpcllm.vision.stage_in, see docs/vision.md).
-from hpcllm.vision.datasets_config import check_dataset, dataset_root
+from hpcllm.vision.datasets_config import check_dataset, dataset_root, is_configured
 
 VISION = config["vision"]
 IMAGE_DATASETS = VISION["datasets"]
 
 # A missing tree or labels file is reported here, at plan time (dry run included).
 for _name, _dataset in IMAGE_DATASETS.items():
-    check_dataset(_name, _dataset)
-
-
-def vision_targets():
-    return [
-        f"data/vision/{name}/{split}.lmdb"
-        for name, cfg in IMAGE_DATASETS.items()
-        for split in cfg["splits"]
-    ]
-
-
-def image_dataset_config(wildcards):
-    return IMAGE_DATASETS[wildcards.dataset]
-
-
-def image_tree(wildcards):
-    """The split's folder: made by make_sample_images for a sample, else the user's tree."""
-    cfg = IMAGE_DATASETS[wildcards.dataset]
-    root = dataset_root(wildcards.dataset, cfg)
-    return root if "sample" in cfg else f"{root}/{wildcards.split}"
+    if is_configured(_dataset):
+        check_dataset(_name, _dataset)
 
 
 rule make_sample_images:
@@ -36,6 +18,8 @@ rule make_sample_images:
         "logs/make_sample_images/{dataset}.log",
     wildcard_constraints:
         dataset="|".join(IMAGE_DATASETS) or "NONE",
+    conda:
+        "../../envs/workflow.yaml"
     threads: 2
     params:
         dataset=image_dataset_config,
@@ -56,6 +40,8 @@ rule pack_lmdb:
     wildcard_constraints:
         dataset="|".join(IMAGE_DATASETS) or "NONE",
         split="train|val",
+    conda:
+        "../../envs/workflow.yaml"
     threads: 4
     resources:
         mem_mb=8000,

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,26 @@ def dataset_root(name: str, cfg: dict[str, Any]) -> str:
         raise ValueError(
             f"vision.datasets.{name}: give root (the folder with train/ and val/) or sample"
         )
+    missing = unset_variables(cfg["root"])
+    if missing:
+        raise ValueError(
+            f"vision.datasets.{name}.root is {cfg['root']}, but ${missing[0]} is not set: "
+            f"export {missing[0]}=<the folder holding train/ and val/> (or set root)"
+        )
     return os.path.expandvars(os.path.expanduser(cfg["root"]))
+
+
+def unset_variables(text: str) -> list[str]:
+    """The ``$NAME``/``${NAME}`` references in ``text`` that the environment lacks."""
+    names = re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", text)
+    return [n for n in names if n not in os.environ]
+
+
+def is_configured(cfg: dict[str, Any]) -> bool:
+    """A generated sample, or a root whose variables are all set. Datasets such as the
+    built-in ``imagenet`` (root ``$HPCLLM_IMAGENET_ROOT``) are packed once the user
+    sets the variable, or fail with a clear message when a benchmark needs them."""
+    return "sample" in cfg or ("root" in cfg and not unset_variables(cfg["root"]))
 
 
 def val_labels(cfg: dict[str, Any]) -> dict[str, Any]:
