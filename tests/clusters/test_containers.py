@@ -95,21 +95,17 @@ def test_a_failed_build_leaves_no_image(tmp_path):
 @pytest.mark.workflow
 def test_build_container_rule_builds_with_the_clusters_runtime(tmp_path):
     """The rule through Snakemake, with an `apptainer` stand-in on the PATH."""
-    import importlib.util
     import os
 
-    spec = importlib.util.spec_from_file_location(
-        "hpcllm_root_conftest_c", REPO / "tests" / "conftest.py"
-    )
-    conftest = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(conftest)
+    from support import make_workdir, run_snakemake
+
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake_runtime(bin_dir / "apptainer")
-    workdir = conftest.make_workdir(tmp_path / "work")
+    workdir = make_workdir(tmp_path / "work")
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
     target = "containers/megatron-nvidia.sif"
-    conftest.run_snakemake(workdir, "-c1", target, "--config", "cluster=juwels", env=env)
+    run_snakemake(workdir, "-c1", target, "--config", "cluster=juwels", env=env)
     digest = json.loads((workdir / "containers" / "megatron-nvidia.digest.json").read_text())
     data = (workdir / target).read_bytes()
     assert digest["sha256"] == hashlib.sha256(data).hexdigest()

@@ -78,9 +78,10 @@ def test_failed_segment_reruns_alone_and_resumes(text_workdir):
 
     newest = latest_iteration(save)
     assert newest in (8, 10), newest
-    assert f"stopped at iteration {newest} of 12" in out + (
-        work / "logs/train_segment/rerun/seg2.log"
-    ).read_text()
+    assert (
+        f"stopped at iteration {newest} of 12"
+        in out + (work / "logs/train_segment/rerun/seg2.log").read_text()
+    )
     seg1 = work / "results/train/rerun/seg1.json"
     assert seg1.exists() and not (work / "results/train/rerun/seg2.json").exists()
     kept = {p: p.stat().st_mtime_ns for p in [seg1, *sorted((save / "iter_0000006").rglob("*"))]}
