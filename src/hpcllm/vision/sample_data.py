@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from hpcllm.atomic import temporary_path
 from hpcllm.atomic import replace as replace_dir
+from hpcllm.atomic import temporary_path
 
 
 def sample_wnids(num_classes: int) -> list[str]:
