@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import re
 import shlex
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from hpcllm.clusters import VARIABLE as _VARIABLE
 from hpcllm.clusters import Cluster
@@ -88,11 +90,12 @@ class Launch:
         if self.rendezvous_suffix is not None:
             # The first node of the job. sed reads the whole list: `head -n1` would close
             # the pipe early and, with pipefail, kill the script on scontrol's SIGPIPE.
+            # The Slurm plugin's job step removes SLURM_* variables but SLURM_JOB_ID, so
+            # the node list may have to come from squeue.
+            lines.append('NODELIST="${SLURM_JOB_NODELIST:-$(squeue -h -j "$SLURM_JOB_ID" -o %N)}"')
+            lines.append('MASTER_ADDR="$(scontrol show hostnames "$NODELIST" | sed -n 1p)"')
             lines.append(
-                'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"'
-            )
-            lines.append(
-                'if [ -z "$MASTER_ADDR" ]; then echo "no node list in SLURM_JOB_NODELIST" >&2; '
+                'if [ -z "$MASTER_ADDR" ]; then echo "no node list for job $SLURM_JOB_ID" >&2; '
                 "exit 1; fi"
             )
             if self.rendezvous_suffix:
@@ -121,6 +124,13 @@ def container_exec(
     if unset:
         argv += ["env", *(a for name in unset for a in ("-u", name))]
     return argv
+
+
+def bare_metal_tool(name: str) -> str:
+    """``name`` from this Python's environment where it is there (the venv's torchrun, so
+    that jobs need not activate the venv), else ``name`` to be found on the PATH."""
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else name
 
 
 def build_launch(
@@ -165,7 +175,7 @@ def build_launch(
             list(command)
             if procs_per_node == 1
             else [
-                "torchrun",
+                bare_metal_tool("torchrun") if container is None else "torchrun",
                 "--standalone",
                 "--nproc_per_node",
                 str(procs_per_node),
@@ -192,7 +202,7 @@ def build_launch(
     ]
     inside = container_exec(cluster, container, binds, unset_inside) if container else []
     launcher = [
-        cluster.launcher,
+        bare_metal_tool(cluster.launcher) if container is None else cluster.launcher,
         "--nnodes",
         str(nodes),
         "--nproc_per_node",

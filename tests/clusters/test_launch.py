@@ -88,8 +88,10 @@ def test_command_for_every_cluster_is_pinned(name):
 def test_local_runs_torchrun_standalone_or_the_bare_command():
     local = load_cluster("local", ROOT)
     two = build_launch(local, nodes=1, procs_per_node=2, command=["python", "t.py"])
+    # The venv's own torchrun: jobs run without activating the environment.
+    assert two.argv[0] == str(Path(sys.executable).parent / "torchrun")
     assert two.argv == [
-        "torchrun",
+        two.argv[0],
         "--standalone",
         "--nproc_per_node",
         "2",
@@ -221,6 +223,8 @@ def test_local_launch_runs_two_real_ranks(tmp_path):
         "t = torch.tensor([dist.get_rank() + 1.0])\n"
         "dist.all_reduce(t)\n"
         "open(f'rank{dist.get_rank()}.txt', 'w').write(f'{dist.get_world_size()} {t.item()}')\n"
+        "dist.barrier()\n"
+        "dist.destroy_process_group()\n"
     )
     launch = build_launch(
         load_cluster("local", ROOT),

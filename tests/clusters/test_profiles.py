@@ -118,6 +118,17 @@ def _value(raw):
         return text
 
 
+# What workflow/rules/training.smk sets itself (a profile's set-resources override it).
+RULE_RESOURCES = {
+    "train_segment": {
+        "tasks": 2,
+        "tasks_per_gpu": 0,
+        "mpi": "",
+        "slurm_extra": "--ntasks-per-node=1 --signal=TERM@300",
+    }
+}
+
+
 @pytest.mark.parametrize("name", PROFILES)
 def test_sbatch_line_of_the_gpu_rules(name, monkeypatch):
     """The Slurm plugin's own submit string for the GPU rules of each profile."""
@@ -133,7 +144,12 @@ def test_sbatch_line_of_the_gpu_rules(name, monkeypatch):
     assert cfg["default-resources"]["slurm_account"] == "$HPCLLM_ACCOUNT"
     assert cfg["latency-wait"] >= 30
     for rule in GPU_RULES:
-        raw = {**cfg["default-resources"], **cfg["set-resources"][rule], "nodes": 2}
+        raw = {
+            **cfg["default-resources"],
+            **RULE_RESOURCES.get(rule, {}),
+            **cfg["set-resources"][rule],
+            "nodes": 2,
+        }
         res = _Resources({k: _value(v) for k, v in raw.items()})
         job = SimpleNamespace(resources=res, threads=1, name=rule, is_group=lambda: False)
         validate_slurm_extra(job)
@@ -154,7 +170,7 @@ def test_sbatch_line_of_the_gpu_rules(name, monkeypatch):
         assert f"--cpus-per-task={cluster.cpus_per_node}" in call
         assert "--ntasks-per-gpu" not in call
         if rule == "train_segment":
-            assert re.search(r"--signal=B:USR1@\d+", call)
+            assert re.search(r"--signal=TERM@\d+", call)
         if "qos" in raw:
             assert "--qos=" in call and "$" not in call
 

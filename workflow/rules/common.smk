@@ -237,7 +237,7 @@ def segment_nodes(wildcards):
 def segment_slurm_extra(wildcards):
     """Slurm signals the job steps (srun -> torchrun -> the engine) before the time limit."""
     seconds = EXPERIMENTS[wildcards.experiment].experiment["time"]["signal_seconds"]
-    return f"--signal=TERM@{seconds}"
+    return f"--ntasks-per-node=1 --signal=TERM@{seconds}"
 
 
 # ---- benchmarks (the globals these use are set in benchmarks.smk)

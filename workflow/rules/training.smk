@@ -51,8 +51,14 @@ rule train_segment:
     threads: 1
     resources:
         nodes=segment_nodes,
+        # One task per node: --ntasks on CPU clusters; on GPU clusters the plugin would
+        # turn `tasks` into --ntasks-per-gpu, which tasks_per_gpu=0 switches off.
         tasks=segment_nodes,
-        mpi="srun",
+        tasks_per_gpu=0,
+        # The key `mpi` makes the job step run the script in the batch shell (not in an
+        # `srun -n1` step), so that the script's own srun gets the whole allocation; its
+        # empty value keeps the plugin's MPI task checks (tasks > 1) off single-node jobs.
+        mpi="",
         runtime=60,
         mem_mb=4000,
         slurm_extra=segment_slurm_extra,
