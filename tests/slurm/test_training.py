@@ -87,9 +87,12 @@ def test_two_node_segment_runs_a_rank_on_each_node_and_saves_once(uninterrupted,
     work, ranks, output = uninterrupted
     # One rank per node (the c10d rendezvous, not the node order, numbers them).
     assert sorted(ranks) == ["n1", "n2"] and sorted(ranks.values()) == ["0", "1"]
-    segment_jobs = [
-        j for j in slurm_cluster.jobs() if j["comment"].startswith("rule_train_segment")
+    segment_jobs = [  # this experiment's (other tests' jobs stay listed, MinJobAge)
+        j
+        for j in slurm_cluster.jobs()
+        if j["comment"].startswith("rule_train_segment") and EXPERIMENT in j["comment"]
     ]
+    assert segment_jobs
     assert {j["nodes"] for j in segment_jobs} == {"n[1-2]"}
     engine_log = (work / f"logs/train_segment/{EXPERIMENT}/seg1.engine.log").read_text()
     assert "world size 2" in engine_log

@@ -186,6 +186,13 @@ def _exit_minutes(experiment: dict[str, Any]) -> float | None:
     if left is None:
         return None
     margin = experiment["time"]["margin_seconds"]
+    if left <= margin:
+        # The segment could only save at once and stop, job after job: say so instead.
+        raise ValueError(
+            f"the job has {left:.0f} s left but the experiment's time.margin_seconds is "
+            f"{margin}: give train_segment a longer runtime (profile set-resources) or "
+            "lower time.margin_seconds"
+        )
     if experiment["engine"] == "megatron":
         return exit_duration_minutes(left, margin)
     return max(0.0, (left - margin) / 60)
