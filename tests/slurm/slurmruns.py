@@ -10,19 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from support import make_workdir  # noqa: F401  (slurmruns.make_workdir in the tests)
 from testcluster import TestCluster
 
 REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
-
-
-def make_workdir(path: Path) -> Path:
-    """A working directory that sees the repository's config/, resources/ and profiles/."""
-    path.mkdir(parents=True, exist_ok=True)
-    for name in ("config", "resources", "profiles"):
-        if not (path / name).exists():
-            (path / name).symlink_to(REPO / name)
-    return path
 
 
 def command(workdir: Path, profile: str, *args: str) -> list[str]:
