@@ -211,19 +211,23 @@ def test_a_node_dying_mid_segment_fails_the_job_and_the_rerun_completes(
 def test_a_segment_longer_than_its_time_limit_saves_and_the_rerun_continues(
     cluster, text_data, tmp_path
 ):
-    """Slurm's --signal (profile) stops the engine before the 1-minute limit kills it."""
+    """Slurm's --signal (set by the rule) stops the engine before the time limit kills it.
+
+    Slurm checks --signal on a timer of about 30 s: the signal window (100 s before the
+    2-minute limit) spans several checks, so the signal always comes, and comes after
+    the engine has started (about 10 s)."""
     work = training_workdir(text_data, tmp_path / "work")
-    long_run = work / "long.yaml"  # far more iterations than fit into a minute
+    long_run = work / "long.yaml"  # far more iterations than fit into the time limit
     long_run.write_text(
         "training: {experiments: {tiny_2n: {iterations_per_segment: 100000, "
-        "save_interval: 100000}}}\n"
+        "save_interval: 100000, time: {margin_seconds: 0, signal_seconds: 100}}}}\n"
     )
     args = (
         "--configfile",
         str(CONFIG),
         str(long_run),
         "--set-resources",
-        "train_segment:runtime=1",
+        "train_segment:runtime=2",
     )
     engine_log = work / f"logs/train_segment/{EXPERIMENT}/seg1.engine.log"
     stopped_at = []
