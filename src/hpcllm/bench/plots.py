@@ -57,12 +57,7 @@ def plot_efficiency(df: pd.DataFrame, path: str | Path) -> None:
     ]
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for ax, (bench, col, title) in zip(axes[0], panels):
-        drawn = False
-        for _, g in _groups(df, bench):
-            g = g.sort_values("nodes")
-            ax.plot(g["nodes"], g[col], marker="o", label=_label(g.iloc[0]))
-            drawn = True
-        if drawn:
+        if _plot_vs_nodes(ax, df, bench, col):
             ax.axhline(1.0, color="black", lw=0.8, ls="--")
             ax.legend(fontsize=7)
         else:
@@ -73,6 +68,16 @@ def plot_efficiency(df: pd.DataFrame, path: str | Path) -> None:
     _save(fig, path)
 
 
+def _plot_vs_nodes(ax, df: pd.DataFrame, bench: str, col: str) -> bool:
+    """One line of ``col`` against nodes per sweep series; whether any was drawn."""
+    drawn = False
+    for _, g in _groups(df, bench):
+        g = g.sort_values("nodes")
+        ax.plot(g["nodes"], g[col], marker="o", label=_label(g.iloc[0]))
+        drawn = True
+    return drawn
+
+
 def plot_throughput(df: pd.DataFrame, path: str | Path) -> None:
     panels = [
         ("language", "tokens_per_s_per_gpu", "tokens/s per GPU"),
@@ -80,12 +85,7 @@ def plot_throughput(df: pd.DataFrame, path: str | Path) -> None:
     ]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), squeeze=False)
     for ax, (bench, col, ylabel) in zip(axes[0], panels):
-        drawn = False
-        for _, g in _groups(df, bench):
-            g = g.sort_values("nodes")
-            ax.plot(g["nodes"], g[col], marker="o", label=_label(g.iloc[0]))
-            drawn = True
-        if drawn:
+        if _plot_vs_nodes(ax, df, bench, col):
             ax.legend(fontsize=7)
         else:
             _empty(ax, f"no successful {bench} runs")
