@@ -1,7 +1,7 @@
 """Throughput and memory of the tokenize stage, against bare HF tokenizers and gigatoken.
 
 Builds an English corpus offline (pydoc, man pages, /usr/share/doc; see
-hpcllm.sample_corpus), trains a 32k byte-level BPE on part of it, then prints:
+hpcllm.text.sample_corpus), trains a 32k byte-level BPE on part of it, then prints:
 - tokens/s of the tokenize stage end to end (read JSONL.zst, encode, write .bin/.idx),
   of bare HF ``encode_batch`` and of gigatoken alone, on texts already in memory;
 - the stage's ratio to bare HF (measured in the same run);
@@ -25,7 +25,7 @@ import numpy as np
 STAGE = """
 import os, sys
 os.environ["RAYON_NUM_THREADS"] = sys.argv[4]
-from hpcllm.tokenization import load_tokenizer, tokenize_shard
+from hpcllm.text.tokenization import load_tokenizer, tokenize_shard
 tok = load_tokenizer(sys.argv[1])
 s = tokenize_shard(sys.argv[2], sys.argv[3], tok, "<|endoftext|>")
 # VmHWM, not ru_maxrss: after fork+exec ru_maxrss still counts the parent's peak.
@@ -35,7 +35,7 @@ print(s.tokens, s.seconds, rss, s.encoder)
 
 
 def corpus(path: Path, target_bytes: int) -> Path:
-    from hpcllm.sample_corpus import english_documents, take_bytes, write_jsonl_zst
+    from hpcllm.text.sample_corpus import english_documents, take_bytes, write_jsonl_zst
 
     if not path.exists():
         t = time.monotonic()
@@ -73,8 +73,8 @@ def main() -> None:
     small = corpus(work / "en50.jsonl.zst", 50_000_000)
     large = corpus(work / "en200.jsonl.zst", 200_000_000)
 
-    from hpcllm.tokenization import gigatoken_encoder, load_tokenizer, read_texts
-    from hpcllm.tokenizer_train import train_bpe
+    from hpcllm.text.tokenization import gigatoken_encoder, load_tokenizer, read_texts
+    from hpcllm.text.tokenizer_train import train_bpe
 
     tok_path = work / "bpe32k" / "tokenizer.json"
     if not tok_path.exists():
@@ -151,7 +151,7 @@ def fresh(*paths: Path) -> None:
 
 def bench_merge(work: Path, tok_path: Path, shard: Path, args) -> None:
     """merge_tokenized of 4 shards against `cat` of the same .bin files, warm cache."""
-    from hpcllm.indexed_dataset import merge_datasets
+    from hpcllm.text.indexed_dataset import merge_datasets
 
     prefixes = []
     for i in range(4):

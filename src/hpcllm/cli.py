@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if args.command == "sample-corpus":
-        from hpcllm.sample_corpus import build_sample_corpus
+        from hpcllm.text.sample_corpus import build_sample_corpus
 
         build_sample_corpus(args.out_dir, args.english_bytes, args.per_language_bytes)
     elif args.command == "config-docs":
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
 
         Path(args.output).write_text(config_reference(args.schemas))
     elif args.command == "inspect":
-        from hpcllm.indexed_dataset import check_dataset
+        from hpcllm.text.indexed_dataset import check_dataset
 
         index = check_dataset(args.prefix)
         print(

@@ -38,7 +38,7 @@ def edge_texts() -> list[str]:
 
 @pytest.fixture(scope="session")
 def sample_texts(repo: Path) -> list[str]:
-    from hpcllm.tokenization import read_texts
+    from hpcllm.text.tokenization import read_texts
 
     texts: list[str] = []
     for name in ("en", "multilingual"):
@@ -50,8 +50,8 @@ def sample_texts(repo: Path) -> list[str]:
 @pytest.fixture(scope="session")
 def trained_tokenizer(tmp_path_factory, sample_texts) -> Path:
     """A small byte-level BPE trained on the shipped sample corpus."""
-    from hpcllm.sample_corpus import write_jsonl_zst
-    from hpcllm.tokenizer_train import train_bpe
+    from hpcllm.text.sample_corpus import write_jsonl_zst
+    from hpcllm.text.tokenizer_train import train_bpe
 
     d = tmp_path_factory.mktemp("tok")
     shard = d / "corpus.jsonl.zst"

@@ -7,10 +7,10 @@ import json
 import pytest
 from text_helpers import write_jsonl
 
-from hpcllm.sample_corpus import write_hub_mirror
-from hpcllm.text_shards import ShardPolicy, write_shard
-from hpcllm.text_sources import BadRecord, SourceError, resolve_local_files
-from hpcllm.tokenization import read_texts
+from hpcllm.text.sample_corpus import write_hub_mirror
+from hpcllm.text.shards import ShardPolicy, write_shard
+from hpcllm.text.sources import BadRecord, SourceError, resolve_local_files
+from hpcllm.text.tokenization import read_texts
 
 
 def local(files, **kw):
@@ -54,7 +54,7 @@ def test_files_are_dealt_to_shards_when_there_are_enough(tmp_path):
 def test_limits_are_split_over_shards(tmp_path):
     write_jsonl(tmp_path / "a.jsonl", docs(100))
     cfg = local("a.jsonl", max_documents=7)
-    from hpcllm.text_shards import source_policy
+    from hpcllm.text.shards import source_policy
 
     counts = [
         run_shard(tmp_path, cfg, source_policy(cfg, {}, k, 3), k, 3)[1]["documents"]

@@ -7,7 +7,7 @@ import pytest
 import torch
 from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
 
-from hpcllm.indexed_dataset import (
+from hpcllm.text.indexed_dataset import (
     IndexedDatasetError,
     IndexedDatasetWriter,
     check_dataset,

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-from hpcllm.sample_corpus import write_jsonl_zst
-from hpcllm.tokenization import (
+from hpcllm.text.sample_corpus import write_jsonl_zst
+from hpcllm.text.tokenization import (
     TokenizerError,
     gigatoken_encoder,
     hf_encoder,
@@ -24,7 +24,7 @@ from hpcllm.tokenization import (
     tokenize_shard,
     tokenizer_from_gpt2_files,
 )
-from hpcllm.tokenizers_config import tokenizer_for
+from hpcllm.text.tokenizers_config import tokenizer_for
 
 EOD = "<|endoftext|>"
 
@@ -97,7 +97,7 @@ def test_auto_falls_back_to_hf_when_gigatoken_cannot_load_or_differs(
         make_encoder(word_level, "gigatoken")
 
     tok = load_tokenizer(trained_tokenizer)
-    import hpcllm.tokenization as t
+    import hpcllm.text.tokenization as t
 
     real = t.gigatoken_encoder
 
@@ -152,7 +152,7 @@ def test_a_corrupt_shard_is_named(tmp_path, trained_tokenizer):
 
 KILL_SCRIPT = """
 import sys
-from hpcllm.tokenization import load_tokenizer, tokenize_shard
+from hpcllm.text.tokenization import load_tokenizer, tokenize_shard
 tok = load_tokenizer(sys.argv[1])
 tokenize_shard(sys.argv[2], sys.argv[3], tok, "<|endoftext|>", encoder="hf", batch_bytes=4096)
 """

@@ -7,9 +7,9 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 from support import REPO, make_workdir, run_snakemake
 
 from hpcllm.configuration import config_reference
-from hpcllm.sample_corpus import write_hub_mirror  # noqa: F401  (the mirror's writer)
-from hpcllm.text_sources import shard_documents
-from hpcllm.tokenization import load_tokenizer, read_texts
+from hpcllm.text.sample_corpus import write_hub_mirror  # noqa: F401  (the mirror's writer)
+from hpcllm.text.sources import shard_documents
+from hpcllm.text.tokenization import load_tokenizer, read_texts
 
 SOURCES = ("sample_en", "sample_multilingual", "fineweb")
 TARGETS = [

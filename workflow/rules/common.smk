@@ -8,8 +8,8 @@ sys.path.insert(0, os.path.join(workflow.basedir, "src"))
 from snakemake.utils import validate
 
 from hpcllm.configuration import SECTIONS, check_section
-from hpcllm.text_sources import resolve_local_files
-from hpcllm.tokenizers_config import tokenizer_files
+from hpcllm.text.sources import resolve_local_files
+from hpcllm.text.tokenizers_config import tokenizer_files
 
 check_section("", config, f"{workflow.basedir}/workflow/schemas/config.schema.yaml")
 validate(config, "../schemas/config.schema.yaml")

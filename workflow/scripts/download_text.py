@@ -1,5 +1,5 @@
 from hpcllm import logs
-from hpcllm.text_shards import source_policy, write_shard
+from hpcllm.text.shards import source_policy, write_shard
 
 logs.setup(snakemake.log[0])
 name, shard = snakemake.wildcards.source, int(snakemake.wildcards.shard)

@@ -1,7 +1,7 @@
 import logging
 
 from hpcllm import logs
-from hpcllm.indexed_dataset import merge_datasets
+from hpcllm.text.indexed_dataset import merge_datasets
 
 logs.setup(snakemake.log[0])
 index = merge_datasets(snakemake.params.shard_prefixes, snakemake.params.prefix)

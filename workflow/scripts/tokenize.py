@@ -3,8 +3,8 @@ import os
 os.environ["RAYON_NUM_THREADS"] = str(snakemake.threads)  # before tokenizers starts its pool
 
 from hpcllm import logs
-from hpcllm.tokenization import tokenize_shard
-from hpcllm.tokenizers_config import tokenizer_for
+from hpcllm.text.tokenization import tokenize_shard
+from hpcllm.text.tokenizers_config import tokenizer_for
 
 logs.setup(snakemake.log[0])
 cfg = snakemake.params.tokenizer

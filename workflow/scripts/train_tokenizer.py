@@ -1,5 +1,5 @@
 from hpcllm import logs
-from hpcllm.tokenizer_train import train_bpe
+from hpcllm.text.tokenizer_train import train_bpe
 
 logs.setup(snakemake.log[0])
 cfg = snakemake.params.tokenizer

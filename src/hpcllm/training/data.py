@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcllm.indexed_dataset import IndexedDatasetError, check_dataset, data_paths
+from hpcllm.text.indexed_dataset import IndexedDatasetError, check_dataset, data_paths
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from hpcllm.atomic import atomic_paths
-from hpcllm.tokenization import load_tokenizer, read_texts
+from hpcllm.text.tokenization import load_tokenizer, read_texts
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from hpcllm.compressed import open_binary
-from hpcllm.indexed_dataset import IndexedDatasetWriter, optimal_dtype
+from hpcllm.text.compressed import open_binary
+from hpcllm.text.indexed_dataset import IndexedDatasetWriter, optimal_dtype
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import orjson
 import zstandard
 
 from hpcllm.atomic import atomic_paths
-from hpcllm.text_sources import BadRecord, Document, SkipLog, shard_documents, shard_limit
+from hpcllm.text.sources import BadRecord, Document, SkipLog, shard_documents, shard_limit
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from hpcllm.compressed import open_binary
+from hpcllm.text.compressed import open_binary
 
 
 class SourceError(ValueError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hpcllm.tokenization import check_tokenizer, load_tokenizer, tokenizer_from_gpt2_files
+from hpcllm.text.tokenization import check_tokenizer, load_tokenizer, tokenizer_from_gpt2_files
 
 
 def tokenizer_files(name: str, cfg: dict[str, Any]) -> list[str]:

@@ -1,0 +1,1 @@
+"""Text data: sources, shards, tokenization and Megatron's indexed dataset."""
