@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from support import REPO
 
 from hpcllm.training.megatron_args import (
-    FLAGS,
     MEGATRON_LM_COMMIT,
     MegatronArgsError,
     exit_duration_minutes,
@@ -50,7 +50,7 @@ def test_opengptx_800m_arguments_are_the_reports():
     expected = {
         "--num-layers": "16", "--hidden-size": "2048", "--num-attention-heads": "8",
         "--seq-length": "2048", "--micro-batch-size": "4", "--global-batch-size": "512",
-        "--position-embedding-type": "rope", "--use-flash-attn": None,
+        "--position-embedding-type": "rope", "--attention-backend": "flash",
         "--sequence-parallel": None, "--bf16": None, "--adam-beta1": "0.9",
         "--adam-beta2": "0.95", "--lr": "0.00025", "--min-lr": "2.5e-05",
         "--lr-decay-style": "cosine", "--clip-grad": "1", "--weight-decay": "0.1",
@@ -84,13 +84,58 @@ def test_preset_arguments_are_pinned(preset, expected):
         assert got.get(flag, "MISSING") == value, flag
 
 
+MEGATRON_FLAGS = REPO / "tests" / "data" / "megatron_flags.txt"
+
+
+def megatron_flags() -> set[str]:
+    """Every flag of the pinned commit's parser, listed independently of our flag table."""
+    lines = MEGATRON_FLAGS.read_text().splitlines()
+    assert MEGATRON_LM_COMMIT in lines[0], "megatron_flags.txt was made at another commit"
+    return {line for line in lines if line.startswith("--")}
+
+
+def test_flag_list_is_megatrons_not_ours():
+    flags = megatron_flags()
+    assert len(flags) > 500  # the whole parser, not a copy of the table
+    assert "--data-impl" not in flags and "--use-mcore-models" in flags  # removed / kept
+
+
 @pytest.mark.parametrize("preset", list(PRESETS))
-def test_only_flags_of_the_pinned_commit(preset):
-    known = set(FLAGS[MEGATRON_LM_COMMIT].values())
-    flags = [a for a in args_for(preset) if a.startswith("--")]
-    assert set(flags) <= known
-    assert "--data-impl" not in flags  # rejected by current Megatron-LM
+@pytest.mark.parametrize("variant", ["data", "mock", "amd"])
+def test_only_flags_of_the_pinned_commit(preset, variant):
+    kw = {
+        "data": {},
+        "mock": dict(data_path=None, vocab_file=None, merge_file=None, save=None),
+        "amd": dict(transformer_impl="local"),
+    }[variant]
+    flags = [a for a in args_for(preset, **kw) if a.startswith("--")]
+    unknown = set(flags) - megatron_flags()
+    assert not unknown, f"not flags of Megatron-LM {MEGATRON_LM_COMMIT[:12]}: {unknown}"
     assert len(flags) == len(set(flags))
+
+
+def test_mock_data_needs_no_vocabulary_and_saves_nothing():
+    got = pairs(args_for("gpt3_175b", data_path=None, vocab_file=None, merge_file=None, save=None))
+    assert "--mock-data" in got and "--data-path" not in got
+    assert got["--tokenizer-type"] == "NullTokenizer" and got["--vocab-size"] == "50257"
+    assert "--vocab-file" not in got and "--merge-file" not in got
+    assert "--save" not in got and "--load" not in got and "--save-interval" not in got
+    with pytest.raises(MegatronArgsError, match="vocab and merges"):
+        args_for("gpt_7b", vocab_file=None, merge_file=None)
+
+
+def test_amd_gpus_run_without_transformer_engine():
+    from types import SimpleNamespace
+
+    from hpcllm.training.megatron_args import transformer_impl_for
+
+    amd = SimpleNamespace(gpu=SimpleNamespace(vendor="amd"))
+    nvidia = SimpleNamespace(gpu=SimpleNamespace(vendor="nvidia"))
+    assert transformer_impl_for(amd) == "local"
+    assert transformer_impl_for(nvidia) == "transformer_engine"
+    got = pairs(args_for("opengptx_800m", transformer_impl="local"))
+    assert got["--transformer-impl"] == "local" and "--attention-backend" not in got
+    assert pairs(args_for("opengptx_800m"))["--transformer-impl"] == "transformer_engine"
 
 
 def test_last_segment_has_no_exit_interval_and_no_time_limit_without_slurm():
@@ -113,16 +158,17 @@ def test_unknown_commit_is_refused():
 def test_container_recipe_must_build_the_pinned_commit():
     from hpcllm.training.megatron_args import container_commit_mismatch
 
-    ok = f"%post\n    MEGATRON_COMMIT={MEGATRON_LM_COMMIT}\n"
+    label = f"%labels\n    org.hpcllm.megatron-commit {MEGATRON_LM_COMMIT}\n"
+    ok = f"%post\n    MEGATRON_COMMIT={MEGATRON_LM_COMMIT}\n{label}"
     assert container_commit_mismatch(ok, "a.def") is None
-    other = "%post\n    MEGATRON_COMMIT=001d15c455caa88fdb495435842f25ae69d2c1c3\n"
+    other = f"%post\n    MEGATRON_COMMIT=001d15c455caa88fdb495435842f25ae69d2c1c3\n{label}"
     assert "builds Megatron-LM 001d15c455ca" in container_commit_mismatch(other, "a.def")
+    mislabelled = ok.replace(f"commit {MEGATRON_LM_COMMIT}", "commit 307dcf37")
+    assert "not the commit it builds" in container_commit_mismatch(mislabelled, "a.def")
     assert "names no MEGATRON_COMMIT" in container_commit_mismatch("%post\n", "a.def")
 
 
 def test_shipped_container_recipes_build_the_pinned_commit():
-    from support import REPO
-
     from hpcllm.training.megatron_args import container_commit_mismatch
 
     for name in ("megatron-nvidia.def", "megatron-rocm.def"):

@@ -35,20 +35,41 @@ def experiment_of(point: dict) -> dict:
     exp["precision"] = point["precision"]
     exp["save_interval"] = point["iterations"] * 10  # a benchmark saves no checkpoint
     exp["log_interval"] = 1
+    # Throughput does not depend on the learning rate; the presets' warm-ups (2000
+    # iterations for 175B) exceed a benchmark's length, which Megatron refuses.
+    exp["optim"]["warmup_iters"] = 0
     return exp
 
 
-def _tokenizer_files(point: dict) -> tuple[str | None, str | None]:
+def tokenizer_files(point: dict, run_dir: str | Path) -> tuple[str | None, str | None]:
+    """GPT-2 style vocab.json and merges.txt of the point's ``tokenizer.json``, written
+    from that very file into the run folder (never other files that lie beside it)."""
     if not point.get("tokenizer"):
         return None, None
-    folder = Path(point["tokenizer"]).parent
-    return str(folder / "vocab.json"), str(folder / "merges.txt")
+    from tokenizers import Tokenizer, models
+
+    source = point["tokenizer"]
+    try:
+        model = Tokenizer.from_file(str(source)).model
+    except Exception as exc:  # tokenizers raises plain Exceptions for unreadable files
+        raise ValueError(f"{source}: not a readable tokenizer.json ({exc})") from None
+    if not isinstance(model, models.BPE):
+        raise ValueError(
+            f"{source}: a {type(model).__name__} tokenizer; the benchmark engines read "
+            "GPT-2 style BPE files, so name a byte-level BPE tokenizer.json"
+        )
+    out = Path(run_dir) / "tokenizer"
+    out.mkdir(parents=True, exist_ok=True)
+    vocab, merges = model.save(str(out))
+    return str(Path(vocab).resolve()), str(Path(merges).resolve())
 
 
-def engine_command(point: dict, run_dir: str | Path, python: str) -> list[str]:
+def engine_command(
+    point: dict, run_dir: str | Path, python: str, transformer_impl: str = "transformer_engine"
+) -> list[str]:
     exp = experiment_of(point)
     model = exp["model"]
-    vocab, merges = _tokenizer_files(point)
+    vocab, merges = tokenizer_files(point, run_dir)
     mock = point["data"] == "mock"
     if point["engine"] == "torch":
         cmd = [
@@ -76,7 +97,7 @@ def engine_command(point: dict, run_dir: str | Path, python: str) -> list[str]:
         else:
             cmd += ["--data-path", str(Path(point["data"]).resolve())]
         if vocab:
-            cmd += ["--vocab-file", str(Path(vocab).resolve())]
+            cmd += ["--vocab-file", vocab]
         return cmd
     from hpcllm.training.megatron_args import pretrain_gpt_args
 
@@ -95,14 +116,15 @@ def engine_command(point: dict, run_dir: str | Path, python: str) -> list[str]:
         split="100,0,0",
         vocab_file=vocab,
         merge_file=merges,
-        save=str(Path(run_dir) / "checkpoints"),
+        save=None,  # a benchmark writes no checkpoint and never resumes one
         tensorboard_dir=str(Path(run_dir) / "tensorboard"),
-        data_cache_path=None,
+        data_cache_path=str(Path(run_dir).resolve() / "index-cache"),
         train_iters=point["iterations"],
         stop_iteration=point["iterations"],
         exit_minutes=None,
+        transformer_impl=transformer_impl,
     )
-    return [python, PRETRAIN_GPT, *args, *(["--mock-data"] if mock else [])]
+    return [python, PRETRAIN_GPT, *args]
 
 
 def run_language_point(
@@ -113,8 +135,12 @@ def run_language_point(
     container: str | None = None,
     time_limit_s: float | None = None,
 ) -> dict:
+    from hpcllm.training.megatron_args import transformer_impl_for
+
     run_dir = Path(log_path).parent
-    command = engine_command(point, run_dir, python_for(container))
+    command = engine_command(
+        point, run_dir, python_for(container), transformer_impl=transformer_impl_for(cluster)
+    )
     return run_launch(
         launch_for(point, cluster, command, container), point, log_path, record_path, time_limit_s
     )

@@ -2,9 +2,12 @@
 
 Megatron-LM's flags drift between versions (the OpenGPT-X report's appendix passes
 ``--data-impl mmap``, which later versions reject as an unrecognized argument), so the
-flag names live in one table per supported Megatron-LM commit, read from that commit's
-``megatron/training/arguments.py``. ``MEGATRON_LM_COMMIT`` is the one pin: the container
-recipe builds the same commit (envs/*.def read it from here, see docs/training.md).
+flag names live in one table per supported Megatron-LM commit. ``MEGATRON_LM_COMMIT`` is
+the one pin: the container recipes build the same commit (envs/*.def, checked by
+``container_commit_mismatch``). tests/data/megatron_flags.txt is every flag of the pinned
+commit's parser, made independently of this table (scripts/megatron_lm_parser.py), and
+the tests check every generated flag against it; with ``MEGATRON_LM_DIR`` set, a test runs
+Megatron-LM's own ``parse_args`` and ``validate_args`` on every generated command line.
 """
 
 from __future__ import annotations
@@ -15,17 +18,21 @@ from typing import Any
 
 from hpcllm.training.planner import Layout
 
-# The Megatron-LM commit the workflow generates arguments for and the container installs.
+# The Megatron-LM commit the workflow generates arguments for and the container installs:
+# the release tag core_v0.19.0 (Megatron Core 0.19.0, August 2026). Its pyproject needs
+# Python >= 3.12 and torch >= 2.6; its own CI's long-term-support image is NGC PyTorch
+# 25.09 (docker/.ngc_version.lts), which envs/megatron-nvidia.def builds on. On AMD GPUs
+# (LUMI) the same commit runs without Transformer Engine: ``--transformer-impl local``.
 MEGATRON_LM_REPO = "https://github.com/NVIDIA/Megatron-LM.git"
-MEGATRON_LM_COMMIT = "307dcf37f03d44da131ba21999278abe4112d2ad"
+MEGATRON_LM_COMMIT = "5be9626709af2722333bf54797c954c09edeada3"
+MEGATRON_LM_RELEASE = "core_v0.19.0"
 
 # Logical option -> flag, per commit. A logical option missing from a version's table is
-# not supported by that version and refused, instead of passed to fail at start-up.
-# Read from megatron/training/arguments.py at 307dcf37 (argparse groups network size,
-# training, learning rate, checkpointing, mixed precision, distributed, data, logging).
+# not supported by that version and refused, instead of passed to fail at start-up. At
+# core_v0.19.0 most flags are generated from config dataclasses (ArgumentGroupFactory in
+# megatron/training/arguments.py); tests/data/megatron_flags.txt lists them all.
 FLAGS: dict[str, dict[str, str]] = {
-    "307dcf37f03d44da131ba21999278abe4112d2ad": {
-        "use_mcore_models": "--use-mcore-models",
+    MEGATRON_LM_COMMIT: {
         "num_layers": "--num-layers",
         "hidden_size": "--hidden-size",
         "ffn_hidden_size": "--ffn-hidden-size",
@@ -34,11 +41,12 @@ FLAGS: dict[str, dict[str, str]] = {
         "max_position_embeddings": "--max-position-embeddings",
         "position_embedding_type": "--position-embedding-type",
         "make_vocab_size_divisible_by": "--make-vocab-size-divisible-by",
+        "transformer_impl": "--transformer-impl",
+        "attention_backend": "--attention-backend",
         "tensor_model_parallel_size": "--tensor-model-parallel-size",
         "pipeline_model_parallel_size": "--pipeline-model-parallel-size",
         "sequence_parallel": "--sequence-parallel",
         "use_distributed_optimizer": "--use-distributed-optimizer",
-        "use_flash_attn": "--use-flash-attn",
         "recompute_granularity": "--recompute-granularity",
         "recompute_method": "--recompute-method",
         "recompute_num_layers": "--recompute-num-layers",
@@ -63,9 +71,11 @@ FLAGS: dict[str, dict[str, str]] = {
         "hidden_dropout": "--hidden-dropout",
         "seed": "--seed",
         "data_path": "--data-path",
+        "mock_data": "--mock-data",
         "split": "--split",
         "data_cache_path": "--data-cache-path",
         "tokenizer_type": "--tokenizer-type",
+        "vocab_size": "--vocab-size",
         "vocab_file": "--vocab-file",
         "merge_file": "--merge-file",
         "save": "--save",
@@ -80,21 +90,38 @@ FLAGS: dict[str, dict[str, str]] = {
     },
 }
 
+# Megatron's own layers (no Transformer Engine, unfused attention) where TE is missing.
+TRANSFORMER_IMPL = {"nvidia": "transformer_engine", "amd": "local"}
+
+
+def transformer_impl_for(cluster) -> str:
+    """``--transformer-impl`` for a cluster's GPUs: the ROCm image has no Transformer Engine."""
+    vendor = cluster.gpu.vendor if getattr(cluster, "gpu", None) is not None else "nvidia"
+    return TRANSFORMER_IMPL.get(vendor, "transformer_engine")
+
 
 class MegatronArgsError(ValueError):
     """An experiment that the pinned Megatron-LM version cannot express."""
 
 
 def container_commit_mismatch(definition_text: str, where: str) -> str | None:
-    """A message when a container recipe builds another Megatron-LM commit than the pin."""
+    """A message when a container recipe builds or labels another commit than the pin."""
     found = re.search(r"MEGATRON_COMMIT=([0-9a-f]{7,40})", definition_text)
     if found is None:
         return f"{where}: names no MEGATRON_COMMIT; the megatron engine cannot check its flags"
-    if found.group(1) != MEGATRON_LM_COMMIT and found.group(1) not in FLAGS:
+    if found.group(1) != MEGATRON_LM_COMMIT:
         return (
             f"{where}: builds Megatron-LM {found.group(1)[:12]}, but the arguments are "
-            f"generated for {MEGATRON_LM_COMMIT[:12]} (hpcllm.training.megatron_args); build "
-            "that commit, or add a flag table for this one read from its arguments.py"
+            f"generated for {MEGATRON_LM_COMMIT[:12]} ({MEGATRON_LM_RELEASE}, "
+            "hpcllm.training.megatron_args); build that commit, or move the pin and its "
+            "flag table (and tests/data/megatron_flags.txt) to this one"
+        )
+    label = re.search(r"org\.hpcllm\.megatron-commit\s+(\S+)", definition_text)
+    if label is None or label.group(1) != MEGATRON_LM_COMMIT:
+        return (
+            f"{where}: its label org.hpcllm.megatron-commit is "
+            f"{label.group(1) if label else 'missing'}, not the commit it builds "
+            f"({MEGATRON_LM_COMMIT}); label the image with what it contains"
         )
     return None
 
@@ -119,17 +146,23 @@ def pretrain_gpt_args(
     *,
     data_path: list[str],
     split: str,
-    vocab_file: str,
-    merge_file: str,
-    save: str,
-    tensorboard_dir: str,
+    vocab_file: str | None,
+    merge_file: str | None,
+    save: str | None,
+    tensorboard_dir: str | None,
     data_cache_path: str | None,
     train_iters: int,
     stop_iteration: int,
     exit_minutes: int | None,
+    transformer_impl: str = "transformer_engine",
     commit: str = MEGATRON_LM_COMMIT,
 ) -> list[str]:
-    """The arguments after ``pretrain_gpt.py`` (the launch builder adds the rest)."""
+    """The arguments after ``pretrain_gpt.py`` (the launch builder adds the rest).
+
+    ``data_path=None`` trains on Megatron's mock data with its ``NullTokenizer`` (no
+    vocabulary files); ``save=None`` writes no checkpoint (Megatron saves at the end
+    whenever ``--save`` is set) and loads none.
+    """
     if commit not in FLAGS:
         raise MegatronArgsError(
             f"Megatron-LM commit {commit} has no flag table; supported: {', '.join(FLAGS)}"
@@ -148,7 +181,6 @@ def pretrain_gpt_args(
         elif value is not None and value is not False:
             args.extend([table[option], f"{value:g}" if isinstance(value, float) else str(value)])
 
-    add("use_mcore_models")
     add("num_layers", model["num_layers"])
     add("hidden_size", model["hidden_size"])
     add("ffn_hidden_size", model.get("ffn_hidden_size"))
@@ -157,11 +189,13 @@ def pretrain_gpt_args(
     add("max_position_embeddings", model["seq_length"])
     add("position_embedding_type", model.get("position_embedding", "rope"))
     add("make_vocab_size_divisible_by", 128)
+    add("transformer_impl", transformer_impl)
     add("tensor_model_parallel_size", layout.tp)
     add("pipeline_model_parallel_size", layout.pp)
     add("sequence_parallel", bool(lay.get("sequence_parallel")))
     add("use_distributed_optimizer", bool(lay.get("distributed_optimizer")))
-    add("use_flash_attn", bool(model.get("flash_attention")))
+    if model.get("flash_attention") and transformer_impl == "transformer_engine":
+        add("attention_backend", "flash")
     recompute = lay.get("recompute", "none")
     if recompute == "selective":
         add("recompute_granularity", "selective")
@@ -190,15 +224,25 @@ def pretrain_gpt_args(
     add("attention_dropout", 0.0)
     add("hidden_dropout", 0.0)
     add("seed", experiment.get("seed", 1234))
-    add("data_path", data_path)
+    if data_path is None:
+        add("mock_data")
+    else:
+        add("data_path", data_path)
     add("split", split)
     add("data_cache_path", data_cache_path)
-    add("tokenizer_type", "GPT2BPETokenizer")
-    add("vocab_file", vocab_file)
-    add("merge_file", merge_file)
-    add("save", save)
-    add("load", save)
-    add("save_interval", experiment["save_interval"])
+    if vocab_file is None:
+        if data_path is not None:
+            raise MegatronArgsError("a dataset needs its tokenizer's vocab and merges files")
+        add("tokenizer_type", "NullTokenizer")
+        add("vocab_size", model.get("vocab_size") or 50257)
+    else:
+        add("tokenizer_type", "GPT2BPETokenizer")
+        add("vocab_file", vocab_file)
+        add("merge_file", merge_file)
+    if save is not None:
+        add("save", save)
+        add("load", save)
+        add("save_interval", experiment["save_interval"])
     add("log_interval", experiment.get("log_interval", 1))
     add("log_throughput")
     add("tensorboard_dir", tensorboard_dir)

@@ -1,0 +1,112 @@
+"""Megatron-LM's own argument parser, run on this CPU-only machine.
+
+Two uses, both against a Megatron-LM tree at the pinned commit (not on any package index;
+unpack it with ``git archive <commit> | tar -x -C DIR``):
+
+  flags COMMIT:  print every option string of ``megatron.training.arguments`` (the independent
+          list tests/data/megatron_flags.txt; at this pin most flags are generated from
+          config dataclasses by ``ArgumentGroupFactory``, so a grep of arguments.py misses
+          them and the parser is the one source):
+            git -C Megatron-LM archive COMMIT | tar -x -C DIR
+            PYTHONPATH=DIR python scripts/megatron_lm_parser.py flags COMMIT \
+                > tests/data/megatron_flags.txt
+  parse:  read a JSON list of {"name", "argv", "world_size"} from stdin, run Megatron-LM's
+          ``parse_args`` and ``validate_args`` on each, print a JSON list of results.
+
+Stubbed, because they cannot exist here: Megatron's Triton kernel modules (GPU code,
+imported at start-up; no Triton on a CPU torch), and ``typing.override`` on Python < 3.12
+(the pin needs 3.12, the NGC image has it; ``typing_extensions`` gives the same decorator).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import sys
+import types
+
+# Megatron modules that import triton at import time -> the names they export.
+TRITON_KERNEL_MODULES = {
+    "megatron.core.transformer.moe.ops.paged_stash": [
+        "GLOBAL_BLOCK_SIZE",
+        "paged_stash_copy_kernel",
+        "paged_stash_pop_kernel",
+    ],
+}
+
+
+def _stub_gpu_only_imports() -> None:
+    import typing
+
+    if not hasattr(typing, "override"):
+        import typing_extensions
+
+        typing.override = typing_extensions.override
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        for name, exported in TRITON_KERNEL_MODULES.items():
+            module = types.ModuleType(name)
+            for attr in exported:
+                setattr(module, attr, None)
+            sys.modules[name] = module
+
+
+def megatron_arguments():
+    _stub_gpu_only_imports()
+    import warnings
+
+    warnings.simplefilter("ignore")
+    with contextlib.redirect_stdout(io.StringIO()):
+        from megatron.training import arguments
+    return arguments
+
+
+def flags() -> list[str]:
+    arguments = megatron_arguments()
+    parser = arguments.add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
+    return sorted(s for s in parser._option_string_actions if s.startswith("--"))
+
+
+def parse(cases: list[dict]) -> list[dict]:
+    arguments = megatron_arguments()
+    results = []
+    for case in cases:
+        os.environ["RANK"] = "0"
+        os.environ["WORLD_SIZE"] = str(case["world_size"])
+        sys.argv = ["pretrain_gpt.py", *case["argv"]]
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                args = arguments.parse_args()
+                arguments.validate_args(args)
+            results.append({"name": case["name"], "ok": True})
+        except SystemExit as exc:  # argparse: unknown or malformed flag
+            results.append(
+                {
+                    "name": case["name"],
+                    "ok": False,
+                    "error": f"exit {exc.code}: {out.getvalue()[-600:]}",
+                }
+            )
+        except Exception as exc:  # validate_args: assertions and value errors
+            results.append(
+                {"name": case["name"], "ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            )
+    return results
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "flags":
+        commit = sys.argv[2]
+        print(f"# Every option of Megatron-LM {commit}'s megatron.training.arguments, made by")
+        print(f"#   git -C Megatron-LM archive {commit} | tar -x -C DIR")
+        print(f"#   PYTHONPATH=DIR python scripts/megatron_lm_parser.py flags {commit}")
+        print("\n".join(flags()))
+    elif sys.argv[1:] == ["parse"]:
+        print(json.dumps(parse(json.load(sys.stdin))))
+    else:
+        sys.exit(__doc__)
