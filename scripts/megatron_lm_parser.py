@@ -10,12 +10,15 @@ unpack it with ``git archive <commit> | tar -x -C DIR``):
             git -C Megatron-LM archive COMMIT | tar -x -C DIR
             PYTHONPATH=DIR python scripts/megatron_lm_parser.py flags COMMIT \
                 > tests/data/megatron_flags.txt
-  parse:  read a JSON list of {"name", "argv", "world_size"} from stdin, run Megatron-LM's
-          ``parse_args`` and ``validate_args`` on each, print a JSON list of results.
+  parse:  read a JSON list of {"name", "argv", "world_size", "env"} from stdin, run
+          Megatron-LM's ``parse_args`` and ``validate_args`` on each (with ``env``, the
+          environment the job gives the engine), print a JSON list of results.
 
 Stubbed, because they cannot exist here: Megatron's Triton kernel modules (GPU code,
-imported at start-up; no Triton on a CPU torch), and ``typing.override`` on Python < 3.12
-(the pin needs 3.12, the NGC image has it; ``typing_extensions`` gives the same decorator).
+imported at start-up; no Triton on a CPU torch), ``typing.override`` on Python < 3.12 (the
+pin needs 3.12, the NGC image has it; ``typing_extensions`` gives the same decorator), and
+the one device query of ``validate_args``, ``get_device_arch_version`` (CUDA), answered
+as a Hopper GPU (9), the newest generation whose rules our clusters share.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ import io
 import json
 import os
 import sys
+import traceback
 import types
+from pathlib import Path
 
 # Megatron modules that import triton at import time -> the names they export.
 TRITON_KERNEL_MODULES = {
@@ -74,7 +79,11 @@ def flags() -> list[str]:
 def parse(cases: list[dict]) -> list[dict]:
     arguments = megatron_arguments()
     results = []
+    arguments.get_device_arch_version = lambda: 9
+    plain = dict(os.environ)
     for case in cases:
+        os.environ.clear()
+        os.environ.update({**plain, **case.get("env", {})})
         os.environ["RANK"] = "0"
         os.environ["WORLD_SIZE"] = str(case["world_size"])
         sys.argv = ["pretrain_gpt.py", *case["argv"]]
@@ -93,9 +102,10 @@ def parse(cases: list[dict]) -> list[dict]:
                 }
             )
         except Exception as exc:  # validate_args: assertions and value errors
-            results.append(
-                {"name": case["name"], "ok": False, "error": f"{type(exc).__name__}: {exc}"}
-            )
+            frames = traceback.extract_tb(exc.__traceback__)
+            where = " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in frames[::-1][:4])
+            error = f"{type(exc).__name__}: {exc} (at {where})"
+            results.append({"name": case["name"], "ok": False, "error": error})
     return results
 
 

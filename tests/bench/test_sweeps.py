@@ -1,4 +1,3 @@
-import time
 from pathlib import Path
 
 import pytest
@@ -31,8 +30,12 @@ def test_node_counts_double_from_the_minimum():
     assert node_counts(4, 3) == []
 
 
+A100_80GB = ClusterFacts("juwels", 4, 80.0, {"bf16": 312.0, "fp32": 19.5}, "A100")
+
+
 def test_gpt3_175b_on_juwels_tp_in_node_pp_across_nodes():
-    points = [p for p in expand_experiment("lang", language(), JUWELS) if p.model == "gpt3_175b"]
+    # 80 GB GPUs, so that every node count fits (the 40 GB case is the next test)
+    points = [p for p in expand_experiment("lang", language(), A100_80GB) if p.model == "gpt3_175b"]
     assert sorted({p.nodes for p in points}) == [32, 64, 128, 256]
     strong = {p.nodes: p.settings for p in points if p.scaling == "strong"}
     weak = {p.nodes: p.settings for p in points if p.scaling == "weak"}
@@ -42,6 +45,37 @@ def test_gpt3_175b_on_juwels_tp_in_node_pp_across_nodes():
     assert weak[64]["global_batch"] == 192 * 2 and weak[64]["grad_accum"] == 192
     assert strong[32]["sequence_parallel"] and strong[32]["distributed_optimizer"]
     assert points[0].peak_tflops == 312.0  # dense bf16, not the sparsity figure
+
+
+def test_points_that_cannot_fit_are_left_out_with_a_message():
+    # GPT-3 175B on 32 nodes of 40 GB A100s: PP 32, DP 1 needs ~45 GB per GPU (the
+    # optimizer is not sharded with one replica); at 64 nodes DP 2 halves it.
+    dropped: list[str] = []
+    points = expand_experiment("lang", language(), JUWELS, dropped)
+    nodes = sorted({p.nodes for p in points if p.model == "gpt3_175b"})
+    assert nodes == [64, 128, 256]
+    assert len(dropped) == 2  # strong and weak at 32 nodes
+    assert all("gpt3_175b" in m and "n0032" in m and "40 GB" in m for m in dropped)
+    assert "training.experiments" not in dropped[0]  # the point's id, not a training key
+    # without a list to report to, the points are still left out
+    assert {p.id for p in expand_experiment("lang", language(), JUWELS)} == {p.id for p in points}
+
+
+def test_baseline_is_the_smallest_node_count_even_when_it_failed(tmp_path):
+    from test_summary_plots import point, put_run, scaled_log
+
+    from hpcllm.bench.summary import summarize
+
+    results = tmp_path / "results"
+    points = [point(1), point(2), point(4)]
+    put_run(results, points[0], (REPO / "tests/bench/data/megatron_oom.log").read_text())
+    put_run(results, points[1], scaled_log(1.0))
+    put_run(results, points[2], scaled_log(1.0))
+    df = summarize(points, results).set_index("id")
+    assert df.loc[points[0]["id"], "status"] == "out_of_memory"
+    # not 1.0 and 0.5 against the 2-node point: no efficiency without the real baseline
+    assert df["efficiency"].isna().all()
+    assert (df["baseline_nodes"] == 1).all()
 
 
 def test_small_model_one_gpu_per_replica():
@@ -91,9 +125,9 @@ def test_schema_errors_name_the_file_and_key(tmp_path):
         expand_all({"gone": "nope.yaml"}, ClusterFacts("local", 0), root=tmp_path, schema=SCHEMA)
 
 
-def test_full_juwels_sweeps_expand_quickly():
+def test_full_juwels_sweeps_expand():
+    # How fast this is belongs in a benchmark, not in a timed test.
     cluster = facts_of(load_cluster("juwels", root=REPO / "config/clusters"))
-    start = time.perf_counter()
     points = expand_all(
         {
             "language": "config/experiments/language.yaml",
@@ -103,5 +137,4 @@ def test_full_juwels_sweeps_expand_quickly():
         root=REPO,
         schema=SCHEMA,
     )
-    assert time.perf_counter() - start < 5
     assert len({p.id for p in points}) == len(points) > 40

@@ -73,16 +73,46 @@ def planned_jobs(output: str) -> list[tuple[str, dict[str, str]]]:
     return jobs
 
 
+# A user's opt-in on top of the built-in config: a megatron training run and both sweeps,
+# so that every GPU rule is planned on every profile.
+OPT_IN = (
+    "config/experiments/opengptx_800m.yaml",
+    "config/experiments/language_sweep.yaml",
+    "config/experiments/vision_sweep.yaml",
+)
+
+
+@pytest.fixture(scope="module")
+def dry_runs(tmp_path_factory, no_slurm, imagenet_root):
+    """The dry run of a profile with the opt-in files (each profile planned once)."""
+    done: dict[str, str] = {}
+
+    def plan(name: str) -> str:
+        if name not in done:
+            workdir = make_workdir(tmp_path_factory.mktemp(name))
+            env = {**no_slurm, **USER_ENV, "HPCLLM_IMAGENET_ROOT": imagenet_root}
+            # one --configfile with several files (a second --configfile replaces the first)
+            args = ["-n", "--profile", f"profiles/{name}", "--configfile", *OPT_IN]
+            proc = run_snakemake(workdir, *args, env=env, timeout=600)
+            done[name] = proc.stdout + proc.stderr
+        return done[name]
+
+    return plan
+
+
+def job_resources(job_block_resources: dict[str, str]) -> dict:
+    """A planned job's resources as the Slurm plugin sees them (numbers as numbers)."""
+    return {k: _value(v) for k, v in job_block_resources.items() if v != "<TBD>"}
+
+
 @pytest.mark.workflow
 @pytest.mark.parametrize("name", PROFILES)
-def test_dry_run_and_dag_per_profile(name, tmp_path, no_slurm, imagenet_root):
-    workdir = make_workdir(tmp_path / "work")
-    env = {**no_slurm, **USER_ENV, "HPCLLM_IMAGENET_ROOT": imagenet_root}
-    proc = run_snakemake(workdir, "-n", "--profile", f"profiles/{name}", env=env, timeout=300)
-    jobs = planned_jobs(proc.stdout + proc.stderr)
+def test_dry_run_per_profile(name, dry_runs):
+    out = dry_runs(name)
+    jobs = planned_jobs(out)
     cluster = load_cluster(name, REPO / "config" / "clusters", environ=USER_ENV)
     rules = {rule for rule, _ in jobs}
-    assert {"tokenize", "merge_tokenized", "train_tokenizer"} <= rules, rules
+    assert {"tokenize", "merge_tokenized", "train_tokenizer", "train_segment"} <= rules, rules
     cpu_partition = cluster.partitions.cpu or cluster.partitions.gpu
     for rule, resources in jobs:
         if rule == "all":
@@ -90,8 +120,27 @@ def test_dry_run_and_dag_per_profile(name, tmp_path, no_slurm, imagenet_root):
         assert resources["slurm_account"] == "proj0042", (rule, resources)
         expected = cluster.partitions.gpu if rule in GPU_RULES else cpu_partition
         assert resources["slurm_partition"] == expected, (rule, resources)
-    if any(rule in GPU_RULES for rule in rules):  # GPU steps run in the cluster's image
-        assert "build_container" in rules
+    assert "build_container" in rules  # GPU steps run in the cluster's image
+    # the cost of what it would queue, before anything is queued, and the limit
+    assert re.search(rf"Cost on {name} .*\n(  \w+: .*GPU-hours\n)+  total: ", out), out[-3000:]
+    exp = opt_in_training()
+    hours = (
+        exp["segments"]
+        * exp["layout"]["nodes"]
+        * profile(name)["set-resources"]["train_segment"]["runtime"]
+        / 60
+    )
+    assert f"train_segment: {exp['segments']} job(s), {hours:,.1f} node-hours" in out
+    assert "more than max_gpu_hours = 500" in out and "--config max_gpu_hours=" in out
+
+
+@pytest.mark.workflow
+@pytest.mark.parametrize("name", PROFILES)
+def test_dag_per_profile(name, tmp_path, no_slurm, imagenet_root):
+    if shutil.which("dot") is None:
+        pytest.skip("Graphviz dot missing")
+    workdir = make_workdir(tmp_path / "work")
+    env = {**no_slurm, **USER_ENV, "HPCLLM_IMAGENET_ROOT": imagenet_root}
     dag = run_snakemake(workdir, "--dag", "--profile", f"profiles/{name}", env=env)
     svg = subprocess.run(
         ["dot", "-Tsvg"], input=dag.stdout, capture_output=True, text=True, check=True
@@ -99,7 +148,18 @@ def test_dry_run_and_dag_per_profile(name, tmp_path, no_slurm, imagenet_root):
     assert "<svg" in svg and "tokenize" in svg
 
 
-pytestmark = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz dot missing")
+@pytest.mark.workflow
+def test_plain_cluster_run_is_what_a_user_expects(tmp_path, no_slurm):
+    """No CPU example (tiny_local), no sweeps and no ImageNet needed by default."""
+    workdir = make_workdir(tmp_path / "work")
+    proc = run_snakemake(
+        workdir, "-n", "--profile", "profiles/juwels", env={**no_slurm, **USER_ENV}
+    )
+    out = proc.stdout + proc.stderr
+    rules = {rule for rule, _ in planned_jobs(out)}
+    assert {"tokenize", "merge_tokenized"} <= rules
+    assert not rules & {"train_segment", "bench_language", "bench_vision", "pack_lmdb"}, rules
+    assert "Cost on juwels: no GPU jobs to run" in out
 
 
 class _Resources(dict):
@@ -118,39 +178,27 @@ def _value(raw):
         return text
 
 
-# What workflow/rules/training.smk sets itself (a profile's set-resources override it).
-RULE_RESOURCES = {
-    "train_segment": {
-        "tasks": 2,
-        "tasks_per_gpu": 0,
-        "mpi": "",
-        "slurm_extra": "--ntasks-per-node=1 --signal=TERM@300",
-    }
-}
-
-
+@pytest.mark.workflow
 @pytest.mark.parametrize("name", PROFILES)
-def test_sbatch_line_of_the_gpu_rules(name, monkeypatch):
-    """The Slurm plugin's own submit string for the GPU rules of each profile."""
+def test_sbatch_line_of_the_gpu_rules(name, dry_runs):
+    """The Slurm plugin's own submit string for every GPU job the dry run plans, from the
+    resources the workflow and the profile give it (nothing copied into this test)."""
     from snakemake_executor_plugin_slurm.submit_string import get_submit_command
     from snakemake_executor_plugin_slurm.utils import set_gres_string
     from snakemake_executor_plugin_slurm.validation import validate_slurm_extra
 
-    for key, value in USER_ENV.items():
-        monkeypatch.setenv(key, value)
     cfg = profile(name)
     cluster = load_cluster(name, REPO / "config" / "clusters", environ=USER_ENV)
     assert cfg["executor"] == "slurm" and cfg["config"]["cluster"] == name
     assert cfg["default-resources"]["slurm_account"] == "$HPCLLM_ACCOUNT"
     assert cfg["latency-wait"] >= 30
-    for rule in GPU_RULES:
-        raw = {
-            **cfg["default-resources"],
-            **RULE_RESOURCES.get(rule, {}),
-            **cfg["set-resources"][rule],
-            "nodes": 2,
-        }
-        res = _Resources({k: _value(v) for k, v in raw.items()})
+    experiment = opt_in_training()
+    seen = set()
+    for rule, planned in planned_jobs(dry_runs(name)):
+        if rule not in GPU_RULES:
+            continue
+        seen.add(rule)
+        res = _Resources(job_resources(planned))
         job = SimpleNamespace(resources=res, threads=1, name=rule, is_group=lambda: False)
         validate_slurm_extra(job)
         call = get_submit_command(
@@ -165,14 +213,26 @@ def test_sbatch_line_of_the_gpu_rules(name, monkeypatch):
             },
         ) + set_gres_string(job)
         assert f"-p {cluster.partitions.gpu}" in call and "-A proj0042" in call
-        assert "--nodes=2" in call and "--ntasks-per-node=1" in call
+        assert f"--nodes={res['nodes']}" in call
+        # one task per node: torchrun starts one process per GPU inside it
+        assert "--ntasks-per-node=1" in call, call
         assert f"--gres=gpu:{cluster.gpus_per_node}" in call and "--gpus" not in call
         assert f"--cpus-per-task={cluster.cpus_per_node}" in call
         assert "--ntasks-per-gpu" not in call
         if rule == "train_segment":
-            assert re.search(r"--signal=TERM@\d+", call)
-        if "qos" in raw:
+            assert res["nodes"] == experiment["layout"]["nodes"]
+            assert f"--signal=TERM@{experiment['time']['signal_seconds']}" in call, call
+        else:
+            assert "--exclusive" in call, call  # timings on nodes of their own
+        if "qos" in res:
             assert "--qos=" in call and "$" not in call
+    assert seen == set(GPU_RULES), seen
+
+
+def opt_in_training() -> dict:
+    """The opt-in training experiment (its layout and signal time are checked)."""
+    cfg = yaml.safe_load((REPO / OPT_IN[0]).read_text())
+    return cfg["training"]["experiments"]["opengptx_800m"]
 
 
 def _fails(workdir, *args, env) -> str:

@@ -8,6 +8,7 @@ from hpcllm.bench.sweeps import SweepError, expand_all, facts_of
 from hpcllm.containers import image_for
 
 BENCH = config["benchmarks"]
+_dropped = []  # points the planner finds cannot run (memory, layout): said, not queued
 try:
     BENCH_POINTS = {
         p.id: p.row()
@@ -17,10 +18,13 @@ try:
             schema=_yaml.safe_load(
                 open(f"{workflow.basedir}/workflow/schemas/benchmarks.schema.yaml")
             ),
+            dropped=_dropped,
         )
     }
 except SweepError as e:
     raise WorkflowError(f"benchmarks: {e}")
+for _message in _dropped:
+    logger.warning(f"Warning: benchmarks: {_message}")
 BENCH_PLOTS = ("efficiency", "throughput", "batch_time_cdf", "loss")
 
 

@@ -47,6 +47,9 @@ for _name in TOKENIZE["tokenizers"]:
 from snakemake.exceptions import WorkflowError as _WorkflowError
 
 from hpcllm.clusters import ClusterError, load_cluster, plan_errors, profile_errors
+from hpcllm.plan_cost import MAX_GPU_HOURS_KEY, cost_per_rule, over_limit, runtime_minutes
+from hpcllm.plan_cost import Job as PlanJob
+from hpcllm.plan_cost import describe as describe_cost
 
 _clusters_dir = "config/clusters"
 if not os.path.isdir(_clusters_dir):  # a working directory without its own config/
@@ -133,7 +136,60 @@ def text_targets():
 
 
 def all_targets(wildcards):
-    return text_targets() + vision_targets() + training_targets() + benchmark_targets()
+    """The default target. On a Slurm cluster: what a user runs there (text data, real
+    image datasets, training on the megatron engine, benchmark points the config asks
+    for); the built-in laptop examples (the torch-engine tiny_local, the generated image
+    samples) run there only when named (`training.run`, or as a target)."""
+    if not CLUSTER.uses_slurm:
+        return (
+            text_targets() + vision_targets() + training_targets() + benchmark_targets()
+        )
+    samples = tuple(
+        f"data/vision/{n}/" for n, c in IMAGE_DATASETS.items() if "sample" in c
+    )
+    vision = [t for t in vision_targets() if not t.startswith(samples)]
+    training = training_targets()
+    if not TRAINING.get("run"):
+        training = [
+            f"results/train/{name}/seg{prepared.experiment['segments']}.json"
+            for name, prepared in EXPERIMENTS.items()
+            if prepared.experiment["engine"] != "torch"
+        ]
+    check_plan_cost(training)
+    return text_targets() + vision + training + benchmark_targets()
+
+
+def rule_runtime_min(name):
+    """A rule's time limit in minutes: the profile's, else the rule's own."""
+    for scope in (name, "default-resources"):
+        value = _profile_resources.get(scope, {}).get("runtime")
+        if value is not None:
+            return runtime_minutes(value)
+    return runtime_minutes(workflow.get_rule(name).resources.get("runtime", 0))
+
+
+def check_plan_cost(training):
+    """Print the GPU jobs' cost of the default target; stop a real run over the limit."""
+    jobs = []
+    for target in training:
+        name = target.split("/")[2]
+        for k in range(1, EXPERIMENTS[name].experiment["segments"] + 1):
+            if not os.path.exists(f"results/train/{name}/seg{k}.json"):
+                nodes = EXPERIMENTS[name].experiment["layout"]["nodes"]
+                jobs.append(PlanJob("train_segment", nodes, rule_runtime_min("train_segment")))
+    for record in bench_records():
+        if not os.path.exists(record):
+            point = BENCH_POINTS[record.split("/")[3]]
+            name = f"bench_{point['benchmark']}"
+            jobs.append(PlanJob(name, point["nodes"], rule_runtime_min(name)))
+    costs = cost_per_rule(jobs, CLUSTER.gpus_per_node)
+    for line in describe_cost(costs, CLUSTER.name):
+        logger.info(line)
+    problem = over_limit(costs, config[MAX_GPU_HOURS_KEY])
+    if problem and workflow.dryrun:
+        logger.warning(f"Warning: {problem}")
+    elif problem:
+        raise _WorkflowError(f"Nothing was submitted: {problem}")
 
 
 # ---- vision (the globals these use are set in vision.smk)

@@ -127,6 +127,19 @@ def engine_command(
     return [python, PRETRAIN_GPT, *args]
 
 
+def language_launch(point: dict, run_dir: str | Path, cluster, container: str | None):
+    """The launch of the point's engine on its nodes, as its job runs it."""
+    from hpcllm.training.megatron_args import MEGATRON_ENV, transformer_impl_for
+
+    command = engine_command(
+        point, run_dir, python_for(container), transformer_impl=transformer_impl_for(cluster)
+    )
+    launch = launch_for(point, cluster, command, container)
+    if point["engine"] == "megatron":
+        launch.env.update(MEGATRON_ENV)
+    return launch
+
+
 def run_language_point(
     point: dict,
     log_path: str,
@@ -135,12 +148,5 @@ def run_language_point(
     container: str | None = None,
     time_limit_s: float | None = None,
 ) -> dict:
-    from hpcllm.training.megatron_args import transformer_impl_for
-
-    run_dir = Path(log_path).parent
-    command = engine_command(
-        point, run_dir, python_for(container), transformer_impl=transformer_impl_for(cluster)
-    )
-    return run_launch(
-        launch_for(point, cluster, command, container), point, log_path, record_path, time_limit_s
-    )
+    launch = language_launch(point, Path(log_path).parent, cluster, container)
+    return run_launch(launch, point, log_path, record_path, time_limit_s)

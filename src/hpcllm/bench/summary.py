@@ -86,7 +86,12 @@ def run_row(point: dict, directory: str | Path, slurm_logs: list[Path] = ()) -> 
 
 
 def add_efficiencies(df: pd.DataFrame) -> pd.DataFrame:
-    """Scaling efficiencies against the smallest node count that ran successfully."""
+    """Scaling efficiencies against the smallest node count of the sweep.
+
+    The baseline is never another point: when the smallest one failed, its series has
+    no efficiencies (``baseline_nodes`` still names it), instead of efficiencies against
+    whichever point happened to succeed.
+    """
     df = df.copy()
     for col in (
         "baseline_nodes",
@@ -98,11 +103,12 @@ def add_efficiencies(df: pd.DataFrame) -> pd.DataFrame:
         df[col] = math.nan
     if df.empty:
         return df
-    ok = df["status"] == "ok"
-    for _, group in df[ok].groupby(GROUP, dropna=False):
-        base = group.loc[group["nodes"].idxmin()]
-        for idx, run in group.iterrows():
-            df.loc[idx, "baseline_nodes"] = base["nodes"]
+    for _, series in df.groupby(GROUP, dropna=False):
+        base = series.loc[series["nodes"].idxmin()]
+        df.loc[series.index, "baseline_nodes"] = base["nodes"]
+        if base["status"] != "ok":
+            continue
+        for idx, run in series[series["status"] == "ok"].iterrows():
             if run["benchmark"] == "language":
                 df.loc[idx, "efficiency"] = metrics.efficiency_from_throughput(
                     run["tokens_per_s_per_gpu"], base["tokens_per_s_per_gpu"]

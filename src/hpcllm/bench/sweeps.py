@@ -134,30 +134,66 @@ def _max_nodes(where: str, spec: dict, cluster: str) -> int | None:
     return value
 
 
-def expand_experiment(name: str, exp: dict, cluster: ClusterFacts) -> list[Point]:
+def expand_experiment(
+    name: str, exp: dict, cluster: ClusterFacts, dropped: list[str] | None = None
+) -> list[Point]:
+    """The experiment's points; those that cannot fit the GPUs are left out, and a
+    message per point saying why is appended to ``dropped``."""
     if not _NAME.match(name):
         raise SweepError(
             f"benchmarks.experiments: name {name!r} may hold only letters, digits, _ -"
         )
     kind = exp.get("benchmark")
     if kind == "language":
-        return _expand_language(name, exp, cluster)
+        points = _expand_language(name, exp, cluster)
+        fits = []
+        for point in points:
+            problem = language_plan_problem(point, cluster)
+            if problem is None:
+                fits.append(point)
+            elif dropped is not None:
+                dropped.append(problem)
+        return fits
     if kind == "vision":
         return _expand_vision(name, exp, cluster)
     raise SweepError(f"experiment {name}: 'benchmark' must be language or vision, not {kind!r}")
 
 
 def expand_all(
-    experiments: dict, cluster: ClusterFacts, root: str | Path = ".", schema: dict | None = None
+    experiments: dict,
+    cluster: ClusterFacts,
+    root: str | Path = ".",
+    schema: dict | None = None,
+    dropped: list[str] | None = None,
 ) -> list[Point]:
     points: list[Point] = []
     for name, spec in experiments.items():
         exp = load_experiment(name, spec, root, schema)
-        points.extend(expand_experiment(name, exp, cluster))
+        points.extend(expand_experiment(name, exp, cluster, dropped))
     ids = [p.id for p in points]
     if len(set(ids)) != len(ids):
         raise SweepError("benchmarks.experiments: two experiments give the same point ids")
     return points
+
+
+def language_plan_problem(point: Point, cluster: ClusterFacts) -> str | None:
+    """Why the point cannot run (the training planner's layout and memory checks), or None.
+
+    Checked at plan time, so that a point that would fail at start-up costs no job.
+    """
+    from hpcllm.bench.language import experiment_of
+    from hpcllm.training.planner import PlanError, plan
+
+    row = point.row()
+    exp = experiment_of(row)
+    vocab = exp["model"].get("vocab_size") or 50257
+    memory_gb = cluster.gpu_memory_gb if cluster.gpus_per_node and cluster.gpu_memory_gb else None
+    try:
+        plan(point.id, exp, point.gpus, vocab, memory_gb, point.procs_per_node)
+    except PlanError as e:
+        reason = str(e).replace(f"training.experiments.{point.id}", "").lstrip(":. ")
+        return f"{point.id}: left out, it cannot run on {cluster.name}: {reason}"
+    return None
 
 
 def _peak(cluster: ClusterFacts, precision: str) -> float | None:

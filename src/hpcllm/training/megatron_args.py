@@ -90,6 +90,10 @@ FLAGS: dict[str, dict[str, str]] = {
     },
 }
 
+# The environment of every Megatron process: with tensor or sequence parallelism (before
+# Blackwell) Megatron-LM refuses to start without one CUDA work queue per device.
+MEGATRON_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+
 # Megatron's own layers (no Transformer Engine, unfused attention) where TE is missing.
 TRANSFORMER_IMPL = {"nvidia": "transformer_engine", "amd": "local"}
 

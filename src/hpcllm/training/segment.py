@@ -25,7 +25,12 @@ from typing import Any
 from hpcllm.atomic import atomic_path
 from hpcllm.training import checkpoints
 from hpcllm.training.data import Blend
-from hpcllm.training.megatron_args import exit_duration_minutes, pretrain_gpt_args
+from hpcllm.training.megatron_args import (
+    MEGATRON_ENV,
+    exit_duration_minutes,
+    pretrain_gpt_args,
+    transformer_impl_for,
+)
 from hpcllm.training.planner import Layout
 
 log = logging.getLogger(__name__)
@@ -109,6 +114,7 @@ def engine_command(
     exit_minutes: float | None,
     megatron_dir: str = "/opt/Megatron-LM",
     eod_token: str = "<|endoftext|>",
+    transformer_impl: str = "transformer_engine",
 ) -> list[str]:
     """The argv of one engine process (the launcher runs it, with ``--no-python``)."""
     stop = target_iteration(experiment, segment)
@@ -133,6 +139,7 @@ def engine_command(
                 train_iters=train_iters,
                 stop_iteration=stop,
                 exit_minutes=None if exit_minutes is None else int(exit_minutes),
+                transformer_impl=transformer_impl,
             ),
         ]
     model, optim = experiment["model"], experiment["optim"]
@@ -255,6 +262,7 @@ def run_segment(
             segment,
             exit_minutes,
             eod_token=prepared.eod_token,
+            transformer_impl=transformer_impl_for(cluster),
         )
         launch = build_launch(
             cluster,
@@ -263,9 +271,7 @@ def run_segment(
             command=command,
             container=container,
             # Megatron-LM refuses sequence parallelism without it (one CUDA work queue).
-            env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
-            if experiment["engine"] == "megatron"
-            else None,
+            env=MEGATRON_ENV if experiment["engine"] == "megatron" else None,
         )
         log.info("segment %d of %s: iterations %d..%d", segment, name, start_iteration + 1, stop)
         script = Path(paths.engine_log).with_suffix(".sh")

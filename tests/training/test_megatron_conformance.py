@@ -1,0 +1,121 @@
+"""Every Megatron-LM command line we generate, parsed by Megatron-LM's own parser.
+
+Megatron-LM's training code is not on any package index, so CI cannot have it: this test
+runs only when ``MEGATRON_LM_DIR`` points at a Megatron-LM tree at the pinned commit
+(``git -C Megatron-LM archive <commit> | tar -x -C DIR``). It builds every command line
+the workflow generates (every preset on every GPU cluster, every point of the shipped
+language sweeps on every cluster) and runs ``parse_args`` and ``validate_args`` of
+``megatron.training.arguments`` on each, in one subprocess (scripts/megatron_lm_parser.py,
+which says what it stubs on a CPU-only machine).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from support import REPO
+
+from hpcllm.bench.language import PRETRAIN_GPT, language_launch
+from hpcllm.bench.sweeps import expand_all, facts_of
+from hpcllm.clusters import known_clusters, load_cluster
+from hpcllm.training.data import Blend
+from hpcllm.training.megatron_args import MEGATRON_ENV, MEGATRON_LM_COMMIT, transformer_impl_for
+from hpcllm.training.planner import PlanError, check_layout
+from hpcllm.training.presets import PRESETS, resolve_experiment
+from hpcllm.training.segment import Paths
+from hpcllm.training.segment import engine_command as segment_command
+
+MEGATRON_LM_DIR = os.environ.get("MEGATRON_LM_DIR")
+pytestmark = pytest.mark.skipif(
+    not MEGATRON_LM_DIR,
+    reason=f"MEGATRON_LM_DIR is unset: point it at Megatron-LM {MEGATRON_LM_COMMIT[:12]}",
+)
+CLUSTERS = REPO / "config" / "clusters"
+# What an experiment adds to its preset (the schema's required keys and defaults).
+EXPERIMENT = {"engine": "megatron", "segments": 3, "iterations_per_segment": 1000, "seed": 1234, "log_interval": 10, "data": {"split": "949,50,1"}}  # fmt: skip
+ENV = {"HPCLLM_SCRATCH": "/scratch", "HPCLLM_ACCOUNT": "acct", "HPCLLM_PARTITION": "gpu"}
+
+
+def gpu_clusters():
+    for name in known_clusters(CLUSTERS):
+        cluster = load_cluster(name, root=CLUSTERS, environ={**os.environ, **ENV})
+        if cluster.gpus_per_node:
+            yield cluster
+
+
+def training_cases(tmp: Path) -> list[dict]:
+    cases = []
+    blend = Blend(
+        ("data/tokenized/gpt2/a_text_document", "data/tokenized/gpt2/b_text_document"), (0.7, 0.3)
+    )
+    paths = Paths("checkpoints/x", "results/x.json", "x.log", "cache/x", "tb/x")
+    for cluster in gpu_clusters():
+        for preset in PRESETS:
+            exp = resolve_experiment(preset, {"preset": preset, **EXPERIMENT})
+            exp.setdefault("save_interval", exp["iterations_per_segment"])
+            replica = exp["layout"]["tp"] * exp["layout"]["pp"]
+            whole_nodes = max(1, -(-replica // cluster.gpus_per_node)) * cluster.gpus_per_node
+            layout = None
+            for gpus in (whole_nodes, replica):  # whole nodes, else one replica
+                try:
+                    layout = check_layout(preset, exp, gpus, cluster.gpus_per_node)
+                    break
+                except PlanError:
+                    continue  # planning refuses it: never generated
+            if layout is None:
+                continue
+            for segment, left in ((1, 3600.0), (exp["segments"], None)):
+                argv = segment_command(
+                    exp, layout, blend, "data/tokenizers/gpt2", paths, segment, left and 50,
+                    transformer_impl=transformer_impl_for(cluster),
+                )  # fmt: skip
+                name = f"train {preset} on {cluster.name} segment {segment}"
+                # run_segment builds its launch with env=MEGATRON_ENV
+                cases.append(
+                    {"name": name, "argv": argv[2:], "world_size": gpus, "env": MEGATRON_ENV}
+                )
+    return cases
+
+
+def bench_cases(tmp: Path) -> list[dict]:
+    schema = yaml.safe_load((REPO / "workflow/schemas/benchmarks.schema.yaml").read_text())
+    experiments = {"language": "config/experiments/language.yaml"}
+    cases = []
+    for cluster in gpu_clusters():
+        for point in expand_all(experiments, facts_of(cluster), root=REPO, schema=schema):
+            row = point.row()
+            # the launch the point's job runs: its engine's arguments and environment
+            launch = language_launch(row, tmp / row["id"], cluster, "megatron.sif")
+            argv = launch.argv[launch.argv.index(PRETRAIN_GPT) + 1 :]
+            env = {k: v for k, v in launch.env.items() if k == "CUDA_DEVICE_MAX_CONNECTIONS"}
+            cases.append({"name": f"bench {point.id} on {cluster.name}", "argv": argv, "world_size": row["gpus"], "env": env})  # fmt: skip
+    return cases
+
+
+def test_megatron_parses_every_generated_command_line(tmp_path):
+    cases = training_cases(tmp_path) + bench_cases(tmp_path)
+    assert len({c["name"].split()[1] for c in cases if c["name"].startswith("train")}) == len(
+        PRESETS
+    )
+    assert any(c["name"].startswith("bench") for c in cases)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "megatron_lm_parser.py"), "parse"],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": MEGATRON_LM_DIR},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    failed = [f"{r['name']}: {r['error']}" for r in results if not r["ok"]]
+    assert not failed, f"{len(failed)} of {len(results)} refused:\n" + "\n".join(failed[:20])
+    print(
+        f"Megatron-LM {MEGATRON_LM_COMMIT[:12]} parsed and validated {len(results)} command lines"
+    )
