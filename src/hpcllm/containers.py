@@ -11,6 +11,8 @@ import hashlib
 import json
 import logging
 import os
+import platform
+import re
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -88,6 +90,33 @@ def build_command(
     ]
 
 
+def build_env(scratch: str | None, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """Where Apptainer/Singularity keep layers and unpack the ~20 GB build: the project's
+    scratch, not $HOME (quota) or /tmp (small, in memory on some login nodes). A value the
+    user has set is kept."""
+    env = dict(environ)
+    base = re.sub(r"\$\{?(\w+)\}?", lambda m: environ.get(m[1], m[0]), scratch or "")
+    if not base or "$" in base:
+        return env
+    for prefix in ("APPTAINER", "SINGULARITY"):
+        env.setdefault(f"{prefix}_CACHEDIR", f"{base}/hpcllm-cache/apptainer")
+        env.setdefault(f"{prefix}_TMPDIR", f"{base}/hpcllm-cache/apptainer-tmp")
+    Path(env["APPTAINER_TMPDIR"]).mkdir(parents=True, exist_ok=True)
+    return env
+
+
+def check_build_arch(cpu_arch: str | None, machine: str | None = None) -> None:
+    """A runtime builds for the machine it runs on (the NGC base is multi-architecture):
+    an image for the GH200 nodes (aarch64) must be built on an aarch64 node."""
+    machine = machine or platform.machine()
+    if cpu_arch and machine != cpu_arch:
+        raise RuntimeError(
+            f"this machine is {machine}, but the cluster's GPU nodes are {cpu_arch} "
+            "(config/clusters: cpu_arch): the image would not run there. Build it on a "
+            f"{cpu_arch} login or compute node of the cluster."
+        )
+
+
 def build_image(
     executable: str | os.PathLike,
     definition: str | os.PathLike,
@@ -96,12 +125,17 @@ def build_image(
     *,
     fakeroot: bool,
     extra_args: Sequence[str] = (),
+    cpu_arch: str | None = None,
+    scratch: str | None = None,
 ) -> dict[str, Any]:
     """Build ``sif`` from ``definition`` and write ``digest`` (JSON); return the digest.
 
     The build runs in the definition's directory, so ``%files`` in it name files beside
-    it. Both outputs appear only when the build succeeded.
+    it. Both outputs appear only when the build succeeded. ``cpu_arch``: the architecture
+    the image must have (refused on a machine of another); ``scratch``: where the
+    runtime's cache and temporary folders go.
     """
+    check_build_arch(cpu_arch)
     definition = Path(definition).resolve()
     sif = Path(sif).resolve()
     version = subprocess.run(
@@ -110,7 +144,9 @@ def build_image(
     with atomic_paths(sif, digest) as (tmp_sif, tmp_digest):
         cmd = build_command(executable, definition, tmp_sif, fakeroot=fakeroot, extra=extra_args)
         log.info("building %s: %s", sif.name, " ".join(cmd))
-        proc = subprocess.run(cmd, cwd=definition.parent, capture_output=True, text=True)
+        proc = subprocess.run(
+            cmd, cwd=definition.parent, capture_output=True, text=True, env=build_env(scratch)
+        )
         for line in (proc.stdout + proc.stderr).splitlines():
             log.info("%s", line)
         if proc.returncode != 0:
@@ -124,6 +160,7 @@ def build_image(
             "definition": str(definition),
             "definition_sha256": sha256_file(definition),
             "runtime": version,
+            "arch": platform.machine(),
             "command": cmd,
         }
         tmp_digest.write_text(json.dumps(record, indent=2) + "\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,32 @@ def test_profile_values_naming_unset_variables_are_reported():
     assert "export HPCLLM_ACCOUNT=" in errors[0]
     assert "rule train_segment takes slurm_partition from $PART" in errors[1]
     assert profile_errors(resources, environ={"HPCLLM_ACCOUNT": "a", "PART": "p"}) == []
+
+
+# What Apptainer/Singularity bind by default (system config), so a job sees them anyway.
+DEFAULT_BINDS = ("/tmp", "/dev", "$HOME")
+
+
+@pytest.mark.parametrize("name", known_clusters(ROOT))
+def test_scratch_and_node_local_space_are_bound_into_the_container(name):
+    c = load_cluster(name, ROOT, environ=ALL_SET)
+    if not c.uses_containers:
+        return
+    for what, path in (("scratch", c.scratch), ("local_storage", c.local_storage)):
+        if not path or path.startswith(DEFAULT_BINDS):
+            continue
+        assert any(path == b or path.startswith(b.rstrip("/") + "/") for b in c.container_binds), (
+            f"{name}: {what} {path} is not under a container bind {c.container_binds}"
+        )
+
+
+def test_rccl_in_the_lumi_image_reaches_the_hosts_libfabric():
+    """The plugin folder alone on LD_LIBRARY_PATH left RCCL without the CXI libfabric."""
+    lumi = load_cluster("lumi", ROOT, environ=ALL_SET)
+    recipe = (REPO / "envs" / "megatron-rocm.def").read_text()
+    plugin = re.search(r"LD_LIBRARY_PATH=(/opt/aws-ofi-rccl/lib):", recipe).group(1)
+    inside = lumi.env["SINGULARITYENV_LD_LIBRARY_PATH"].split(":")
+    assert inside[0] == plugin  # replaces the image's own value, so it keeps the plugin
+    libfabric = next(d for d in inside if "libfabric" in d)
+    assert any(libfabric.startswith(b + "/") for b in lumi.container_binds)  # host's, bound
+    assert "/usr/lib64/libcxi.so.1" in lumi.container_binds and "/usr/lib64" in inside

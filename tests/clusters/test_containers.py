@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import platform
 import stat
 import sys
 from pathlib import Path
@@ -110,3 +111,29 @@ def test_build_container_rule_builds_with_the_clusters_runtime(tmp_path):
     data = (workdir / target).read_bytes()
     assert digest["sha256"] == hashlib.sha256(data).hexdigest()
     assert b"MEGATRON_COMMIT" in data and b"--fakeroot" in data  # JUWELS builds with fakeroot
+
+
+def test_an_image_for_another_architecture_is_not_built(tmp_path):
+    (tmp_path / "img.def").write_text("Bootstrap: docker\n")
+    (tmp_path / "requirements.txt").write_text("numpy\n")
+    runtime = fake_runtime(tmp_path / "apptainer")
+    sif, digest = tmp_path / "out" / "img.sif", tmp_path / "out" / "img.digest.json"
+    other = "aarch64" if platform.machine() != "aarch64" else "x86_64"
+    with pytest.raises(RuntimeError, match=f"GPU nodes are {other}.*Build it on a {other}"):
+        build_image(runtime, tmp_path / "img.def", sif, digest, fakeroot=False, cpu_arch=other)
+    assert not sif.exists()
+    record = build_image(
+        runtime, tmp_path / "img.def", sif, digest, fakeroot=False, cpu_arch=platform.machine()
+    )
+    assert record["arch"] == platform.machine()
+
+
+def test_builds_cache_and_unpack_under_scratch(tmp_path):
+    from hpcllm.containers import build_env
+
+    env = build_env("$MYSCRATCH", {"MYSCRATCH": str(tmp_path), "APPTAINER_CACHEDIR": "/mine"})
+    assert env["APPTAINER_CACHEDIR"] == "/mine"  # the user's own choice is kept
+    assert env["SINGULARITY_CACHEDIR"] == f"{tmp_path}/hpcllm-cache/apptainer"
+    assert env["APPTAINER_TMPDIR"] == f"{tmp_path}/hpcllm-cache/apptainer-tmp"
+    assert (tmp_path / "hpcllm-cache" / "apptainer-tmp").is_dir()
+    assert "APPTAINER_TMPDIR" not in build_env("$UNSET_SCRATCH", {})  # runtime defaults

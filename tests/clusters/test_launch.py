@@ -21,51 +21,51 @@ ENV = {"HPCLLM_GPU_PARTITION": "g", "HPCLLM_CPU_PARTITION": "c", "HPCLLM_DEVEL_P
 # What the batch job runs on 2 nodes, all GPUs of a node, in the image c.sif.
 PINNED = {
     "deucalion": (
-        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none singularity exec --nv c.sif"
+        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none singularity exec --nv --bind $HPCLLM_SCRATCH c.sif"
         " torchrun --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
     ),
     "discoverer": (
-        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv c.sif"
+        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv --bind $HPCLLM_SCRATCH c.sif"
         " torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
     ),
     "jedi": (
-        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv c.sif"
+        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv --bind $SCRATCH c.sif"
         " env -u PMIX_SECURITY_MODE torchrun_jsc --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
     ),
     "jupiter": (
-        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv c.sif"
+        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv --bind $SCRATCH c.sif"
         " env -u PMIX_SECURITY_MODE torchrun_jsc --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
     ),
     "jureca": (
-        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv c.sif"
+        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv --bind $SCRATCH c.sif"
         " env -u PMIX_SECURITY_MODE torchrun_jsc --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
     ),
     "juwels": (
-        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv c.sif"
+        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv --bind $SCRATCH c.sif"
         " env -u PMIX_SECURITY_MODE torchrun_jsc --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
     ),
     "karolina": (
-        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv c.sif"
+        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv --bind $HPCLLM_SCRATCH,/lscratch c.sif"
         " torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
     ),
     "leonardo": (
-        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none singularity exec --nv c.sif"
+        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none singularity exec --nv --bind $CINECA_SCRATCH,$TMPDIR c.sif"
         " torchrun --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
     ),
     "lumi": (
-        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none singularity exec --rocm --bind /var/spool/slurmd,/opt/cray,/usr/lib64/libcxi.so.1,/usr/lib64/libjansson.so.4 c.sif"
+        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none singularity exec --rocm --bind /var/spool/slurmd,/opt/cray,/usr/lib64/libcxi.so.1,/usr/lib64/libjansson.so.4,$HPCLLM_SCRATCH c.sif"
         " torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
     ),
     "meluxina": (
-        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv c.sif"
+        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv --bind $HPCLLM_SCRATCH c.sif"
         " torchrun --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
     ),
     "mn5": (
-        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none singularity exec --nv c.sif"
+        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none singularity exec --nv --bind $HPCLLM_SCRATCH,$TMPDIR c.sif"
         " torchrun --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
     ),
     "vega": (
-        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv c.sif"
+        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv --bind $HPCLLM_SCRATCH c.sif"
         " torchrun --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
     ),
 }
@@ -191,7 +191,13 @@ def test_job_script_resolves_the_rendezvous_host_and_exports_the_environment(tmp
     assert argv[argv.index("--rdzv_endpoint") + 1] == "jwb0042i:29512"
     assert argv[argv.index("--rdzv_id") + 1] == "4711"
     assert argv[-4:] == ["python", "pretrain_gpt.py", "--data-path", "; rm -rf ~"]
-    assert argv[argv.index("exec") + 1 : argv.index("exec") + 3] == ["--nv", "img.sif"]
+    # the scratch bind of config/clusters/juwels.yaml, expanded in the job
+    assert argv[argv.index("exec") + 1 : argv.index("exec") + 5] == [
+        "--nv",
+        "--bind",
+        "/p/scratch/proj",
+        "img.sif",
+    ]
     assert got["env"]["HF_HOME"] == "/p/scratch/proj/hpcllm-cache/huggingface"
     assert got["env"]["SRUN_CPUS_PER_TASK"] == "48"
     assert got["env"]["NCCL_SOCKET_IFNAME"] == "ib0"

@@ -41,5 +41,7 @@ rule build_container:
         runtime=CLUSTER.container_runtime,
         fakeroot=CLUSTER.container_build.fakeroot,
         build_args=CONTAINERS["build_args"],
+        cpu_arch=CLUSTER.cpu_arch if CLUSTER.uses_slurm else None,
+        scratch=CLUSTER.scratch,
     script:
         "../scripts/build_container.py"

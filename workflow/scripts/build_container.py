@@ -12,4 +12,6 @@ build_image(
     snakemake.output.digest,
     fakeroot=snakemake.params.fakeroot,
     extra_args=snakemake.params.build_args,
+    cpu_arch=snakemake.params.cpu_arch,
+    scratch=snakemake.params.scratch,
 )
