@@ -43,6 +43,8 @@ def _describe(name: str, schema: dict[str, Any], defs: dict[str, Any], depth: in
     kind = schema.get("type") or (
         "one of " + ", ".join(map(str, schema["enum"])) if "enum" in schema else ""
     )
+    if isinstance(kind, list):
+        kind = " or ".join(kind)
     desc = " ".join(str(schema.get("description", "")).split())
     default = (
         f" Default: `{schema['default']!r}`."

@@ -9,6 +9,9 @@ DATA = Path(__file__).parent / "data"
 
 
 def test_current_format_with_torchrun_prefixes_energy_and_glued_ranks():
+    # megatron_current.log has the line format of the pinned core_v0.19.0
+    # (megatron/training/training.py, training_log): its timestamp is strftime
+    # '%Y-%m-%d %H:%M:%S.%f', with microseconds; the 2023 format without them is the next test.
     log = parse_megatron_log(DATA / "megatron_current.log")
     assert [i.iteration for i in log.iterations] == list(range(1, 11))  # 5 once, 0 skipped
     first, fifth = log.iterations[0], log.iterations[4]

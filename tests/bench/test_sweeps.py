@@ -138,3 +138,50 @@ def test_full_juwels_sweeps_expand():
         schema=SCHEMA,
     )
     assert len({p.id for p in points}) == len(points) > 40
+
+
+def test_unknown_key_in_an_inline_experiment_is_named():
+    from hpcllm.configuration import ConfigError, check_section
+
+    config = yaml.safe_load((REPO / "config/config.yaml").read_text())["benchmarks"]
+    config["experiments"]["language_tiny"]["micro_batchh"] = 2
+    with pytest.raises(ConfigError, match=r"language_tiny: .*'micro_batchh' was unexpected"):
+        check_section("benchmarks", config, REPO / "workflow/schemas/benchmarks.schema.yaml")
+
+
+def _bpe_tokenizer(path, words):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"])
+    tok.train_from_iterator([" ".join(words)] * 50, trainer)
+    tok.save(str(path))
+    return tok
+
+
+def test_benchmark_tokenizer_is_the_file_named_not_files_beside_it(tmp_path):
+    import json
+
+    from hpcllm.bench.language import engine_command
+
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    tok = _bpe_tokenizer(folder / "tokenizer.json", ["alpha", "beta", "gamma", "delta"])
+    # a stale GPT-2 pair of another tokenizer beside it, which used to be taken instead
+    other = _bpe_tokenizer(tmp_path / "other.json", ["zulu", "yankee", "xray"])
+    other.model.save(str(folder))
+    point = {
+        **expand_experiment("lang", language(), A100_80GB)[0].row(),
+        "data": str(tmp_path / "data_text_document"),
+        "tokenizer": str(folder / "tokenizer.json"),
+    }
+    argv = engine_command(point, tmp_path / "run", "python")
+    vocab = argv[argv.index("--vocab-file") + 1]
+    merges = argv[argv.index("--merge-file") + 1]
+    assert vocab.startswith(str(tmp_path / "run")) and merges.startswith(str(tmp_path / "run"))
+    assert json.loads(open(vocab).read()) == tok.get_vocab()
+    assert json.loads(open(vocab).read()) != other.get_vocab()
+    assert (
+        "--mock-data" not in argv and argv[argv.index("--tokenizer-type") + 1] == "GPT2BPETokenizer"
+    )

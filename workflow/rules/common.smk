@@ -136,11 +136,12 @@ def text_targets():
 
 
 def all_targets(wildcards):
-    """The default target. On a Slurm cluster: what a user runs there (text data, real
+    """The default target. On a GPU cluster: what a user runs there (text data, real
     image datasets, training on the megatron engine, benchmark points the config asks
     for); the built-in laptop examples (the torch-engine tiny_local, the generated image
-    samples) run there only when named (`training.run`, or as a target)."""
-    if not CLUSTER.uses_slurm:
+    samples) run there only when named (`training.run`, or as a target). Elsewhere (a
+    laptop, a CPU-only cluster such as the test cluster) everything configured."""
+    if not (CLUSTER.uses_slurm and CLUSTER.gpus_per_node):
         return (
             text_targets() + vision_targets() + training_targets() + benchmark_targets()
         )

@@ -1,0 +1,74 @@
+"""A language benchmark point on real tokenized text, not mock data: the shipped sample
+corpus, tokenized by a real BPE into the Megatron format, trained on by the point's engine."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+
+import numpy as np
+import yaml
+import zstandard
+from support import REPO
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from hpcllm.bench.language import run_language_point
+from hpcllm.bench.logparse import parse_megatron_log
+from hpcllm.bench.sweeps import ClusterFacts, expand_experiment
+from hpcllm.clusters import load_cluster
+from hpcllm.text.indexed_dataset import IndexedDatasetWriter
+
+VOCAB = 1000
+
+
+def sample_texts(n: int) -> list[str]:
+    texts = []
+    with open(REPO / "resources/sample_text/en.jsonl.zst", "rb") as f:
+        reader = io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(f), encoding="utf-8")
+        for line in reader:
+            texts.append(json.loads(line)["text"])
+            if len(texts) == n:
+                break
+    return texts
+
+
+def test_language_point_trains_on_real_tokenized_data(tmp_path):
+    texts = sample_texts(300)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(
+        texts, trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<|endoftext|>"])
+    )
+    (tmp_path / "tok").mkdir()
+    tok.save(str(tmp_path / "tok" / "tokenizer.json"))
+    eod = tok.token_to_id("<|endoftext|>")
+    prefix = tmp_path / "sample_en_text_document"
+    with IndexedDatasetWriter(prefix, np.uint16) as w:
+        for text in texts:
+            w.add_document(tok.encode(text).ids + [eod])
+
+    spec = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    spec = spec["benchmarks"]["experiments"]["language_tiny"]
+    spec.update(data=str(prefix), tokenizer=str(tmp_path / "tok" / "tokenizer.json"))
+    point = next(
+        p.row()
+        for p in expand_experiment("language_tiny", spec, ClusterFacts("local", 0))
+        if p.nodes == 1 and p.scaling == "strong"
+    )
+    run = tmp_path / "run"
+    run.mkdir()
+    local = load_cluster("local", root=REPO / "config" / "clusters")
+    record = run_language_point(point, str(run / "run.log"), str(run / "run.json"), local)
+    assert record["status"] == "ok", (run / "run.log").read_text()[-3000:]
+    argv = record["command"]
+    assert argv[argv.index("--data-path") + 1] == str(prefix) and "--mock-data" not in argv
+    log = parse_megatron_log(run / "run.log")
+    assert [i.iteration for i in log.iterations] == list(range(1, point["iterations"] + 1))
+    # the model's output layer is this tokenizer's (loss starts near ln 1000, not at the
+    # ln 50257 of mock data's GPT-2 vocabulary) and it learns from the text
+    first, last = log.iterations[0].lm_loss, log.iterations[-1].lm_loss
+    assert abs(first - math.log(VOCAB)) < 0.7 and first < math.log(50257) - 2
+    assert last < first
+    assert any((run / "index-cache").rglob("*")), "Megatron's dataset index was not built"
