@@ -73,13 +73,19 @@ def describe(costs: list[RuleCost], cluster: str) -> list[str]:
     return lines
 
 
-def over_limit(costs: list[RuleCost], max_gpu_hours: float) -> str | None:
-    """A message naming the key to raise when the plan asks for more than the limit."""
+def over_limit(costs: list[RuleCost], max_gpu_hours: float, cluster: str) -> str | None:
+    """A message naming the key to raise when the plan asks for more than the limit.
+
+    A ``--config`` on the command line replaces the profile's ``config:`` (which names
+    the cluster), so the way out it gives names the cluster again.
+    """
     gpu_h = sum(c.gpu_hours for c in costs)
     if gpu_h <= max_gpu_hours:
         return None
     return (
         f"this plan asks for {gpu_h:,.1f} GPU-hours, more than {MAX_GPU_HOURS_KEY} = "
         f"{max_gpu_hours:,g}. Check the cost lines above (a dry run, -n, prints them); to "
-        f"run it, raise the limit: --config {MAX_GPU_HOURS_KEY}={int(gpu_h) + 1}"
+        f"run it, raise the limit: --config cluster={cluster} "
+        f"{MAX_GPU_HOURS_KEY}={int(gpu_h) + 1} (or {MAX_GPU_HOURS_KEY}: "
+        f"{int(gpu_h) + 1} in a --configfile)"
     )

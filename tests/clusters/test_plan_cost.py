@@ -18,10 +18,11 @@ def test_cost_per_rule_from_nodes_and_time_limits():
 
 def test_over_the_limit_names_the_key_and_the_value_that_would_do():
     costs = cost_per_rule([Job("train_segment", 4, 1440)] * 10, gpus_per_node=4)
-    message = over_limit(costs, 500)
+    message = over_limit(costs, 500, "juwels")
     assert "3,840.0 GPU-hours, more than max_gpu_hours = 500" in message
-    assert "--config max_gpu_hours=3841" in message
-    assert over_limit(costs, 3840) is None
+    # a --config replaces the profile's (cluster: juwels), so the way out names it again
+    assert "--config cluster=juwels max_gpu_hours=3841" in message
+    assert over_limit(costs, 3840, "juwels") is None
 
 
 @pytest.mark.parametrize(

@@ -140,7 +140,8 @@ def test_dry_run_per_profile(name, dry_runs):
         / 60
     )
     assert f"train_segment: {exp['segments']} job(s), {hours:,.1f} node-hours" in out
-    assert "more than max_gpu_hours = 500" in out and "--config max_gpu_hours=" in out
+    assert "more than max_gpu_hours = 500" in out
+    assert f"--config cluster={name} max_gpu_hours=" in out
 
 
 @pytest.mark.workflow
@@ -155,6 +156,23 @@ def test_dag_per_profile(name, tmp_path, no_slurm, imagenet_root):
         ["dot", "-Tsvg"], input=dag.stdout, capture_output=True, text=True, check=True
     ).stdout
     assert "<svg" in svg and "tokenize" in svg
+
+
+@pytest.mark.workflow
+def test_a_real_run_over_max_gpu_hours_submits_nothing(tmp_path, no_slurm):
+    workdir = make_workdir(tmp_path / "work")
+    env = {**no_slurm, **USER_ENV}
+    args = ["--profile", "profiles/juwels", "--configfile", *OPT_IN]
+    out = _fails(workdir, *args, env=env)
+    assert "Nothing was submitted: this plan asks for 3,840.0 GPU-hours" in out
+    assert "--config cluster=juwels max_gpu_hours=3841" in out
+    assert "not installed" not in out  # no Slurm command was even tried
+    # the way out it names, as a dry run: the same plan, no warning
+    out = run_snakemake(
+        workdir, "-n", *args, "--config", "cluster=juwels", "max_gpu_hours=3841", env=env
+    )
+    text = out.stdout + out.stderr
+    assert "total: 960.0 node-hours, 3,840.0 GPU-hours" in text and "more than" not in text
 
 
 @pytest.mark.workflow

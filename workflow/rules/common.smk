@@ -186,7 +186,7 @@ def check_plan_cost(training):
     costs = cost_per_rule(jobs, CLUSTER.gpus_per_node)
     for line in describe_cost(costs, CLUSTER.name):
         logger.info(line)
-    problem = over_limit(costs, config[MAX_GPU_HOURS_KEY])
+    problem = over_limit(costs, config[MAX_GPU_HOURS_KEY], CLUSTER.name)
     if problem and workflow.dryrun:
         logger.warning(f"Warning: {problem}")
     elif problem:
