@@ -88,3 +88,47 @@ def test_vision_metrics_measured_epoch_and_trimmed_batches():
     assert m["images_per_s_per_gpu"] == 100 / 10.0 / 2
     assert m["epoch_time_s"] == 12.0
     assert metrics.vision_run_metrics([], [], measured_epoch=4, gpus=1) == {"epochs_logged": 0}
+
+
+def test_epicure_timings_from_a_synthetic_clock():
+    # epoch starts at 100; batches start at 100.5, 101, 103, 104, 107 (the first waits
+    # 0.5 s for its data); training ends at 108, validation at 110.5
+    t = metrics.epoch_timings(100.0, [100.5, 101.0, 103.0, 104.0, 107.0], 108.0, 110.5)
+    assert t["t_ep"] == 10.5  # validation included
+    assert t["t_tr"] == 8.0
+    # each batch from its start to the next one's: loading of the next batch included
+    assert t["batch_times"] == [0.5, 2.0, 1.0, 3.0, 1.0]
+    assert sum(t["batch_times"]) == 108.0 - 100.5
+    # the CDF and the median leave out the first and the last batch
+    assert metrics.batch_times_trimmed(t["batch_times"]) == [2.0, 1.0, 3.0]
+    assert metrics.median(metrics.batch_times_trimmed(t["batch_times"])) == 2.0
+    with pytest.raises(ValueError, match="end of training"):
+        metrics.epoch_timings(100.0, [101.0], 112.0, 110.0)
+
+
+def test_vision_run_metrics_from_epicure_records():
+    batches = [{"epoch": 2, "time_s": t} for t in (5.0, 1.0, 2.0, 3.0, 0.1)]
+    epochs = [
+        {"epoch": 1, "images": 100, "epoch_time_s": 20.0, "train_time_s": 15.0},
+        {
+            "epoch": 2,
+            "images": 100,
+            "epoch_time_s": 12.0,
+            "train_time_s": 10.0,
+            "val_time_s": 2.0,
+            "val_top1": 0.25,
+            "val_top5": 0.75,
+            "val_images": 40,
+            "energy_j": 800.0,
+            "energy_j_per_gpu": 400.0,
+            "energy_j_per_image": 8.0,
+        },
+    ]
+    m = metrics.vision_run_metrics(batches, epochs, measured_epoch=2, gpus=2)
+    assert (m["epoch_time_s"], m["train_time_s"], m["val_time_s"]) == (12.0, 10.0, 2.0)
+    assert m["median_batch_time_s"] == 2.0  # 5.0 and 0.1 removed
+    assert (m["val_top1"], m["val_top5"], m["val_images"]) == (0.25, 0.75, 40)
+    assert (m["energy_j"], m["energy_j_per_gpu"], m["energy_j_per_image"]) == (800, 400, 8)
+    # no counters, no val split: the fields exist and are empty
+    m1 = metrics.vision_run_metrics(batches, epochs, measured_epoch=1, gpus=2)
+    assert all(math.isnan(m1[k]) for k in ("energy_j", "energy_j_per_gpu", "val_top1"))

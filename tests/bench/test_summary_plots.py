@@ -4,6 +4,7 @@ import shutil
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from hpcllm.bench.plots import PLOTS, plot_all
 from hpcllm.bench.summary import summarize, write_summary
@@ -30,12 +31,21 @@ def point(nodes, scaling="strong", **over):
     return p
 
 
-def put_run(results, p, log_text, status=None):
+def put_run(results, p, log_text, record=None):
+    """A run's folder as the runner leaves it: its log (unless None) and its record."""
     d = results / p["benchmark"] / p["id"]
     d.mkdir(parents=True)
-    (d / "run.log").write_text(log_text)
-    if status:
-        (d / "run.json").write_text(json.dumps({"id": p["id"], "status": status, "returncode": 1}))
+    if log_text is not None:
+        (d / "run.log").write_text(log_text)
+    if record is not None:
+        (d / "run.json").write_text(json.dumps({"id": p["id"], **record}))
+
+
+def put_slurm_log(root, p, job_id, text):
+    """The Slurm plugin's job log: <root>/rule_<rule>/<wildcards>/<job id>.log."""
+    d = root / f"rule_bench_{p['benchmark']}" / p["id"]
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"{job_id}.log").write_text(text)
 
 
 def scaled_log(factor):
@@ -58,7 +68,8 @@ def test_summary_marks_every_bad_case_and_plots_still_render(tmp_path):
     # halved, efficiency 0.5 (no speed-up from the second node)
     put_run(results, points[1], scaled_log(1.0))
     put_run(results, points[2], (DATA / "megatron_truncated.log").read_text())
-    put_run(results, points[3], (DATA / "megatron_oom.log").read_text(), status="out_of_memory")
+    # a failed run whose record holds only its exit code: the status comes from the log
+    put_run(results, points[3], (DATA / "megatron_oom.log").read_text(), {"returncode": 1})
     # points[4] is missing; points[5] (weak) is a sweep with a single point, no iterations
     put_run(results, points[5], (DATA / "no_iterations.log").read_text())
     df = summarize(points, results).set_index("id")
@@ -79,9 +90,46 @@ def test_summary_marks_every_bad_case_and_plots_still_render(tmp_path):
     back = pd.read_csv(tmp_path / "summary.csv")
     assert len(back) == 6 and set(back["status"]) >= {"ok", "missing", "truncated"}
     paths = {name: tmp_path / f"{name}.png" for name in PLOTS}
-    plot_all(df.reset_index(), paths)
+    shown = plot_all(df.reset_index(), paths)
     for path in paths.values():
-        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # only the two good runs are drawn: efficiency 1 and 0.5 at 1 and 2 nodes
+    (line,) = shown["efficiency"]["language: throughput per GPU / at fewest nodes"].values()
+    assert line[0] == [1.0, 2.0] and line[1] == pytest.approx([1.0, 0.5], abs=1e-3)
+    # the CDF of the two good runs: their iteration times without warm-up, first and last
+    cdf = shown["batch_time_cdf"]["language: CDF, first and last batch removed"]
+    assert len(cdf) == 2
+    for xs, ys in cdf.values():
+        assert xs == sorted(xs) and ys[-1] == 1.0
+    loss_lines = shown["loss"]["language: loss vs tokens"]
+    assert len(loss_lines) == 3  # ok, ok and the truncated run
+
+
+def test_summarize_reads_the_slurm_job_logs(tmp_path):
+    results, slurm = tmp_path / "results", tmp_path / "slurm_logs"
+    died, killed, lost, absent, refined = (point(n) for n in (1, 2, 4, 8, 16))
+    # the node died before the run wrote its log: only Slurm's job log says why
+    put_run(results, died, None)
+    put_slurm_log(slurm, died, 101, (DATA / "slurm_node_failure.log").read_text())
+    # Slurm stopped the job at its time limit; the runner's record never got written
+    put_slurm_log(slurm, killed, 102, (DATA / "slurm_time_limit.log").read_text())
+    # a record but no log: the runner's own status stands
+    put_run(results, lost, None, {"status": "cancelled", "returncode": -15})
+    # nothing at all
+    # the runner saw only a failed srun ("error"); Slurm's log names the node failure
+    put_run(results, refined, scaled_log(1.0)[:300], {"status": "error", "returncode": 1})
+    put_slurm_log(slurm, refined, 105, "srun: error: Node failure on jwb0217\n")
+    df = summarize([died, killed, lost, absent, refined], results, slurm).set_index("id")
+    assert df["status"].to_dict() == {
+        died["id"]: "node_failure",
+        killed["id"]: "time_limit",
+        lost["id"]: "cancelled",
+        absent["id"]: "missing",
+        refined["id"]: "node_failure",
+    }
+    # without the Slurm logs the same runs are only missing or an error
+    alone = summarize([died, killed, refined], results).set_index("id")["status"]
+    assert list(alone) == ["missing", "missing", "error"]
 
 
 def test_plots_render_with_no_runs_at_all(tmp_path):

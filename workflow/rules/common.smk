@@ -320,6 +320,8 @@ def bench_container(benchmark):
 def bench_vision_inputs(wildcards):
     point = BENCH_POINTS[wildcards.point]
     inputs = {"lmdb": f"data/vision/{point['dataset']}/{point['split']}.lmdb"}
+    if point.get("val_split"):
+        inputs["val"] = f"data/vision/{point['dataset']}/{point['val_split']}.lmdb"
     if bench_container("vision"):
         inputs["container"] = bench_container("vision")
     return inputs

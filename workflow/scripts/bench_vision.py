@@ -13,4 +13,5 @@ run_vision_point(
     load_cluster(point["cluster"]),
     container=snakemake.params.container,
     time_limit_s=snakemake.params.time_limit_s,
+    val_lmdb=snakemake.input.get("val"),
 )

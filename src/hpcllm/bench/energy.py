@@ -1,4 +1,5 @@
-"""GPU energy counters, where the machine has them; None elsewhere (CPU, no library).
+"""GPU energy counters, where the machine has them; None elsewhere (CPU, no library),
+and their sum over the ranks of a job.
 
 NVIDIA: NVML's total-energy counter (millijoules since the driver loaded), through
 ``pynvml`` (package nvidia-ml-py, in NGC containers). AMD: ``amdsmi``'s energy counter
@@ -11,7 +12,29 @@ from __future__ import annotations
 
 import logging
 
+import torch
+import torch.distributed as dist
+
 log = logging.getLogger(__name__)
+
+
+def job_energy(local_joules: float | None) -> float | None:
+    """Joules of every GPU of the job: each rank reads its own GPU, the sum is taken over
+    all ranks (all nodes). None unless every rank had a counter: a partial sum would
+    understate the job's energy."""
+    if not dist.is_initialized():
+        return local_joules
+    device = (
+        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    )
+    values = torch.tensor(
+        [local_joules or 0.0, 0.0 if local_joules is None else 1.0],
+        dtype=torch.float64,
+        device=device,
+    )
+    dist.all_reduce(values)
+    total, counted = values.tolist()
+    return total if counted == dist.get_world_size() else None
 
 
 class EnergyCounter:

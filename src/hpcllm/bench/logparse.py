@@ -153,10 +153,12 @@ def parse_megatron_log(path: str | Path) -> MegatronLog:
 
 @dataclass
 class VisionLog:
-    """The vision benchmark's records: ``start`` (settings), ``batch``, ``epoch``, ``end``."""
+    """The vision benchmark's records: ``start`` (settings), ``stage_in``, ``batch``,
+    ``epoch``, ``end``."""
 
     path: str
     start: dict | None = None
+    stage_in: dict | None = None
     batches: list[dict] = field(default_factory=list)
     epochs: list[dict] = field(default_factory=list)
     end: dict | None = None
@@ -180,6 +182,8 @@ def parse_vision_log(path: str | Path) -> VisionLog:
             event = record.get("event")
             if event == "start":
                 result.start = record
+            elif event == "stage_in":
+                result.stage_in = record
             elif event == "batch":
                 result.batches.append(record)
             elif event == "epoch":

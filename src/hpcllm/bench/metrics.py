@@ -10,6 +10,10 @@ Every efficiency here is defined so that 1 is perfect scaling and lower is worse
   weak scaling (fixed work per GPU): e(n) = t(n_min) / t(n).
 - from the median time of one batch (fixed per-GPU batch in both modes):
   e(n) = t(n_min) / t(n).
+
+Vision timings are EPICURE's: ``t_ep`` the full epoch including validation, ``t_tr`` its
+training part, and the batch time from one batch's start (the training loop asks the
+data loader for it) to the next batch's start, so data loading counts (:func:`epoch_timings`).
 """
 
 from __future__ import annotations
@@ -88,6 +92,29 @@ def language_run_metrics(
     }
 
 
+def batch_times_from_starts(starts: Sequence[float], train_end: float) -> list[float]:
+    """Per-batch times: each batch from its start to the next one's; the last one to the
+    end of training. Loading a batch is part of its time, so the times add up to the
+    training part of the epoch from the first batch's start."""
+    ends = [*starts[1:], train_end]
+    return [end - start for start, end in zip(starts, ends)]
+
+
+def epoch_timings(
+    epoch_start: float, batch_starts: Sequence[float], train_end: float, epoch_end: float
+) -> dict:
+    """EPICURE's timings of one epoch from clock readings (seconds, one clock):
+    ``t_ep`` (epoch start to the end of validation), ``t_tr`` (epoch start to the end of
+    the last training step) and the per-batch times (:func:`batch_times_from_starts`)."""
+    if not epoch_start <= train_end <= epoch_end:
+        raise ValueError("expected epoch start <= end of training <= end of the epoch")
+    return {
+        "t_ep": epoch_end - epoch_start,
+        "t_tr": train_end - epoch_start,
+        "batch_times": batch_times_from_starts(batch_starts, train_end),
+    }
+
+
 def batch_times_trimmed(times: Sequence[float]) -> list[float]:
     """Batch times without the first and the last batch (start-up and a partial batch)."""
     return list(times[1:-1]) if len(times) > 2 else []
@@ -96,31 +123,34 @@ def batch_times_trimmed(times: Sequence[float]) -> list[float]:
 def vision_run_metrics(
     batches: list[dict], epochs: list[dict], *, measured_epoch: int, gpus: int
 ) -> dict[str, float]:
-    """Per-run figures of a vision run; ``measured_epoch`` counts from 1 (the seed used 4 of 5).
+    """Per-run figures of a vision run; ``measured_epoch`` counts from 1 (EPICURE: 4 of 5).
 
-    The epoch records carry the global image count of that epoch and its full and
-    training-only times; batch records carry this rank's synchronised batch wall time.
+    The epoch records carry the global image count of that epoch, t_ep (``epoch_time_s``),
+    t_tr (``train_time_s``), the validation results and the job's energy; the batch records
+    carry rank 0's batch times (start to next start). Fields a run did not log (energy
+    without counters, validation without a val split) are NaN, i.e. empty in the CSV.
     """
     epoch = next((e for e in epochs if e.get("epoch") == measured_epoch), None)
     if epoch is None and epochs:
-        epoch = epochs[-1]  # fewer epochs than asked: the last one, flagged below
-    times = batch_times_trimmed(
-        [b["time_s"] for b in batches if b.get("epoch") == (epoch or {}).get("epoch")]
-    )
+        epoch = epochs[-1]  # fewer epochs than asked: the last one
     if epoch is None:
         return {"epochs_logged": 0}
+    times = batch_times_trimmed([b["time_s"] for b in batches if b.get("epoch") == epoch["epoch"]])
     images = epoch["images"]
     return {
         "epochs_logged": len(epochs),
         "measured_epoch": epoch["epoch"],
         "epoch_time_s": epoch["epoch_time_s"],
         "train_time_s": epoch["train_time_s"],
+        "val_time_s": epoch.get("val_time_s", math.nan),
         "median_batch_time_s": median(times),
         "images_per_s": images / epoch["train_time_s"],
         "images_per_s_per_gpu": images / epoch["train_time_s"] / gpus,
+        "val_top1": epoch.get("val_top1", math.nan),
+        "val_top5": epoch.get("val_top5", math.nan),
+        "val_images": epoch.get("val_images", math.nan),
+        "energy_j": epoch.get("energy_j", math.nan),
         "energy_j_per_gpu": epoch.get("energy_j_per_gpu", math.nan),
-        "energy_j_per_image": (
-            epoch["energy_j_per_gpu"] * gpus / images if "energy_j_per_gpu" in epoch else math.nan
-        ),
+        "energy_j_per_image": epoch.get("energy_j_per_image", math.nan),
         "final_loss": epoch.get("loss", math.nan),
     }

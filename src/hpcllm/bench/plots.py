@@ -1,7 +1,8 @@
 """Benchmark plots with matplotlib (Agg: no display on compute and login nodes).
 
 Every plot renders, also with no successful run (it then says so in the axes), so the
-report of a sweep with failures or a single point still builds.
+report of a sweep with failures or a single point still builds. Each plot function
+returns what it drew (:func:`drawn`), so tests check the plots' content.
 """
 
 from __future__ import annotations
@@ -36,10 +37,30 @@ def _empty(ax, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="grey")
 
 
-def _save(fig, path: str | Path) -> None:
+Series = dict[str, dict[str, tuple[list[float], list[float]]]]
+
+
+def drawn(fig) -> Series:
+    """Per panel (its title), per line (its label): the x and y values drawn."""
+    return {
+        ax.get_title(): {
+            line.get_label(): (
+                [float(v) for v in line.get_xdata()],
+                [float(v) for v in line.get_ydata()],
+            )
+            for line in ax.get_lines()
+            if not line.get_label().startswith("_")  # reference lines have no label
+        }
+        for ax in fig.axes
+    }
+
+
+def _save(fig, path: str | Path) -> Series:
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    series = drawn(fig)
     plt.close(fig)
+    return series
 
 
 def _nodes_axis(ax) -> None:
@@ -48,12 +69,12 @@ def _nodes_axis(ax) -> None:
     ax.grid(True, which="both", alpha=0.3)
 
 
-def plot_efficiency(df: pd.DataFrame, path: str | Path) -> None:
+def plot_efficiency(df: pd.DataFrame, path: str | Path) -> Series:
     panels = [
         ("language", "efficiency", "language: throughput per GPU / at fewest nodes"),
-        ("vision", "efficiency_epoch_time", "vision: from full-epoch time"),
-        ("vision", "efficiency_train_time", "vision: from training time"),
-        ("vision", "efficiency_batch_time", "vision: from median batch time"),
+        ("vision", "efficiency_epoch_time", "vision: from t_ep (full epoch, validation included)"),
+        ("vision", "efficiency_train_time", "vision: from t_tr (training part of the epoch)"),
+        ("vision", "efficiency_batch_time", "vision: from median batch time (start to next start)"),
     ]
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for ax, (bench, col, title) in zip(axes[0], panels):
@@ -65,7 +86,7 @@ def plot_efficiency(df: pd.DataFrame, path: str | Path) -> None:
         _nodes_axis(ax)
         ax.set_ylabel("scaling efficiency (1 = perfect)")
         ax.set_title(title, fontsize=9)
-    _save(fig, path)
+    return _save(fig, path)
 
 
 def _plot_vs_nodes(ax, df: pd.DataFrame, bench: str, col: str) -> bool:
@@ -78,7 +99,7 @@ def _plot_vs_nodes(ax, df: pd.DataFrame, bench: str, col: str) -> bool:
     return drawn
 
 
-def plot_throughput(df: pd.DataFrame, path: str | Path) -> None:
+def plot_throughput(df: pd.DataFrame, path: str | Path) -> Series:
     panels = [
         ("language", "tokens_per_s_per_gpu", "tokens/s per GPU"),
         ("vision", "images_per_s_per_gpu", "images/s per GPU"),
@@ -92,7 +113,7 @@ def plot_throughput(df: pd.DataFrame, path: str | Path) -> None:
         _nodes_axis(ax)
         ax.set_ylabel(ylabel)
         ax.set_title(f"{bench}: per-GPU throughput", fontsize=9)
-    _save(fig, path)
+    return _save(fig, path)
 
 
 def _batch_times(run) -> list[float]:
@@ -104,7 +125,7 @@ def _batch_times(run) -> list[float]:
     return batch_times_trimmed([i.elapsed_s for i in its])
 
 
-def plot_batch_time_cdf(df: pd.DataFrame, path: str | Path) -> None:
+def plot_batch_time_cdf(df: pd.DataFrame, path: str | Path) -> Series:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), squeeze=False)
     for ax, bench in zip(axes[0], BENCHMARKS):
         drawn = False
@@ -124,14 +145,18 @@ def plot_batch_time_cdf(df: pd.DataFrame, path: str | Path) -> None:
             ax.legend(fontsize=6)
         else:
             _empty(ax, f"no {bench} batch times")
-        ax.set_xlabel("batch time (s)" if bench == "vision" else "iteration time (s)")
+        ax.set_xlabel(
+            "batch time (s), start to next start, loading included"
+            if bench == "vision"
+            else "iteration time (s)"
+        )
         ax.set_ylabel("fraction of batches")
         ax.set_title(f"{bench}: CDF, first and last batch removed", fontsize=9)
         ax.grid(True, alpha=0.3)
-    _save(fig, path)
+    return _save(fig, path)
 
 
-def plot_loss(df: pd.DataFrame, path: str | Path) -> None:
+def plot_loss(df: pd.DataFrame, path: str | Path) -> Series:
     fig, ax = plt.subplots(figsize=(6, 4))
     drawn = False
     runs = df[(df["benchmark"] == "language") & df["status"].isin(["ok", "truncated"])]
@@ -158,7 +183,7 @@ def plot_loss(df: pd.DataFrame, path: str | Path) -> None:
     ax.set_ylabel("lm loss")
     ax.set_title("language: loss vs tokens", fontsize=9)
     ax.grid(True, alpha=0.3)
-    _save(fig, path)
+    return _save(fig, path)
 
 
 PLOTS = {
@@ -169,7 +194,6 @@ PLOTS = {
 }
 
 
-def plot_all(df: pd.DataFrame, paths: dict[str, str | Path]) -> None:
+def plot_all(df: pd.DataFrame, paths: dict[str, str | Path]) -> dict[str, Series]:
     """Write every plot; ``paths`` maps the keys of :data:`PLOTS` to PNG paths."""
-    for name, fn in PLOTS.items():
-        fn(df, paths[name])
+    return {name: fn(df, paths[name]) for name, fn in PLOTS.items()}

@@ -108,6 +108,7 @@ def run_vision_point(
     cluster,
     container: str | None = None,
     time_limit_s: float | None = None,
+    val_lmdb: str | None = None,
 ) -> dict:
     """Write the point's settings, run :mod:`hpcllm.bench.vision_train` on its nodes."""
     settings = {**point, "model": point["model"], "precision": point["precision"]}
@@ -122,6 +123,8 @@ def run_vision_point(
         "--data",
         str(Path(lmdb).resolve()),
     ]
+    if val_lmdb:
+        command += ["--val-data", str(Path(val_lmdb).resolve())]
     if point.get("stage_in"):
         command += ["--local-storage", cluster.local_storage]
     launch = launch_for(point, cluster, command, container)

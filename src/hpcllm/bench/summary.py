@@ -43,7 +43,13 @@ def run_row(point: dict, directory: str | Path, slurm_logs: list[Path] = ()) -> 
         if row["status"] == "missing":
             row["status"] = classify_log(list(slurm_logs), record.get("slurm_state")) or "missing"
         return row
-    status = record.get("status") or classify_log([log_path, *slurm_logs]) or "ok"
+    status = record.get("status")
+    if status in (None, "error"):
+        # No record, or a failure the runner could not name from its own log: the Slurm
+        # job log may say more (a node failure, the job's time limit).
+        status = classify_log([log_path, *slurm_logs], record.get("slurm_state")) or status
+    if status is None:
+        status = "error" if record.get("returncode") not in (None, 0) else "ok"
     try:
         if point["benchmark"] == "language":
             parsed = parse_megatron_log(log_path)
@@ -67,7 +73,15 @@ def run_row(point: dict, directory: str | Path, slurm_logs: list[Path] = ()) -> 
                     gpus=point["gpus"],
                 )
             )
-            flops = (parsed.start or {}).get("train_flops_per_image")
+            start = parsed.start or {}
+            row["model_impl"] = start.get("model_impl")
+            stage = parsed.stage_in or {}
+            per_node = stage.get("seconds_per_node") or {}
+            row["stage_in_method"] = stage.get("method")
+            # the job waits for its slowest node
+            row["stage_in_s"] = max(per_node.values()) if per_node else math.nan
+            row["stage_in_nodes"] = len(per_node)
+            flops = start.get("train_flops_per_image")
             if flops and "images_per_s_per_gpu" in row:
                 row["tflops_per_gpu"] = row["images_per_s_per_gpu"] * flops / 1e12
                 row["mfu"] = metrics.mfu(row["tflops_per_gpu"], point.get("peak_tflops"))

@@ -332,6 +332,13 @@ def _expand_vision(name: str, exp: dict, cluster: ClusterFacts) -> list[Point]:
                     "learning_rate": exp.get("learning_rate", 0.1),
                     "max_batches_per_epoch": exp.get("max_batches_per_epoch"),
                     "stage_in": bool(exp.get("stage_in", True)),
+                    "stage_in_method": exp.get("stage_in_method", "copy"),
+                    "val_split": exp.get("val_split", "val"),
+                    "model_impl": exp.get("model_impl", "auto"),
+                    "warmup_epochs": exp.get("warmup_epochs", 5),
+                    "label_smoothing": exp.get("label_smoothing", 0.0),
+                    "weight_decay": exp.get("weight_decay", 1e-4),
+                    "momentum": exp.get("momentum", 0.9),
                     "warmup_iterations": 0,
                 }
                 points.append(

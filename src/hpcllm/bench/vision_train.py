@@ -1,98 +1,45 @@
-"""The vision benchmark: ResNet trained with DDP from the LMDB reader, timed per batch.
+"""The vision benchmark as EPICURE runs it: ResNet-50 of the PyTorch ImageNet example with
+the large-batch recipe, trained with DDP from the LMDB reader, validated every epoch.
 
 Run by ``bench_vision`` through the cluster's launcher (one process per GPU, or per CPU
 "node" on a laptop): ``python -m hpcllm.bench.vision_train --settings point.json --data
-train.lmdb``. Rank 0 prints JSON lines to stdout:
+train.lmdb --val-data val.lmdb``. Rank 0 prints JSON lines to stdout:
 
-- ``start``: the settings, world size, device, FLOPs of one training image;
-- ``batch``: per batch, its wall time from data ready to the optimizer step done, with
-  device synchronisation, and images/s over all ranks;
-- ``epoch``: per epoch, the full time (data loading included) and the training-only time
-  (the sum of batch times), images, mean loss, and GPU energy where there are counters;
+- ``start``: the settings, world size, device, ``model_impl`` (torchvision or the
+  transformers fallback), learning rate, FLOPs of one training image;
+- ``stage_in``: method and seconds per node of copying the LMDBs to node-local storage;
+- ``batch``: per batch, EPICURE's batch time (from its start, the loader asked for it,
+  to the next batch's start: data loading included) and images/s over all ranks;
+- ``epoch``: ``epoch_time_s`` (t_ep, validation included), ``train_time_s`` (t_tr),
+  ``val_time_s``, images, mean loss, top-1/top-5 on the val split, and the energy of
+  every GPU of the job where there are counters;
 - ``end``.
-
-The model is Hugging Face ``transformers``' ResNet (``ResNetConfig()`` is ResNet-50 v1.5,
-as torchvision's): torchvision has no build for the CPU torch these machines carry, and
-its CUDA build cannot load next to it.
+The definitions are in :mod:`hpcllm.bench.metrics` (``epoch_timings``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
-import shutil
 import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
-from PIL import Image
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 from torch.utils.flop_counter import FlopCounterMode
-from transformers import ResNetConfig, ResNetForImageClassification
 
-from hpcllm.bench.energy import EnergyCounter
-
-MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
-STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
-
-# Model sizes: resnet50 is the benchmark's; the small ones keep tests and laptops quick.
-MODELS = {
-    "resnet50": {},
-    "resnet18": {
-        "layer_type": "basic",
-        "depths": [2, 2, 2, 2],
-        "hidden_sizes": [64, 128, 256, 512],
-    },
-    "resnet_tiny": {
-        "layer_type": "basic",
-        "embedding_size": 8,
-        "depths": [1, 1],
-        "hidden_sizes": [8, 16],
-    },
-}
-
-
-class TrainTransform:
-    """ImageNet training augmentation (random resized crop 0.08-1, flip, normalise) in
-    Pillow and NumPy, the steps of torchvision's RandomResizedCrop/RandomHorizontalFlip."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-
-    def crop_box(self, width: int, height: int) -> tuple[int, int, int, int]:
-        area = width * height
-        for _ in range(10):
-            target = area * random.uniform(0.08, 1.0)
-            ratio = math.exp(random.uniform(math.log(3 / 4), math.log(4 / 3)))
-            w = round(math.sqrt(target * ratio))
-            h = round(math.sqrt(target / ratio))
-            if 0 < w <= width and 0 < h <= height:
-                x, y = random.randint(0, width - w), random.randint(0, height - h)
-                return x, y, x + w, y + h
-        side = min(width, height)  # fallback: the central square
-        x, y = (width - side) // 2, (height - side) // 2
-        return x, y, x + side, y + side
-
-    def __call__(self, image: Image.Image) -> torch.Tensor:
-        image = image.resize((self.size, self.size), Image.BILINEAR, box=self.crop_box(*image.size))
-        if random.random() < 0.5:
-            image = image.transpose(Image.FLIP_LEFT_RIGHT)
-        array = (np.asarray(image, dtype=np.float32) / 255.0 - MEAN) / STD
-        return torch.from_numpy(array.transpose(2, 0, 1).copy())
-
-
-def build_model(name: str, num_classes: int) -> torch.nn.Module:
-    if name not in MODELS:
-        raise ValueError(f"unknown vision model {name!r}; known: {', '.join(MODELS)}")
-    return ResNetForImageClassification(ResNetConfig(num_labels=num_classes, **MODELS[name]))
+from hpcllm.bench.energy import EnergyCounter, job_energy
+from hpcllm.bench.metrics import epoch_timings
+from hpcllm.vision.evaluate import ShardSampler, evaluate
+from hpcllm.vision.models import build_model
+from hpcllm.vision.recipe import loss_function, make_optimizer
+from hpcllm.vision.transforms import TrainTransform, ValTransform
 
 
 def train_flops_per_image(model: torch.nn.Module, image_size: int, device: torch.device) -> int:
@@ -100,7 +47,7 @@ def train_flops_per_image(model: torch.nn.Module, image_size: int, device: torch
     x = torch.zeros(1, 3, image_size, image_size, device=device)
     counter = FlopCounterMode(display=False)
     with counter:
-        model(pixel_values=x).logits.sum().backward()
+        model(x).sum().backward()
     model.zero_grad(set_to_none=True)
     return counter.get_total_flops()
 
@@ -116,6 +63,7 @@ def _init_distributed() -> tuple[int, int, int, torch.device]:
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = True  # fixed input shapes: pick the fastest kernels
     else:
         device = torch.device("cpu")
     if world > 1:
@@ -133,79 +81,96 @@ def _barrier(world: int) -> None:
         dist.barrier()
 
 
-def run(settings: dict, data: str, local_storage: str | None = None) -> None:
+def run(
+    settings: dict, data: str, val_data: str | None = None, local_storage: str | None = None
+) -> None:
     rank, world, local_rank, device = _init_distributed()
     seed = settings.get("seed", 1234)
     random.seed(seed + rank)
     torch.manual_seed(seed)
-    staged = None
-    if settings.get("stage_in") and local_storage:
-        from hpcllm.vision.stage_in import remove_staged, stage_in, staged_path
-
-        # One copy per node, made by its first rank; the others wait for it. Each run has
-        # its own folder: runs sharing a node must not remove each other's copies.
-        base = Path(os.path.expandvars(local_storage))
-        if not base.is_dir():
-            raise FileNotFoundError(
-                f"node-local storage {base} (from {local_storage}) does not exist; fix "
-                "local_storage in the cluster facts file or set stage_in: false"
-            )
-        dest = (
-            base
-            / f"hpcllm-{os.environ.get('HPCLLM_RUN_ID', 'run')}-{os.environ.get('SLURM_JOB_ID', os.getppid())}"
-        )
-        if local_rank == 0:
-            dest.mkdir(exist_ok=True)
-            staged = stage_in(data, dest)
-        _barrier(world)
-        data = str(staged or staged_path(data, dest))
+    cleanup = None
     try:
-        _train(settings, data, rank, world, device)
+        staged = None
+        if settings.get("stage_in") and local_storage:
+            from hpcllm.vision.stage_job import stage_for_job
+
+            sources = [data] + ([val_data] if val_data else [])
+            copies, staged, cleanup = stage_for_job(
+                sources, local_storage, settings.get("stage_in_method", "copy"), rank, local_rank
+            )
+            data, val_data = copies[0], (copies[1] if val_data else None)
+        _train(settings, str(data), val_data and str(val_data), rank, world, device, staged)
     finally:
+        if cleanup is not None:
+            cleanup()
         _barrier(world)
-        if staged is not None:
-            remove_staged(staged)
-            shutil.rmtree(dest, ignore_errors=True)
         if world > 1:
             dist.destroy_process_group()
 
 
-def _train(settings: dict, data: str, rank: int, world: int, device: torch.device) -> None:
+def _loader(dataset, batch: int, sampler, workers: int, device, drop_last: bool) -> DataLoader:
+    # Persistent workers that prefetch: loading overlaps compute, as in EPICURE's runs.
+    extra = {"prefetch_factor": 4, "persistent_workers": True} if workers > 0 else {}
+    return DataLoader(
+        dataset,
+        batch_size=batch,
+        sampler=sampler,
+        num_workers=workers,
+        pin_memory=device.type == "cuda",
+        drop_last=drop_last,
+        **extra,
+    )
+
+
+def _train(
+    settings: dict,
+    data: str,
+    val_data: str | None,
+    rank: int,
+    world: int,
+    device: torch.device,
+    staged: dict | None,
+) -> None:
     from hpcllm.vision.lmdb_dataset import LMDBImageDataset
 
     size = settings["image_size"]
     dataset = LMDBImageDataset(data, TrainTransform(size), repeat=settings.get("repeat", 1))
     num_classes = settings.get("num_classes") or len(dataset.classes)
     batch = settings["batch_per_gpu"]
-    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=1234)
     workers = settings.get("workers", 4)
-    loader = DataLoader(
-        dataset,
-        batch_size=batch,
-        sampler=sampler,
-        num_workers=workers,
-        pin_memory=device.type == "cuda",
-        drop_last=True,
-        persistent_workers=workers > 0,
-    )
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=1234)
+    loader = _loader(dataset, batch, sampler, workers, device, drop_last=True)
     if len(loader) == 0:
         raise ValueError(
             f"{data}: {len(dataset)} images over {world} ranks give no full batch of {batch}; "
             "lower batch_per_gpu or raise repeat"
         )
-    model = build_model(settings.get("model", "resnet50"), num_classes).to(device)
+    val_loader = None
+    if val_data:
+        val_set = LMDBImageDataset(val_data, ValTransform(size))
+        if val_set.classes != dataset.classes:
+            raise ValueError(f"{val_data}: its classes differ from those of {data}; repack both")
+        val_loader = _loader(
+            val_set, batch, ShardSampler(len(val_set), rank, world), workers, device, False
+        )
+    model, impl = build_model(
+        settings.get("model", "resnet50"), num_classes, settings.get("model_impl", "auto")
+    )
+    model = model.to(device)
     flops = train_flops_per_image(model, size, device)
     ddp = DistributedDataParallel(model) if world > 1 else model
-    optimizer = torch.optim.SGD(
-        ddp.parameters(), lr=settings.get("learning_rate", 0.1), momentum=0.9, weight_decay=1e-4
-    )
+    steps = min(settings.get("max_batches_per_epoch") or len(loader), len(loader))
+    optimizer, schedule, lr = make_optimizer(model, settings, batch * world, steps)
     amp = settings["precision"] == "amp"
-    # AMP: fp16 with loss scaling on GPUs (the seed's setting), bf16 on the CPU.
+    # AMP: fp16 with loss scaling on GPUs, bf16 on the CPU.
     amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
     scaler = torch.amp.GradScaler(device.type, enabled=amp and amp_dtype == torch.float16)
-    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def autocast():
+        return torch.autocast(device.type, dtype=amp_dtype) if amp else nullcontext()
+
+    loss_fn = loss_function(settings)
     energy = EnergyCounter(device.index or 0) if device.type == "cuda" else None
-    max_batches = settings.get("max_batches_per_epoch") or len(loader)
     if rank == 0:
         _emit(
             {
@@ -215,62 +180,78 @@ def _train(settings: dict, data: str, rank: int, world: int, device: torch.devic
                 "device": str(
                     device if device.type == "cpu" else torch.cuda.get_device_name(device)
                 ),
+                "model_impl": impl,
+                "learning_rate_scaled": lr,
                 "train_flops_per_image": flops,
                 "samples": len(dataset),
-                "batches_per_epoch": min(max_batches, len(loader)),
+                "val_samples": len(val_loader.dataset) if val_loader else 0,
+                "batches_per_epoch": steps,
                 "energy_counter": bool(energy and energy.available),
             }
         )
+        if staged:
+            _emit({"event": "stage_in", **staged})
     for epoch in range(1, settings["epochs"] + 1):
         sampler.set_epoch(epoch)
         ddp.train()
-        energy_start = energy.joules() if energy and energy.available else None
+        joules_start = energy.joules() if energy and energy.available else None
         _sync(device)
+        _barrier(world)
         epoch_start = time.perf_counter()
-        train_time, images, loss_sum = 0.0, 0, 0.0
-        for i, (x, y) in enumerate(loader):
-            if i >= max_batches:
-                break
+        starts, images, loss_sum = [], 0, 0.0
+        batches = iter(loader)
+        for _ in range(steps):
+            starts.append(time.perf_counter())  # the batch starts: the loader is asked for it
+            x, y = next(batches)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            _sync(device)
-            start = time.perf_counter()
-            context = torch.autocast(device.type, dtype=amp_dtype) if amp else nullcontext()
-            with context:
-                loss = loss_fn(ddp(pixel_values=x).logits, y)
+            with autocast():
+                loss = loss_fn(ddp(x), y)
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             scaler.step(optimizer)
             scaler.update()
-            _sync(device)
-            seconds = time.perf_counter() - start
-            train_time += seconds
+            schedule.step()
+            loss_sum += loss.item()  # waits for the step on the device
             images += x.shape[0] * world
-            loss_sum += loss.item()
-            if rank == 0:
-                _emit(
-                    {
-                        "event": "batch",
-                        "epoch": epoch,
-                        "batch": i,
-                        "time_s": seconds,
-                        "images_per_s": x.shape[0] * world / seconds,
-                        "loss": loss.item(),
-                    }
-                )
+        _sync(device)
+        train_end = time.perf_counter()
+        del batches
+        # The bare model: ranks may get one val batch more than others, and DDP's forward
+        # could start a collective the others never join.
+        val = evaluate(model, val_loader, device, autocast()) if val_loader else {}
+        _sync(device)
         _barrier(world)
-        epoch_time = time.perf_counter() - epoch_start
+        epoch_end = time.perf_counter()
+        timings = epoch_timings(epoch_start, starts, train_end, epoch_end)
+        joules = job_energy(energy.joules() - joules_start if joules_start is not None else None)
+        if rank != 0:
+            continue
+        for i, seconds in enumerate(timings["batch_times"]):
+            _emit(
+                {
+                    "event": "batch",
+                    "epoch": epoch,
+                    "batch": i,
+                    "time_s": seconds,
+                    "images_per_s": batch * world / seconds,
+                }
+            )
         record = {
             "event": "epoch",
             "epoch": epoch,
-            "epoch_time_s": epoch_time,
-            "train_time_s": train_time,
+            "epoch_time_s": timings["t_ep"],
+            "train_time_s": timings["t_tr"],
+            "val_time_s": epoch_end - train_end,
             "images": images,
-            "loss": loss_sum / max(1, min(max_batches, len(loader))),
+            "loss": loss_sum / steps,
+            "learning_rate": schedule.get_last_lr()[0],
+            **val,
         }
-        if energy_start is not None:
-            record["energy_j_per_gpu"] = energy.joules() - energy_start
-        if rank == 0:
-            _emit(record)
+        if joules is not None:
+            record["energy_j"] = joules
+            record["energy_j_per_gpu"] = joules / world
+            record["energy_j_per_image"] = joules / images
+        _emit(record)
     if rank == 0:
         _emit({"event": "end"})
 
@@ -281,10 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--settings", required=True, help="JSON file of the sweep point's settings")
     parser.add_argument("--data", required=True, help="the LMDB directory to train on")
-    parser.add_argument("--local-storage", help="node-local directory to stage the LMDB to")
+    parser.add_argument("--val-data", help="the LMDB directory to validate on every epoch")
+    parser.add_argument("--local-storage", help="node-local directory to stage the LMDBs to")
     args = parser.parse_args(argv)
     settings = json.loads(Path(args.settings).read_text())
-    run(settings, args.data, args.local_storage)
+    run(settings, args.data, args.val_data, args.local_storage)
     return 0
 
 

@@ -1,0 +1,151 @@
+"""Stage-in for a distributed job, timed per node (EPICURE notes it costs minutes of GPU
+time on every node of the job).
+
+Methods:
+- ``copy``: the first rank of every node copies the LMDBs from the shared file system
+  (:func:`hpcllm.vision.stage_in.stage_in`, verified by CRC-32); every node reads the
+  whole LMDB from the shared file system.
+- ``sbcast``: rank 0 runs Slurm's ``sbcast``, which reads each file once from the shared
+  file system and broadcasts it to the same path on every node of the allocation
+  (Slurm's tree fan-out); each node then checks its copy (size and record count). Only
+  inside a Slurm job with ``sbcast`` on the PATH; elsewhere the job falls back to
+  ``copy`` with a warning, and the record says which ran.
+
+Per node, the time runs from a barrier of all ranks to that node's verified copies.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch.distributed as dist
+
+from hpcllm.vision.stage_in import (
+    StageInError,
+    _entries,
+    check_free_space,
+    remove_staged,
+    stage_in,
+    staged_path,
+)
+
+log = logging.getLogger(__name__)
+METHODS = ("copy", "sbcast")
+
+
+def node_name() -> str:
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def sbcast_usable() -> bool:
+    return shutil.which("sbcast") is not None and "SLURM_JOB_ID" in os.environ
+
+
+def resolve_method(requested: str) -> str:
+    if requested not in METHODS:
+        raise ValueError(f"stage_in_method must be one of {', '.join(METHODS)}, not {requested!r}")
+    if requested == "sbcast" and not sbcast_usable():
+        log.warning("stage_in_method sbcast: not inside a Slurm job with sbcast; copying instead")
+        return "copy"
+    return requested
+
+
+def sbcast(src: Path, dest: Path, timeout_s: float = 3600) -> None:
+    """Broadcast the file ``src`` to ``dest`` on every node of this job."""
+    cmd = ["sbcast", "--force", str(src), str(dest)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode != 0:
+        raise StageInError(
+            f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip() or proc.stdout}"
+        )
+
+
+def verify_copy(src: Path, copy: Path) -> None:
+    size = (src / "data.mdb").stat().st_size
+    if not (copy / "data.mdb").is_file() or (copy / "data.mdb").stat().st_size != size:
+        raise StageInError(f"{copy}: the copy of {src} is missing or has another size")
+    if _entries(copy) != _entries(src):
+        raise StageInError(f"{copy}: the copy of {src} holds another number of records")
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def stage_for_job(
+    sources: Sequence[str | os.PathLike],
+    base: str | os.PathLike,
+    method: str,
+    rank: int,
+    local_rank: int,
+) -> tuple[list[Path], dict, Callable[[], None]]:
+    """Stage ``sources`` under ``base`` on every node; every rank must call it.
+
+    Returns the paths of the copies, the record (``method``, ``seconds_per_node``,
+    ``dirs`` per node, ``bytes``) and a function that removes this node's copies (call it on every rank).
+    """
+    base = Path(os.path.expandvars(str(base)))
+    if not base.is_dir():
+        raise StageInError(
+            f"node-local storage {base} does not exist; fix local_storage in the cluster "
+            "facts file or set stage_in: false"
+        )
+    method = resolve_method(method)
+    srcs = [Path(s).resolve() for s in sources]
+    run = f"hpcllm-{os.environ.get('HPCLLM_RUN_ID', 'run')}-{os.environ.get('SLURM_JOB_ID', os.getppid())}"
+    # sbcast writes one path on every node; a per-node copy names its node, so nodes that
+    # share a directory (the test cluster's, on one host) do not overwrite each other.
+    dest = base / (run if method == "sbcast" else f"{run}-{node_name()}")
+    _barrier()
+    start = time.monotonic()
+    if method == "copy":
+        if local_rank == 0:
+            dest.mkdir(exist_ok=True)
+            for src in srcs:
+                stage_in(src, dest)
+    else:
+        if local_rank == 0:
+            dest.mkdir(exist_ok=True)
+            check_free_space(srcs, dest)
+            for src in srcs:
+                staged_path(src, dest).mkdir(parents=True, exist_ok=True)
+        _barrier()
+        if rank == 0:
+            for src in srcs:
+                sbcast(src / "data.mdb", staged_path(src, dest) / "data.mdb")
+        _barrier()
+        if local_rank == 0:
+            for src in srcs:
+                verify_copy(src, staged_path(src, dest))
+    seconds = time.monotonic() - start
+    mine = (node_name(), seconds, str(dest)) if local_rank == 0 else None
+    if dist.is_initialized():
+        gathered: list = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, mine)
+    else:
+        gathered = [mine]
+    nodes = [g for g in gathered if g]
+    record = {
+        "method": method,
+        "seconds_per_node": {node: s for node, s, _ in nodes},
+        "dirs": {node: d for node, _, d in nodes},
+        "bytes": sum((s / "data.mdb").stat().st_size for s in srcs),
+    }
+    copies = [staged_path(src, dest) for src in srcs]
+
+    def cleanup() -> None:
+        _barrier()  # nobody reads any more
+        if local_rank == 0:
+            for copy in copies:
+                remove_staged(copy)
+            shutil.rmtree(dest, ignore_errors=True)
+
+    return copies, record, cleanup
