@@ -115,10 +115,13 @@ def _read_chunk(
 
 
 def _read_ahead(
-    samples: Sequence[Sample], check: str, threads: int
+    samples: Sequence[Sample], check: str, threads: int, ahead_bytes: int = 0
 ) -> Iterator[tuple[Sample, bytearray | None, int, str | None]]:
-    """Images in order, read and checked by ``threads`` threads a bounded distance ahead."""
+    """Images in order, read and checked by ``threads`` threads a bounded distance ahead:
+    ``threads`` x 4 chunks, or more to hold about ``ahead_bytes`` (sized from the first
+    chunk), so that the readers go on reading while the writer commits a transaction."""
     window = max(2, threads * 4)
+    sized = False
     with ThreadPoolExecutor(max(1, threads), thread_name_prefix="pack-read") as pool:
         pending: deque[Future] = deque()
         chunks = (samples[i : i + _CHUNK] for i in range(0, len(samples), _CHUNK))
@@ -126,7 +129,12 @@ def _read_ahead(
             for chunk in chunks:
                 pending.append(pool.submit(_read_chunk, chunk, check))
                 if len(pending) >= window:
-                    yield from pending.popleft().result()
+                    results = pending.popleft().result()
+                    if not sized:
+                        sized = True
+                        chunk_bytes = max(1, sum(r[2] for r in results))
+                        window = max(window, -(-ahead_bytes // chunk_bytes))
+                    yield from results
             while pending:
                 yield from pending.popleft().result()
         finally:
@@ -231,12 +239,15 @@ def pack_lmdb(
     threads: int = 4,
     txn_bytes: int = 64 << 20,
     map_size: int = 1 << 30,
+    read_ahead_bytes: int | None = None,
 ) -> dict[str, Any]:
     """Write the images of ``listing`` into the LMDB directory ``out_dir``; return the report.
 
     ``on_bad_image``: ``fail`` raises BadInputError naming the bad files (nothing is left
     behind); ``skip`` leaves them out and lists them in the report (JSON at
     ``report_path``: counts, sizes, time, and ``skipped``: path, kind, message).
+    ``read_ahead_bytes`` (default two transactions): how far the readers may run ahead
+    of the writer; 0 for the minimum (``threads`` x 4 chunks of images).
     """
     if on_bad_image not in ("fail", "skip"):
         raise ValueError(f"on_bad_image must be fail or skip, not '{on_bad_image}'")
@@ -258,7 +269,12 @@ def pack_lmdb(
             writer = _Writer(tmp_dir, map_size, txn_bytes)
             ok = False
             try:
-                for sample, record, size, problem in _read_ahead(samples, check, threads):
+                for sample, record, size, problem in _read_ahead(
+                    samples,
+                    check,
+                    threads,
+                    2 * txn_bytes if read_ahead_bytes is None else read_ahead_bytes,
+                ):
                     if problem:
                         bad = Problem(str(sample.path), "bad_image", problem)
                         if on_bad_image == "fail":

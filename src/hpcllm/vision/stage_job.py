@@ -149,3 +149,40 @@ def stage_for_job(
             shutil.rmtree(dest, ignore_errors=True)
 
     return copies, record, cleanup
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stage, print the record (rank 0), remove: one task per node under ``srun``, e.g.
+    ``srun --ntasks-per-node=1 python -m hpcllm.vision.stage_job --method sbcast --dest
+    /dev/shm data/vision/imagenet/train.lmdb`` (benchmarks/stage_in_methods.py)."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(
+        prog="python -m hpcllm.vision.stage_job", description=main.__doc__
+    )
+    parser.add_argument("--method", choices=METHODS, default="copy")
+    parser.add_argument("--dest", required=True, help="node-local directory")
+    parser.add_argument("--master", help="host:port of rank 0's rendezvous (default: first node)")
+    parser.add_argument("lmdb", nargs="+")
+    args = parser.parse_args(argv)
+    rank, world = int(os.environ.get("SLURM_PROCID", 0)), int(os.environ.get("SLURM_NTASKS", 1))
+    local_rank = int(os.environ.get("SLURM_LOCALID", 0))
+    if world > 1:
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://{args.master}", rank=rank, world_size=world
+        )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    _, record, cleanup = stage_for_job(args.lmdb, args.dest, args.method, rank, local_rank)
+    cleanup()
+    if rank == 0:
+        print(json.dumps(record), flush=True)
+    if world > 1:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""A smoke run of benchmarks/lmdb_pack.py on tiny data, so the benchmark does not rot."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from support import REPO
+
+
+def test_lmdb_pack_benchmark_prints_the_ratio_to_tar_and_sync(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks/lmdb_pack.py"),
+            "--images",
+            "24",
+            "--classes",
+            "3",
+            "--repeats",
+            "1",
+            "--reads",
+            "6",
+            "--work",
+            str(tmp_path),
+            "--compare-read-ahead",
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "tree: 24 images" in out
+    for name in ("pack_lmdb", "pack, min. ahead"):
+        ratio = re.search(rf"ratio {re.escape(name)}/\(tar -cf \+ sync\): ([\d.]+)", out)
+        assert ratio and float(ratio[1]) > 0, out
+    assert len(re.findall(r"workers=\d: LMDB +\d+ +folder +\d+", out)) == 4, out
+    assert not list(tmp_path.glob("out/*.tar"))  # the archive is removed
