@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.data import DataLoader
 
-from hpcllm.bench.energy import job_energy
+from hpcllm.bench.energy import job_energy, physical_index
 from hpcllm.vision.evaluate import ShardSampler, evaluate
 from hpcllm.vision.lmdb_dataset import LMDBImageDataset
 from hpcllm.vision.lmdb_pack import pack_lmdb
@@ -101,3 +101,9 @@ def test_two_ranks_read_every_val_image_exactly_once(two_ranks, val_lmdb):
 def test_job_energy_sums_every_rank_and_is_empty_if_one_has_no_counter(two_ranks):
     assert two_ranks["energy"] == {"all": 30.0, "one_missing": None}
     assert job_energy(12.5) == 12.5  # a single process: its own GPU
+
+
+def test_energy_counter_reads_the_gpu_the_rank_was_given():
+    assert physical_index(0, "2") == 2  # one GPU per task: torch's 0 is the node's GPU 2
+    assert physical_index(1, "0,3") == 3
+    assert physical_index(3, "") == 3  # all visible

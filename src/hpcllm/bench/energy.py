@@ -11,6 +11,7 @@ energy columns in the summary.
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 import torch.distributed as dist
@@ -41,7 +42,8 @@ class EnergyCounter:
     """Joules used by one GPU since the counter was created, or None if unknown."""
 
     def __init__(self, device_index: int) -> None:
-        self._read = _nvml_reader(device_index) or _amdsmi_reader(device_index)
+        index = physical_index(device_index)
+        self._read = _nvml_reader(index) or _amdsmi_reader(index)
         self._start = self._read() if self._read else None
 
     @property
@@ -52,6 +54,21 @@ class EnergyCounter:
         if self._start is None:
             return None
         return self._read() - self._start
+
+
+def physical_index(device_index: int, visible: str | None = None) -> int:
+    """The GPU's index as NVML/amdsmi count (all GPUs of the node) from torch's index
+    (among the visible ones): a site that gives each task one GPU sets
+    CUDA_VISIBLE_DEVICES (ROCR/HIP on AMD) to it, and torch calls it 0."""
+    if visible is None:
+        for var in ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"):
+            visible = os.environ.get(var)
+            if visible:
+                break
+    ids = [v.strip() for v in (visible or "").split(",") if v.strip()]
+    if device_index < len(ids) and ids[device_index].isdigit():
+        return int(ids[device_index])
+    return device_index  # every GPU visible (or UUIDs, which this does not map)
 
 
 def _nvml_reader(index: int):
