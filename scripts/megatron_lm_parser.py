@@ -12,7 +12,9 @@ unpack it with ``git archive <commit> | tar -x -C DIR``):
                 > tests/data/megatron_flags.txt
   parse:  read a JSON list of {"name", "argv", "world_size", "env"} from stdin, run
           Megatron-LM's ``parse_args`` and ``validate_args`` on each (with ``env``, the
-          environment the job gives the engine), print a JSON list of results.
+          environment the job gives the engine), then build its tokenizer and its
+          learning-rate schedule as pretrain_gpt.py does at start-up; print a JSON list
+          of results.
 
 Stubbed, because they cannot exist here: Megatron's Triton kernel modules (GPU code,
 imported at start-up; no Triton on a CPU torch), ``typing.override`` on Python < 3.12 (the
@@ -76,6 +78,23 @@ def flags() -> list[str]:
     return sorted(s for s in parser._option_string_actions if s.startswith("--"))
 
 
+def start_up_checks(args) -> None:
+    """What pretrain_gpt.py builds from the arguments before the first GPU kernel: the
+    tokenizer (its files are read) and the learning-rate schedule (warm-up shorter than
+    the decay), on a stand-in optimizer."""
+    import torch
+    from megatron.core.tokenizers.utils.build_tokenizer import build_tokenizer
+    from megatron.training import global_vars, training
+
+    build_tokenizer(args)
+    global_vars._GLOBAL_ARGS = args
+    try:
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=args.lr or 0.0)
+        training.get_optimizer_param_scheduler(optimizer)
+    finally:
+        global_vars._GLOBAL_ARGS = None
+
+
 def parse(cases: list[dict]) -> list[dict]:
     arguments = megatron_arguments()
     results = []
@@ -92,6 +111,7 @@ def parse(cases: list[dict]) -> list[dict]:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
                 args = arguments.parse_args()
                 arguments.validate_args(args)
+                start_up_checks(args)
             results.append({"name": case["name"], "ok": True})
         except SystemExit as exc:  # argparse: unknown or malformed flag
             results.append(

@@ -185,3 +185,20 @@ def test_benchmark_tokenizer_is_the_file_named_not_files_beside_it(tmp_path):
     assert (
         "--mock-data" not in argv and argv[argv.index("--tokenizer-type") + 1] == "GPT2BPETokenizer"
     )
+
+
+def test_megatron_benchmark_point_starts_without_files_warm_up_or_checkpoint(tmp_path):
+    """What made every language point fail in Megatron's start-up: GPT2BPETokenizer with no
+    vocabulary for mock data, the preset's warm-up (2000) longer than the 20 iterations,
+    and a terabyte checkpoint written at the end (tests/training/test_megatron_conformance
+    runs Megatron's own start-up checks on these command lines)."""
+    from hpcllm.bench.language import engine_command
+
+    point = next(
+        p.row() for p in expand_experiment("lang", language(), A100_80GB) if p.model == "gpt3_175b"
+    )
+    argv = engine_command(point, tmp_path / "run", "python")
+    value = {a: argv[i + 1] for i, a in enumerate(argv[:-1]) if a.startswith("--")}
+    assert "--mock-data" in argv and value["--tokenizer-type"] == "NullTokenizer"
+    assert int(value["--lr-warmup-iters"]) < int(value["--train-iters"]) == point["iterations"]
+    assert "--save" not in argv and "--load" not in argv

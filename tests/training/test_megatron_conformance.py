@@ -5,8 +5,9 @@ runs only when ``MEGATRON_LM_DIR`` points at a Megatron-LM tree at the pinned co
 (``git -C Megatron-LM archive <commit> | tar -x -C DIR``). It builds every command line
 the workflow generates (every preset on every GPU cluster, every point of the shipped
 language sweeps on every cluster) and runs ``parse_args`` and ``validate_args`` of
-``megatron.training.arguments`` on each, in one subprocess (scripts/megatron_lm_parser.py,
-which says what it stubs on a CPU-only machine).
+``megatron.training.arguments`` on each, then builds its tokenizer and learning-rate
+schedule as ``pretrain_gpt.py`` does at start-up, in one subprocess
+(scripts/megatron_lm_parser.py, which says what it stubs on a CPU-only machine).
 """
 
 from __future__ import annotations
@@ -49,8 +50,22 @@ def gpu_clusters():
             yield cluster
 
 
+def gpt2_tokenizer_files(folder: Path) -> str:
+    """A small GPT-2 style vocab.json + merges.txt: Megatron's tokenizer reads them."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"])
+    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 20, trainer)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.model.save(str(folder))
+    return str(folder)
+
+
 def training_cases(tmp: Path) -> list[dict]:
     cases = []
+    tokenizer_dir = gpt2_tokenizer_files(tmp / "tokenizer")
     blend = Blend(
         ("data/tokenized/gpt2/a_text_document", "data/tokenized/gpt2/b_text_document"), (0.7, 0.3)
     )
@@ -72,7 +87,7 @@ def training_cases(tmp: Path) -> list[dict]:
                 continue
             for segment, left in ((1, 3600.0), (exp["segments"], None)):
                 argv = segment_command(
-                    exp, layout, blend, "data/tokenizers/gpt2", paths, segment, left and 50,
+                    exp, layout, blend, tokenizer_dir, paths, segment, left and 50,
                     transformer_impl=transformer_impl_for(cluster),
                 )  # fmt: skip
                 name = f"train {preset} on {cluster.name} segment {segment}"
