@@ -26,6 +26,11 @@ from hpcllm.clusters import Cluster
 # Set by Slurm or by the script itself: never checked for being set before use.
 _RUNTIME_VARIABLE = re.compile(r"^(SLURM_\w*|SRUN_\w*|MASTER_ADDR|MASTER_PORT)$")
 
+# Job variables that the Slurm plugin's job step removes before running the rule (it keeps
+# only SLURM_JOB_ID and a few others), with the field of `scontrol show job` that holds
+# them: a launch whose environment needs one reads it back from the job.
+_FROM_JOB_RECORD = {"SLURM_CPUS_PER_TASK": "CPUs/Task"}
+
 RUNTIME_EXEC = {"apptainer": "apptainer", "singularity": "singularity"}
 GPU_FLAG = {"nvidia": "--nv", "amd": "--rocm"}
 
@@ -80,6 +85,8 @@ class Launch:
         for var in needed:
             message = shlex.quote(f"{var} is not set; the job environment ({self.source}) needs it")
             lines.append(f'if [ -z "${{{var}-}}" ]; then echo {message} >&2; exit 1; fi')
+        if self.rendezvous_suffix is not None:  # a Slurm job
+            lines += _restore_job_variables(self.env.values())
         for name, value in self.env.items():
             export = f"export {name}={shell_word(value)}"
             runtime = [v for v in referenced_variables(value) if _RUNTIME_VARIABLE.match(v)]
@@ -103,6 +110,26 @@ class Launch:
             lines.append("export MASTER_ADDR")
         lines.append("exec " + " ".join(shell_word(a) for a in self.argv))
         return "\n".join(lines) + "\n"
+
+
+def _restore_job_variables(values) -> list[str]:
+    """Script lines that read hidden job variables the environment needs back from the
+    job's record (SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK: without it each task of the
+    job's srun gets one core)."""
+    needed = sorted(
+        {v for value in values for v in referenced_variables(value) if v in _FROM_JOB_RECORD}
+    )
+    lines = []
+    for var in needed:
+        field = _FROM_JOB_RECORD[var]
+        lines += [
+            f'if [ -z "${{{var}-}}" ] && [ -n "${{SLURM_JOB_ID-}}" ]; then',
+            f'  {var}="$(scontrol show job -o "$SLURM_JOB_ID" '
+            f"| sed -n 's|.* {field}=\\([0-9][0-9]*\\).*|\\1|p' || true)\"",
+            f'  if [ -n "${var}" ]; then export {var}; else unset {var}; fi',
+            "fi",
+        ]
+    return lines
 
 
 def container_exec(

@@ -152,7 +152,11 @@ def fake_tools(bin_dir: Path) -> None:
     )
     # A long node list: reading only its first line must not break the pipe (pipefail).
     scontrol = (
-        '#!/bin/bash\n[ "$1 $2" = "show hostnames" ] || exit 1\n'
+        "#!/bin/bash\n"
+        'if [ "$1 $2 $3 $4" = "show job -o 4711" ]; then\n'
+        "  echo 'JobId=4711 JobName=x NumNodes=2 NumCPUs=96 NumTasks=2 CPUs/Task=48 "
+        "ReqB:S:C:T=0:0:*:*'; exit 0\nfi\n"
+        '[ "$1 $2" = "show hostnames" ] || exit 1\n'
         "printf 'jwb0042\\njwb0043\\n'; seq -f 'jwb%04g' 44 20000\n"
     )
     for name, text in {"srun": recorder, "scontrol": scontrol}.items():
@@ -207,6 +211,35 @@ def test_job_script_resolves_the_rendezvous_host_and_exports_the_environment(tmp
     ]
 
 
+def test_job_script_reads_cpus_per_task_back_when_the_job_step_hid_it(tmp_path):
+    """The Slurm plugin's job step removes SLURM_CPUS_PER_TASK (and the node list) before
+    the rule runs; srun's tasks would then get one core each. The script asks the job."""
+    fake_tools(tmp_path / "bin")
+    launch = build_launch(
+        load_cluster("juwels", ROOT), nodes=2, procs_per_node=4, command=["python", "t.py"]
+    )
+    script = tmp_path / "job.sh"
+    script.write_text(launch.shell())
+    record = tmp_path / "record.json"
+    env = {
+        "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+        "RECORD": str(record),
+        "SLURM_JOB_NODELIST": "jwb[0042-0043]",  # squeue's answer in a real job
+        "SLURM_JOB_ID": "4711",
+        "SCRATCH": "/p/scratch/proj",
+    }
+    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(record.read_text())
+    assert got["env"]["SRUN_CPUS_PER_TASK"] == "48"
+    # Another job id: scontrol fails, the variable stays unset and the step still starts.
+    proc = subprocess.run(
+        ["bash", str(script)], env={**env, "SLURM_JOB_ID": "1"}, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "SRUN_CPUS_PER_TASK" not in json.loads(record.read_text())["env"]
+
+
 def test_job_script_stops_when_the_scratch_variable_is_unset(tmp_path):
     fake_tools(tmp_path / "bin")
     launch = build_launch(load_cluster("juwels", ROOT), nodes=1, procs_per_node=1, command=["true"])
@@ -247,3 +280,117 @@ def test_local_launch_runs_two_real_ranks(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)] == ["2 3.0", "2 3.0"]
+
+
+# ---- the launches of the workflow's GPU steps, pinned (issue 15: untested until now)
+
+# What a language benchmark point runs on JUWELS: GPT-3 175B, strong scaling, 32 nodes.
+BENCH_175B_POINT = "language.gpt3_175b.strong.bf16.n0032"
+PINNED_BENCH_175B = (
+    "python /opt/Megatron-LM/pretrain_gpt.py --use-mcore-models --num-layers 96 --hidden-size 12288"
+    " --num-attention-heads 96 --seq-length 2048 --max-position-embeddings 2048"
+    " --position-embedding-type learned_absolute --make-vocab-size-divisible-by 128"
+    " --tensor-model-parallel-size 4 --pipeline-model-parallel-size 32 --sequence-parallel"
+    " --use-distributed-optimizer --use-flash-attn --recompute-granularity selective"
+    " --micro-batch-size 1 --global-batch-size 1536 --train-iters 20 --exit-signal-handler --bf16"
+    " --optimizer adam --adam-beta1 0.9 --adam-beta2 0.95 --weight-decay 0.1 --clip-grad 1"
+    " --lr 6e-05 --min-lr 6e-06 --lr-decay-style cosine --lr-warmup-iters 2000 --attention-dropout 0"
+    " --hidden-dropout 0 --seed 1234 --split 100,0,0 --tokenizer-type GPT2BPETokenizer"
+    " --save results/bench/language/language.gpt3_175b.strong.bf16.n0032/checkpoints"
+    " --load results/bench/language/language.gpt3_175b.strong.bf16.n0032/checkpoints"
+    " --save-interval 200 --log-interval 1 --log-throughput"
+    " --tensorboard-dir results/bench/language/language.gpt3_175b.strong.bf16.n0032/tensorboard"
+    " --eval-interval 20 --eval-iters 0 --distributed-backend nccl --mock-data"
+)
+# Segment 2 of config/experiments/opengptx_800m.yaml on JUWELS, 1425 minutes left.
+PINNED_SEGMENT_800M = (
+    "python /opt/Megatron-LM/pretrain_gpt.py --use-mcore-models --num-layers 16 --hidden-size 2048"
+    " --num-attention-heads 8 --seq-length 2048 --max-position-embeddings 2048"
+    " --position-embedding-type rope --make-vocab-size-divisible-by 128"
+    " --tensor-model-parallel-size 2 --pipeline-model-parallel-size 1 --sequence-parallel"
+    " --use-distributed-optimizer --use-flash-attn --micro-batch-size 4 --global-batch-size 512"
+    " --train-iters 30000 --exit-interval 6000 --exit-duration-in-mins 1425 --exit-signal-handler"
+    " --bf16 --optimizer adam --adam-beta1 0.9 --adam-beta2 0.95 --weight-decay 0.1 --clip-grad 1"
+    " --lr 0.00025 --min-lr 2.5e-05 --lr-decay-style cosine --lr-warmup-iters 500"
+    " --attention-dropout 0 --hidden-dropout 0 --seed 1234"
+    " --data-path 1 data/tokenized/sample_bpe/fineweb_text_document --split 949,50,1"
+    " --data-cache-path checkpoints/opengptx_800m/data_cache --tokenizer-type GPT2BPETokenizer"
+    " --vocab-file data/tokenizers/sample_bpe/vocab.json"
+    " --merge-file data/tokenizers/sample_bpe/merges.txt --save checkpoints/opengptx_800m"
+    " --load checkpoints/opengptx_800m --save-interval 500 --log-interval 10 --log-throughput"
+    " --tensorboard-dir checkpoints/opengptx_800m/tensorboard --eval-interval 30000 --eval-iters 0"
+    " --distributed-backend nccl"
+)
+
+
+def juwels_points() -> dict[str, dict]:
+    from hpcllm.bench.sweeps import expand_all, facts_of
+
+    experiments = {
+        "language": str(REPO / "config/experiments/language.yaml"),
+        "vision": str(REPO / "config/experiments/vision.yaml"),
+    }
+    juwels = load_cluster("juwels", ROOT)
+    return {p.id: p.row() for p in expand_all(experiments, facts_of(juwels))}
+
+
+def test_megatron_command_of_a_language_benchmark_point_is_pinned():
+    from hpcllm.bench.language import engine_command
+
+    point = juwels_points()[BENCH_175B_POINT]
+    command = engine_command(point, f"results/bench/language/{BENCH_175B_POINT}", "python")
+    assert " ".join(command) == PINNED_BENCH_175B
+
+
+def test_megatron_command_of_a_training_segment_is_pinned():
+    import yaml
+
+    from hpcllm.training.segment import Paths, engine_command, prepare_experiment
+
+    spec = yaml.safe_load((REPO / "config/experiments/opengptx_800m.yaml").read_text())
+    text = {
+        "tokenizers": {"sample_bpe": {"vocab_size": 8000}},
+        "tokenize": {"tokenizers": ["sample_bpe"]},
+        "sources": {"fineweb": {}},
+    }
+    name = "opengptx_800m"
+    prepared = prepare_experiment(
+        name, spec["training"]["experiments"][name], text, load_cluster("juwels", ROOT)
+    )
+    save = f"checkpoints/{name}"
+    paths = Paths(save, "seg2.json", "seg2.engine.log", f"{save}/data_cache", f"{save}/tensorboard")
+    command = engine_command(
+        prepared.experiment, prepared.layout, prepared.blend, prepared.tokenizer_dir, paths, 2, 1425
+    )
+    assert " ".join(command) == PINNED_SEGMENT_800M
+
+
+def test_benchmark_launch_on_slurm_runs_the_checkout_in_the_image():
+    """A point's launch on JUWELS: srun on all its nodes, the image with the checkout's
+    src/ bound and on PYTHONPATH (the image has no hpcllm), one launcher per node."""
+    from hpcllm.bench.runner import launch_for
+
+    point = next(p for p in juwels_points().values() if p["benchmark"] == "vision")
+    point = {**point, "nodes": 2}
+    src = str(REPO / "src")
+    command = ["python", "-m", "hpcllm.bench.vision_train", "--settings", "s.json"]
+    launch = launch_for(point, load_cluster("juwels", ROOT), command, "c.sif")
+    assert " ".join(launch.argv) == (
+        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none"
+        f" apptainer exec --nv --bind {src} c.sif env -u PMIX_SECURITY_MODE"
+        " torchrun_jsc --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d"
+        " --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python"
+        " python -m hpcllm.bench.vision_train --settings s.json"
+    )
+    assert launch.env["PYTHONPATH"] == src
+    assert f"export PYTHONPATH={src}" in launch.shell()
+
+
+def test_benchmark_launch_without_slurm_runs_a_process_per_gpu_of_the_point():
+    from hpcllm.bench.runner import launch_for
+
+    local = load_cluster("local", ROOT)
+    point = {"id": "p", "nodes": 2, "procs_per_node": 1, "gpus": 2}
+    launch = launch_for(point, local, ["python", "t.py"], None)
+    assert launch.argv[1:5] == ["--standalone", "--nproc_per_node", "2", "--no-python"]
+    assert "PYTHONPATH" not in launch.env  # this environment has hpcllm installed

@@ -20,7 +20,7 @@ from hpcllm.clusters import load_cluster
 PROFILES = sorted(
     p.parent.name
     for p in (REPO / "profiles").glob("*/config.yaml")
-    if p.parent.name not in ("local", "testcluster")
+    if p.parent.name not in ("local", "testcluster", "rehearsal")  # test clusters
 )
 GPU_RULES = ("train_segment", "bench_language", "bench_vision")
 SLURM_TOOLS = ("sbatch", "srun", "squeue", "sinfo", "sacct", "sacctmgr", "scontrol", "scancel")

@@ -4,6 +4,12 @@ Everything lives in one temporary directory: its own munge key and socket, its o
 slurm.conf (on free ports), state, spool and logs. Clients find it through ``SLURM_CONF``,
 which ``TestCluster.env`` sets; jobs inherit it, so a system-wide Slurm (if any) is left
 alone. Only root can run it (slurmd starts jobs as their user).
+
+Each node advertises ``GPUS_PER_NODE`` GPUs as a generic resource, backed by fake device
+files (character devices like /dev/null, made with mknod): slurmd drops file-less GPUs,
+and with ``TaskPlugin=task/none`` nothing is constrained, so a job asking for
+``--gres=gpu:N`` gets ``CUDA_VISIBLE_DEVICES`` set as on a GPU cluster. Jobs that ask
+for no GPUs run as before.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from collections.abc import Iterator
@@ -26,6 +33,9 @@ PARTITION = "batch"
 # declaration exceed the hardware), so two 4-thread jobs fit on one node.
 NODE_CPUS = 8
 NODE_MEMORY_MB = 20000
+# GPUs per node (fake device files, see above): the cluster rehearsal's whole-node jobs
+# ask for all of them (config/clusters/rehearsal.yaml says the same number).
+GPUS_PER_NODE = 2
 HOSTS_LINE = "127.0.0.1 " + " ".join(NODES) + "  # hpcllm test Slurm cluster (tests/slurm)"
 BINARIES = (
     "munged",
@@ -80,6 +90,25 @@ def ensure_node_names_resolve() -> None:
         socket.gethostbyname(node)  # fails loudly if /etc/hosts is not used
 
 
+def make_gpu_devices(root: Path) -> list[Path]:
+    """Fake GPU device files (the /dev/null device, 1:3) for gres.conf."""
+    folder = root / "dev"
+    folder.mkdir(exist_ok=True)
+    devices = []
+    for i in range(GPUS_PER_NODE):
+        device = folder / f"nvidia{i}"
+        if not device.exists():
+            os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        devices.append(device)
+    return devices
+
+
+def gres_conf(root: Path) -> str:
+    """The GPUs of every node, read by slurmd from slurm.conf's folder."""
+    files = f"{root}/dev/nvidia[0-{GPUS_PER_NODE - 1}]"
+    return f"NodeName={','.join(NODES)} Name=gpu File={files}\n"
+
+
 def slurm_conf(root: Path, name: str, ctld_port: int, node_ports: dict[str, int]) -> str:
     host = socket.gethostname().split(".")[0]
     lines = [
@@ -99,6 +128,7 @@ def slurm_conf(root: Path, name: str, ctld_port: int, node_ports: dict[str, int]
         "AccountingStorageType=accounting_storage/none",
         "JobAcctGatherType=jobacct_gather/none",
         "JobCompType=jobcomp/none",
+        "GresTypes=gpu",
         "SlurmdParameters=config_overrides",
         f"StateSaveLocation={root}/state",
         f"SlurmdSpoolDir={root}/spool-%n",
@@ -120,7 +150,8 @@ def slurm_conf(root: Path, name: str, ctld_port: int, node_ports: dict[str, int]
     for node in NODES:
         lines.append(
             f"NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 Port={node_ports[node]} "
-            f"CPUs={NODE_CPUS} RealMemory={NODE_MEMORY_MB} State=UNKNOWN"
+            f"CPUs={NODE_CPUS} RealMemory={NODE_MEMORY_MB} Gres=gpu:{GPUS_PER_NODE} "
+            "State=UNKNOWN"
         )
     lines.append(
         f"PartitionName={PARTITION} Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP"
@@ -306,6 +337,8 @@ def start(root: Path, timeout: float = 60) -> TestCluster:
     conf.parent.mkdir(exist_ok=True)
     name = f"hpcllmtest{os.getpid()}"  # names this session's jobs' processes (environ)
     conf.write_text(slurm_conf(root, name, free_port(), {n: free_port() for n in NODES}))
+    make_gpu_devices(root)
+    (conf.parent / "gres.conf").write_text(gres_conf(root))
     for sub in ("state", *(f"spool-{n}" for n in NODES)):
         (root / sub).mkdir(exist_ok=True)
     cluster = TestCluster(root=root, conf=conf, name=name)

@@ -49,6 +49,11 @@ rule bench_vision:
     resources:
         nodes=bench_nodes,
         gres=bench_gres,
+        # One task per node, run in the batch shell so that the run's own srun gets the
+        # whole allocation (as train_segment; see the comments there).
+        tasks=bench_nodes,
+        tasks_per_gpu=0,
+        mpi="",
         runtime=120,
     params:
         point=bench_point,
@@ -74,6 +79,11 @@ rule bench_language:
     resources:
         nodes=bench_nodes,
         gres=bench_gres,
+        # One task per node, run in the batch shell so that the run's own srun gets the
+        # whole allocation (as train_segment; see the comments there).
+        tasks=bench_nodes,
+        tasks_per_gpu=0,
+        mpi="",
         runtime=120,
     params:
         point=bench_point,

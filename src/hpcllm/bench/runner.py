@@ -5,6 +5,10 @@ result, not a reason to stop the sweep: the run's record says how it failed, the
 job itself succeeds, and the summary shows the point as failed. To run a failed point
 again, force it (``snakemake --forcerun bench_language`` or delete its folder).
 The log is written under a temporary name and renamed when the run ends.
+
+Inside a container the commands run the image's Python, which has no ``hpcllm``
+(envs/requirements.txt): the launch binds the checkout's ``src/`` that this process
+imported ``hpcllm`` from (the planned checkout) and puts it on ``PYTHONPATH`` there.
 """
 
 from __future__ import annotations
@@ -18,11 +22,15 @@ import sys
 import time
 from pathlib import Path
 
+import hpcllm
 from hpcllm.atomic import atomic_paths
 from hpcllm.bench.failures import classify_log
 from hpcllm.launch import Launch
 
 log = logging.getLogger(__name__)
+
+# Seconds a run past its time limit gets between SIGTERM and SIGKILL (to its process group).
+TERM_GRACE_S = 30.0
 
 
 def run_launch(
@@ -54,7 +62,7 @@ def run_launch(
                 timed_out = True
                 os.killpg(proc.pid, signal.SIGTERM)
                 try:
-                    returncode = proc.wait(timeout=30)
+                    returncode = proc.wait(timeout=TERM_GRACE_S)
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
                     returncode = proc.wait()
@@ -80,17 +88,34 @@ def run_launch(
     return record
 
 
+def checkout_src() -> str:
+    """The ``src/`` folder this process imported ``hpcllm`` from: the planned checkout's."""
+    return str(Path(hpcllm.__file__).resolve().parent.parent)
+
+
 def launch_for(point: dict, cluster, command: list[str], container: str | None) -> Launch:
     """The launch of ``command`` on the point's nodes; without Slurm, its "nodes" are
-    processes on this machine (see :mod:`hpcllm.bench.sweeps`)."""
+    processes on this machine (see :mod:`hpcllm.bench.sweeps`). In a container the
+    checkout's ``src/`` is bound and on ``PYTHONPATH``, for ``python -m hpcllm...``."""
     from hpcllm.launch import build_launch
 
     if cluster.uses_slurm:
         nodes, per_node = point["nodes"], point["procs_per_node"]
     else:
         nodes, per_node = 1, point["gpus"]
+    binds: list[str] = []
+    env: dict[str, str] = {}
+    if container:
+        src = checkout_src()
+        binds, env = [src], {"PYTHONPATH": src}
     return build_launch(
-        cluster, nodes=nodes, procs_per_node=per_node, command=command, container=container
+        cluster,
+        nodes=nodes,
+        procs_per_node=per_node,
+        command=command,
+        container=container,
+        binds=binds,
+        env=env,
     )
 
 
