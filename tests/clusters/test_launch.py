@@ -284,42 +284,43 @@ def test_local_launch_runs_two_real_ranks(tmp_path):
 
 # ---- the launches of the workflow's GPU steps, pinned (issue 15: untested until now)
 
-# What a language benchmark point runs on JUWELS: GPT-3 175B, strong scaling, 32 nodes.
-BENCH_175B_POINT = "language.gpt3_175b.strong.bf16.n0032"
+# What a language benchmark point runs on JUWELS: GPT-3 175B, strong scaling, 64 nodes
+# (the smallest count whose memory fits 40 GB A100s).
+BENCH_175B_POINT = "language.gpt3_175b.strong.bf16.n0064"
 PINNED_BENCH_175B = (
-    "python /opt/Megatron-LM/pretrain_gpt.py --use-mcore-models --num-layers 96 --hidden-size 12288"
+    "python /opt/Megatron-LM/pretrain_gpt.py --num-layers 96 --hidden-size 12288"
     " --num-attention-heads 96 --seq-length 2048 --max-position-embeddings 2048"
     " --position-embedding-type learned_absolute --make-vocab-size-divisible-by 128"
-    " --tensor-model-parallel-size 4 --pipeline-model-parallel-size 32 --sequence-parallel"
-    " --use-distributed-optimizer --use-flash-attn --recompute-granularity selective"
-    " --micro-batch-size 1 --global-batch-size 1536 --train-iters 20 --exit-signal-handler --bf16"
-    " --optimizer adam --adam-beta1 0.9 --adam-beta2 0.95 --weight-decay 0.1 --clip-grad 1"
-    " --lr 6e-05 --min-lr 6e-06 --lr-decay-style cosine --lr-warmup-iters 2000 --attention-dropout 0"
-    " --hidden-dropout 0 --seed 1234 --split 100,0,0 --tokenizer-type GPT2BPETokenizer"
-    " --save results/bench/language/language.gpt3_175b.strong.bf16.n0032/checkpoints"
-    " --load results/bench/language/language.gpt3_175b.strong.bf16.n0032/checkpoints"
-    " --save-interval 200 --log-interval 1 --log-throughput"
-    " --tensorboard-dir results/bench/language/language.gpt3_175b.strong.bf16.n0032/tensorboard"
-    " --eval-interval 20 --eval-iters 0 --distributed-backend nccl --mock-data"
+    " --transformer-impl transformer_engine --tensor-model-parallel-size 4"
+    " --pipeline-model-parallel-size 32 --sequence-parallel --use-distributed-optimizer"
+    " --attention-backend flash --recompute-granularity selective --micro-batch-size 1"
+    " --global-batch-size 1536 --train-iters 20 --exit-signal-handler --bf16 --optimizer adam"
+    " --adam-beta1 0.9 --adam-beta2 0.95 --weight-decay 0.1 --clip-grad 1 --lr 6e-05 --min-lr"
+    " 6e-06 --lr-decay-style cosine --lr-warmup-iters 0 --attention-dropout 0"
+    " --hidden-dropout 0 --seed 1234 --mock-data --split 100,0,0 --data-cache-path"
+    " /p/scratch/proj/runs/language.gpt3_175b.strong.bf16.n0064/index-cache --tokenizer-type"
+    " NullTokenizer --vocab-size 50257 --log-interval 1 --log-throughput --tensorboard-dir"
+    " /p/scratch/proj/runs/language.gpt3_175b.strong.bf16.n0064/tensorboard --eval-interval"
+    " 20 --eval-iters 0 --distributed-backend nccl"
 )
 # Segment 2 of config/experiments/opengptx_800m.yaml on JUWELS, 1425 minutes left.
 PINNED_SEGMENT_800M = (
-    "python /opt/Megatron-LM/pretrain_gpt.py --use-mcore-models --num-layers 16 --hidden-size 2048"
+    "python /opt/Megatron-LM/pretrain_gpt.py --num-layers 16 --hidden-size 2048"
     " --num-attention-heads 8 --seq-length 2048 --max-position-embeddings 2048"
-    " --position-embedding-type rope --make-vocab-size-divisible-by 128"
-    " --tensor-model-parallel-size 2 --pipeline-model-parallel-size 1 --sequence-parallel"
-    " --use-distributed-optimizer --use-flash-attn --micro-batch-size 4 --global-batch-size 512"
-    " --train-iters 30000 --exit-interval 6000 --exit-duration-in-mins 1425 --exit-signal-handler"
-    " --bf16 --optimizer adam --adam-beta1 0.9 --adam-beta2 0.95 --weight-decay 0.1 --clip-grad 1"
-    " --lr 0.00025 --min-lr 2.5e-05 --lr-decay-style cosine --lr-warmup-iters 500"
-    " --attention-dropout 0 --hidden-dropout 0 --seed 1234"
-    " --data-path 1 data/tokenized/sample_bpe/fineweb_text_document --split 949,50,1"
-    " --data-cache-path checkpoints/opengptx_800m/data_cache --tokenizer-type GPT2BPETokenizer"
-    " --vocab-file data/tokenizers/sample_bpe/vocab.json"
-    " --merge-file data/tokenizers/sample_bpe/merges.txt --save checkpoints/opengptx_800m"
-    " --load checkpoints/opengptx_800m --save-interval 500 --log-interval 10 --log-throughput"
-    " --tensorboard-dir checkpoints/opengptx_800m/tensorboard --eval-interval 30000 --eval-iters 0"
-    " --distributed-backend nccl"
+    " --position-embedding-type rope --make-vocab-size-divisible-by 128 --transformer-impl"
+    " transformer_engine --tensor-model-parallel-size 2 --pipeline-model-parallel-size 1"
+    " --sequence-parallel --use-distributed-optimizer --attention-backend flash"
+    " --micro-batch-size 4 --global-batch-size 512 --train-iters 30000 --exit-interval 6000"
+    " --exit-duration-in-mins 1425 --exit-signal-handler --bf16 --optimizer adam --adam-beta1"
+    " 0.9 --adam-beta2 0.95 --weight-decay 0.1 --clip-grad 1 --lr 0.00025 --min-lr 2.5e-05"
+    " --lr-decay-style cosine --lr-warmup-iters 500 --attention-dropout 0 --hidden-dropout 0"
+    " --seed 1234 --data-path 1 data/tokenized/sample_bpe/fineweb_text_document --split"
+    " 949,50,1 --data-cache-path checkpoints/opengptx_800m/data_cache --tokenizer-type"
+    " GPT2BPETokenizer --vocab-file data/tokenizers/sample_bpe/vocab.json --merge-file"
+    " data/tokenizers/sample_bpe/merges.txt --save checkpoints/opengptx_800m --load"
+    " checkpoints/opengptx_800m --save-interval 500 --log-interval 10 --log-throughput"
+    " --tensorboard-dir checkpoints/opengptx_800m/tensorboard --eval-interval 30000"
+    " --eval-iters 0 --distributed-backend nccl"
 )
 
 
@@ -338,7 +339,7 @@ def test_megatron_command_of_a_language_benchmark_point_is_pinned():
     from hpcllm.bench.language import engine_command
 
     point = juwels_points()[BENCH_175B_POINT]
-    command = engine_command(point, f"results/bench/language/{BENCH_175B_POINT}", "python")
+    command = engine_command(point, f"/p/scratch/proj/runs/{BENCH_175B_POINT}", "python")
     assert " ".join(command) == PINNED_BENCH_175B
 
 
@@ -377,7 +378,7 @@ def test_benchmark_launch_on_slurm_runs_the_checkout_in_the_image():
     launch = launch_for(point, load_cluster("juwels", ROOT), command, "c.sif")
     assert " ".join(launch.argv) == (
         "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none"
-        f" apptainer exec --nv --bind {src} c.sif env -u PMIX_SECURITY_MODE"
+        f" apptainer exec --nv --bind $SCRATCH,{src} c.sif env -u PMIX_SECURITY_MODE"
         " torchrun_jsc --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d"
         " --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python"
         " python -m hpcllm.bench.vision_train --settings s.json"

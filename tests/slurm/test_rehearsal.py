@@ -132,10 +132,14 @@ def test_each_job_runs_one_step_over_all_its_nodes_in_the_image(rehearsal):
     assert all(f"of 4 on node {n}" in engine_log for n in ("n1", "n2")), engine_log[-3000:]
 
 
-def expected_env(cluster, scratch: Path) -> dict[str, str]:
-    """The facts file's job environment as the job expands it."""
+def expand(value: str, scratch: Path) -> str:
+    """A facts file's value as the job expands it."""
     values = {"SCRATCH": str(scratch), "SLURM_CPUS_PER_TASK": CPUS_PER_TASK}
-    return {k: string.Template(v).substitute(values) for k, v in cluster.env.items()}
+    return string.Template(value).substitute(values)
+
+
+def expected_env(cluster, scratch: Path) -> dict[str, str]:
+    return {k: expand(v, scratch) for k, v in cluster.env.items()}
 
 
 def test_binds_and_environment_are_the_facts_files(rehearsal, image):
@@ -149,7 +153,8 @@ def test_binds_and_environment_are_the_facts_files(rehearsal, image):
         assert e["gpu_flags"] == ["--nv"], e  # gpu.vendor: nvidia
         # The benchmark points run `python -m hpcllm...` in the image: the checkout's src/.
         extra = [SRC] if rule.startswith("bench_") else []
-        assert e["binds"] == [*cluster.container_binds, *extra], (rule, e["binds"])
+        binds = [expand(b, work / "scratch") for b in cluster.container_binds]
+        assert e["binds"] == [*binds, *extra], (rule, e["binds"])
         if rule.startswith("bench_"):
             assert e["env"]["PYTHONPATH"] == SRC
         assert e["image"].endswith(".sif")
@@ -198,3 +203,6 @@ def test_the_segment_wrote_megatrons_checkpoint_layout(rehearsal):
         assert sorted(p.name for p in (save / it).iterdir()) == ["mp_rank_00", "mp_rank_01"]
     record = json.loads((work / f"results/train/{EXPERIMENT}/seg1.json").read_text())
     assert record["engine"] == "megatron" and record["last_iteration"] == 4
+    # A benchmark point measures; it saves no checkpoint.
+    language = work / f"results/bench/language/{LANGUAGE}"
+    assert not list(language.rglob("latest_checkpointed_iteration.txt"))

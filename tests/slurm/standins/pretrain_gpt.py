@@ -8,9 +8,9 @@ of the pinned commit checks and what the workflow reads back, nothing more:
   option strings of its megatron/training/arguments.py), else argparse's error, exit 2;
 - the checks of that commit's ``validate_args`` and start-up that apply without a GPU:
   world size divisible by TP x PP, global batch by micro batch x DP, sequence length
-  within the position embeddings, ``CUDA_DEVICE_MAX_CONNECTIONS=1``, GPT2BPETokenizer's
-  vocab and merge files, the data prefixes' .bin/.idx (the .idx magic), warm-up shorter
-  than the decay;
+  within the position embeddings, ``CUDA_DEVICE_MAX_CONNECTIONS=1`` with TP (GPUs before
+  Blackwell), GPT2BPETokenizer's vocab and merge files, NullTokenizer's vocabulary size,
+  the data prefixes' .bin/.idx (the .idx magic), warm-up shorter than the decay;
 - the ranks meet in a gloo process group (torchrun's rendezvous across the nodes) and
   each prints its node; the last rank prints Megatron's per-iteration log line;
 - ``--load``/``--save``/``--save-interval``/``--exit-interval``/``--exit-signal-handler``/
@@ -81,11 +81,14 @@ def main() -> int:
     seq = value("--seq-length", None, int)
     if seq is None or seq > value("--max-position-embeddings", seq, int):
         die("--seq-length is missing or longer than --max-position-embeddings")
-    if os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1":
+    # validate_args at the pin, on GPUs before Blackwell (the rehearsal's are A100s).
+    if tp > 1 and os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1":
         die(
-            "RuntimeError: Using async gradient all reduce requires setting the environment "
-            "variable CUDA_DEVICE_MAX_CONNECTIONS to 1"
+            "AssertionError: Using tensor model parallelism or context parallelism require "
+            "setting the environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1"
         )
+    if value("--tokenizer-type") == "NullTokenizer" and value("--vocab-size") is None:
+        die("NullTokenizer needs --vocab-size")
     if value("--tokenizer-type") == "GPT2BPETokenizer":
         for flag in ("--vocab-file", "--merge-file"):
             if value(flag) is None or not os.path.isfile(value(flag)):
