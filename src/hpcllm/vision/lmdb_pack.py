@@ -239,15 +239,16 @@ def pack_lmdb(
     threads: int = 4,
     txn_bytes: int = 64 << 20,
     map_size: int = 1 << 30,
-    read_ahead_bytes: int | None = None,
+    read_ahead_bytes: int = 0,
 ) -> dict[str, Any]:
     """Write the images of ``listing`` into the LMDB directory ``out_dir``; return the report.
 
     ``on_bad_image``: ``fail`` raises BadInputError naming the bad files (nothing is left
     behind); ``skip`` leaves them out and lists them in the report (JSON at
     ``report_path``: counts, sizes, time, and ``skipped``: path, kind, message).
-    ``read_ahead_bytes`` (default two transactions): how far the readers may run ahead
-    of the writer; 0 for the minimum (``threads`` x 4 chunks of images).
+    ``read_ahead_bytes``: how far the readers may run ahead of the writer, beyond the
+    minimum of ``threads`` x 4 chunks of images (e.g. ``2 * txn_bytes``, so that they go
+    on reading while the writer commits; no gain measured yet, see docs/vision.md).
     """
     if on_bad_image not in ("fail", "skip"):
         raise ValueError(f"on_bad_image must be fail or skip, not '{on_bad_image}'")
@@ -270,10 +271,7 @@ def pack_lmdb(
             ok = False
             try:
                 for sample, record, size, problem in _read_ahead(
-                    samples,
-                    check,
-                    threads,
-                    2 * txn_bytes if read_ahead_bytes is None else read_ahead_bytes,
+                    samples, check, threads, read_ahead_bytes
                 ):
                     if problem:
                         bad = Problem(str(sample.path), "bad_image", problem)
