@@ -176,15 +176,18 @@ def test_benchmark_tokenizer_is_the_file_named_not_files_beside_it(tmp_path):
         "data": str(tmp_path / "data_text_document"),
         "tokenizer": str(folder / "tokenizer.json"),
     }
-    argv = engine_command(point, tmp_path / "run", "python")
+    # the torch engine: the vocabulary file written from the named tokenizer
+    argv = engine_command({**point, "engine": "torch"}, tmp_path / "run", "python")
     vocab = argv[argv.index("--vocab-file") + 1]
-    merges = argv[argv.index("--merge-file") + 1]
-    assert vocab.startswith(str(tmp_path / "run")) and merges.startswith(str(tmp_path / "run"))
+    assert vocab.startswith(str(tmp_path / "run"))
     assert json.loads(open(vocab).read()) == tok.get_vocab()
     assert json.loads(open(vocab).read()) != other.get_vocab()
-    assert (
-        "--mock-data" not in argv and argv[argv.index("--tokenizer-type") + 1] == "GPT2BPETokenizer"
-    )
+    # Megatron: the named file itself, read offline (HuggingFaceTokenizer on its copy)
+    argv = engine_command(point, tmp_path / "run", "python")
+    assert "--mock-data" not in argv and "--vocab-file" not in argv
+    assert argv[argv.index("--tokenizer-type") + 1] == "HuggingFaceTokenizer"
+    model = Path(argv[argv.index("--tokenizer-model") + 1])
+    assert (model / "tokenizer.json").read_bytes() == (folder / "tokenizer.json").read_bytes()
 
 
 def test_megatron_benchmark_point_starts_without_files_warm_up_or_checkpoint(tmp_path):

@@ -101,12 +101,13 @@ def test_flag_list_is_megatrons_not_ours():
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))
-@pytest.mark.parametrize("variant", ["data", "mock", "amd"])
+@pytest.mark.parametrize("variant", ["data", "mock", "amd", "hf"])
 def test_only_flags_of_the_pinned_commit(preset, variant):
     kw = {
         "data": {},
         "mock": dict(data_path=None, vocab_file=None, merge_file=None, save=None),
         "amd": dict(transformer_impl="local"),
+        "hf": dict(tokenizer_model="data/tokenizers/x"),
     }[variant]
     flags = [a for a in args_for(preset, **kw) if a.startswith("--")]
     unknown = set(flags) - megatron_flags()
@@ -122,6 +123,13 @@ def test_mock_data_needs_no_vocabulary_and_saves_nothing():
     assert "--save" not in got and "--load" not in got and "--save-interval" not in got
     with pytest.raises(MegatronArgsError, match="vocab and merges"):
         args_for("gpt_7b", vocab_file=None, merge_file=None)
+
+
+def test_tokenizer_folder_is_read_offline_by_huggingface_tokenizer():
+    # GPT2BPETokenizer at the pin asks the hub for gpt2's configuration at start-up
+    got = pairs(args_for("gpt_7b", tokenizer_model="data/tokenizers/x"))
+    assert got["--tokenizer-type"] == "HuggingFaceTokenizer"
+    assert got["--tokenizer-model"] == "data/tokenizers/x" and "--vocab-file" not in got
 
 
 def test_amd_gpus_run_without_transformer_engine():

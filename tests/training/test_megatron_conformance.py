@@ -51,7 +51,8 @@ def gpu_clusters():
 
 
 def gpt2_tokenizer_files(folder: Path) -> str:
-    """A small GPT-2 style vocab.json + merges.txt: Megatron's tokenizer reads them."""
+    """A small tokenizer folder as train_tokenizer writes it: tokenizer.json, vocab.json
+    and merges.txt."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -60,6 +61,7 @@ def gpt2_tokenizer_files(folder: Path) -> str:
     tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 20, trainer)
     folder.mkdir(parents=True, exist_ok=True)
     tok.model.save(str(folder))
+    tok.save(str(folder / "tokenizer.json"))  # as train_tokenizer writes it
     return str(folder)
 
 
@@ -124,7 +126,8 @@ def test_megatron_parses_every_generated_command_line(tmp_path):
         input=json.dumps(cases),
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": MEGATRON_LM_DIR},
+        # offline, as on compute nodes: a tokenizer that needs the hub fails, not hangs
+        env={**os.environ, "PYTHONPATH": MEGATRON_LM_DIR, "HF_HUB_OFFLINE": "1"},
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]

@@ -8,6 +8,7 @@ throughput logging, so every iteration is a Megatron-format line for the parser.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from hpcllm.bench.runner import launch_for, python_for, run_launch
@@ -43,7 +44,8 @@ def experiment_of(point: dict) -> dict:
 
 def tokenizer_files(point: dict, run_dir: str | Path) -> tuple[str | None, str | None]:
     """GPT-2 style vocab.json and merges.txt of the point's ``tokenizer.json``, written
-    from that very file into the run folder (never other files that lie beside it)."""
+    from that very file into the run folder with a copy of it (never other files that lie
+    beside it); Megatron reads the folder, the torch engine the vocab file."""
     if not point.get("tokenizer"):
         return None, None
     from tokenizers import Tokenizer, models
@@ -61,6 +63,8 @@ def tokenizer_files(point: dict, run_dir: str | Path) -> tuple[str | None, str |
     out = Path(run_dir) / "tokenizer"
     out.mkdir(parents=True, exist_ok=True)
     vocab, merges = model.save(str(out))
+    # and the file itself, for Megatron's HuggingFaceTokenizer (--tokenizer-model out)
+    shutil.copyfile(source, out / "tokenizer.json")
     return str(Path(vocab).resolve()), str(Path(merges).resolve())
 
 
@@ -123,6 +127,7 @@ def engine_command(
         stop_iteration=point["iterations"],
         exit_minutes=None,
         transformer_impl=transformer_impl,
+        tokenizer_model=str(Path(vocab).parent) if vocab else None,
     )
     return [python, PRETRAIN_GPT, *args]
 

@@ -75,6 +75,7 @@ FLAGS: dict[str, dict[str, str]] = {
         "split": "--split",
         "data_cache_path": "--data-cache-path",
         "tokenizer_type": "--tokenizer-type",
+        "tokenizer_model": "--tokenizer-model",
         "vocab_size": "--vocab-size",
         "vocab_file": "--vocab-file",
         "merge_file": "--merge-file",
@@ -159,13 +160,19 @@ def pretrain_gpt_args(
     stop_iteration: int,
     exit_minutes: int | None,
     transformer_impl: str = "transformer_engine",
+    tokenizer_model: str | None = None,
     commit: str = MEGATRON_LM_COMMIT,
 ) -> list[str]:
     """The arguments after ``pretrain_gpt.py`` (the launch builder adds the rest).
 
     ``data_path=None`` trains on Megatron's mock data with its ``NullTokenizer`` (no
     vocabulary files); ``save=None`` writes no checkpoint (Megatron saves at the end
-    whenever ``--save`` is set) and loads none.
+    whenever ``--save`` is set) and loads none. ``tokenizer_model``: a folder holding the
+    tokenizer's ``tokenizer.json``, read offline by ``HuggingFaceTokenizer``. Without it,
+    ``GPT2BPETokenizer`` with the vocab and merges files, which at this pin asks the
+    Hugging Face hub for gpt2's tokenizer configuration at start-up (AutoTokenizer
+    .from_pretrained("gpt2", vocab_file=..., merges_file=...)): it fails on compute nodes
+    without internet unless gpt2 is in the HF cache.
     """
     if commit not in FLAGS:
         raise MegatronArgsError(
@@ -234,7 +241,10 @@ def pretrain_gpt_args(
         add("data_path", data_path)
     add("split", split)
     add("data_cache_path", data_cache_path)
-    if vocab_file is None:
+    if tokenizer_model is not None:
+        add("tokenizer_type", "HuggingFaceTokenizer")
+        add("tokenizer_model", tokenizer_model)
+    elif vocab_file is None:
         if data_path is not None:
             raise MegatronArgsError("a dataset needs its tokenizer's vocab and merges files")
         add("tokenizer_type", "NullTokenizer")

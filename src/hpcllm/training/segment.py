@@ -140,6 +140,10 @@ def engine_command(
                 stop_iteration=stop,
                 exit_minutes=None if exit_minutes is None else int(exit_minutes),
                 transformer_impl=transformer_impl,
+                # read offline; GPT2BPETokenizer would ask the hub for gpt2's config
+                tokenizer_model=tokenizer_dir
+                if (Path(tokenizer_dir) / "tokenizer.json").exists()
+                else None,
             ),
         ]
     model, optim = experiment["model"], experiment["optim"]
