@@ -23,18 +23,23 @@ from hpcllm.text.tokenization import (
     read_texts,
     tokenize_shard,
     tokenizer_from_gpt2_files,
+    with_special_handling,
 )
 from hpcllm.text.tokenizers_config import tokenizer_for
 
 EOD = "<|endoftext|>"
 
 
-def hf_ids(tok, text):
-    return tok.encode(text, add_special_tokens=False).ids
+def hf_ids(tok, text, special_tokens_in_text="text"):
+    """The reference: HF tokenizers with special tokens in text read as configured."""
+    return with_special_handling(tok, special_tokens_in_text).encode(text).ids
 
 
-def test_gigatoken_gives_hf_ids_on_many_scripts(trained_tokenizer, edge_texts, sample_texts):
-    tok = load_tokenizer(trained_tokenizer)
+@pytest.mark.parametrize("special_tokens_in_text", ["text", "special"])
+def test_gigatoken_gives_hf_ids_on_many_scripts(
+    trained_tokenizer, edge_texts, sample_texts, special_tokens_in_text
+):
+    tok = with_special_handling(load_tokenizer(trained_tokenizer), special_tokens_in_text)
     texts = edge_texts + sample_texts
     flat, lengths = gigatoken_encoder(tok).encode(texts)
     ref_flat, ref_lengths = hf_encoder(tok).encode(texts)
@@ -43,7 +48,9 @@ def test_gigatoken_gives_hf_ids_on_many_scripts(trained_tokenizer, edge_texts, s
     # And per document, against the plain single-text API.
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     for i, text in enumerate(edge_texts):
-        assert flat[offsets[i] : offsets[i + 1]].tolist() == hf_ids(tok, text)
+        assert flat[offsets[i] : offsets[i + 1]].tolist() == hf_ids(
+            tok, text, special_tokens_in_text
+        )
 
 
 def test_gpt2_style_files_give_the_same_ids_as_tokenizer_json(trained_tokenizer, edge_texts):
@@ -180,3 +187,127 @@ def test_killed_tokenize_leaves_no_complete_looking_output_and_rerun_is_identica
     tokenize_shard(shard, tmp_path / "ref", load_tokenizer(trained_tokenizer), EOD, encoder="hf")
     assert rerun == ((tmp_path / "ref.bin").read_bytes(), (tmp_path / "ref.idx").read_bytes())
     assert json.dumps(len(IndexedDataset(str(out)))) == str(len(sample_texts) * 4)
+
+
+SPECIALS = ["<|endoftext|>", "<pad>", "[MASK]", "<|im_start|>", "<s>"]
+
+
+@pytest.fixture(scope="module")
+def many_specials_tokenizer(tmp_path_factory, sample_texts):
+    from hpcllm.text.tokenizer_train import train_bpe
+
+    d = tmp_path_factory.mktemp("specials")
+    shard = d / "corpus.jsonl.zst"
+    write_jsonl_zst(((str(i), t) for i, t in enumerate(sample_texts[:300])), shard)
+    return train_bpe([shard], d / "bpe", vocab_size=600, special_tokens=SPECIALS)
+
+
+@pytest.mark.parametrize("encoder", ["auto", "hf"])
+def test_special_tokens_inside_documents_are_text_by_default(
+    tmp_path, many_specials_tokenizer, encoder
+):
+    tok = load_tokenizer(many_specials_tokenizer, eod_token=EOD)
+    special_ids = {tok.token_to_id(t) for t in SPECIALS}
+    texts = [f"web text {t} more" for t in SPECIALS] + ["".join(SPECIALS), "a<s>b[MASK]</s>"]
+    stats, ds = tokenize_and_read(tmp_path, tok, texts, encoder=encoder)
+    assert stats.encoder == ("gigatoken" if encoder == "auto" else "hf")
+    for doc, text in zip(ds, texts, strict=True):
+        ids = doc.tolist()
+        # The end-of-document id only where the workflow appends it; no other special id.
+        assert ids[-1] == tok.token_to_id(EOD) and not special_ids & set(ids[:-1]), text
+        assert ids[:-1] == hf_ids(tok, text, "text")
+        assert tok.decode(ids[:-1]) == text  # the literal text survives, byte for byte
+
+
+@pytest.mark.parametrize("encoder", ["auto", "hf"])
+def test_special_tokens_in_text_special_keeps_hf_and_megatron_ids(
+    tmp_path, many_specials_tokenizer, encoder
+):
+    tok = load_tokenizer(many_specials_tokenizer, eod_token=EOD)
+    texts = [f"web text {t} more" for t in SPECIALS]
+    stats, ds = tokenize_and_read(
+        tmp_path, tok, texts, encoder=encoder, special_tokens_in_text="special"
+    )
+    assert stats.encoder == ("gigatoken" if encoder == "auto" else "hf")
+    for doc, text, special in zip(ds, texts, SPECIALS, strict=True):
+        # HF's own default (and Megatron-LM's preprocess_data.py): the token's id.
+        assert doc.tolist()[:-1] == tok.encode(text, add_special_tokens=False).ids
+        assert tok.token_to_id(special) in doc.tolist()[:-1]
+
+
+def test_the_probe_covers_every_special_token_without_a_given_probe(
+    many_specials_tokenizer, monkeypatch
+):
+    import hpcllm.text.tokenization as t
+
+    tok = with_special_handling(load_tokenizer(many_specials_tokenizer), "text")
+    real = t.gigatoken_encoder
+
+    def wrong_on_masks(tk):
+        enc = real(tk)
+        inner = enc._encode
+
+        def encode(texts):
+            flat, lengths = inner(texts)
+            return (flat + 1, lengths) if any("[MASK]" in x for x in texts) else (flat, lengths)
+
+        enc._encode = encode
+        return enc
+
+    monkeypatch.setattr(t, "gigatoken_encoder", wrong_on_masks)
+    assert make_encoder(tok, "auto").name == "hf"
+
+
+def test_a_difference_after_the_first_batch_stops_the_job(tmp_path, trained_tokenizer, monkeypatch):
+    import hpcllm.text.tokenization as t
+
+    real = t.gigatoken_encoder
+
+    def wrong_on_late_text(tk):
+        enc = real(tk)
+        inner = enc._encode
+
+        def encode(texts):
+            flat, lengths = inner(texts)
+            return (flat + 1, lengths) if any("late" in x for x in texts) else (flat, lengths)
+
+        enc._encode = encode
+        return enc
+
+    monkeypatch.setattr(t, "gigatoken_encoder", wrong_on_late_text)
+    texts = [f"early document {i} " * 20 for i in range(50)] + ["late document " * 20] * 5
+    with pytest.raises(TokenizerError, match=r"gave other ids than tokenizers .*encoder: hf"):
+        tokenize_and_read(tmp_path, load_tokenizer(trained_tokenizer), texts, batch_bytes=1024)
+    assert not list(tmp_path.glob("out_text_document.*"))
+
+
+def test_a_huge_document_is_encoded_in_pieces_with_the_same_ids(
+    tmp_path, trained_tokenizer, sample_texts
+):
+    from hpcllm.text.tokenization import pieces, splits_at_whitespace
+
+    tok = load_tokenizer(trained_tokenizer, eod_token=EOD)
+    assert splits_at_whitespace(tok)
+    huge = "\n\n".join(sample_texts[:20]) + "  \n \t end"
+    cut = pieces(huge, 1000)
+    assert "".join(cut) == huge and len(cut) > len(huge) // 1000
+    assert max(len(p) for p in cut) <= 1000
+    texts = ["short one", huge, "short two " * 50, huge[:50_000][::-1]]
+    for encoder in ("auto", "hf"):
+        _, ds = tokenize_and_read(
+            tmp_path, tok, texts, encoder=encoder, piece_chars=1000, batch_bytes=8000
+        )
+        for doc, text in zip(ds, texts, strict=True):
+            assert doc.tolist() == hf_ids(tok, text) + [tok.token_to_id(EOD)]
+
+
+def test_pieces_only_where_they_keep_the_ids():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from hpcllm.text.tokenization import pieces, splits_at_whitespace
+
+    meta = Tokenizer(models.BPE())
+    meta.pre_tokenizer = pre_tokenizers.Metaspace()
+    assert not splits_at_whitespace(meta)
+    # A run without whitespace longer than a piece stays whole.
+    assert pieces("x" * 50 + " y" * 10, 20) == ["x" * 50] + [" y" * 10]

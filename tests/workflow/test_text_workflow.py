@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
+
+import pyarrow.parquet as pq
 import pytest
+import yaml
+import zstandard
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 from support import REPO, make_workdir, run_snakemake
 
 from hpcllm.configuration import config_reference
-from hpcllm.text.sample_corpus import write_hub_mirror  # noqa: F401  (the mirror's writer)
-from hpcllm.text.sources import shard_documents
-from hpcllm.text.tokenization import load_tokenizer, read_texts
+from hpcllm.text.tokenization import load_tokenizer, with_special_handling
 
 SOURCES = ("sample_en", "sample_multilingual", "fineweb")
 TARGETS = [
@@ -19,9 +22,35 @@ TARGETS = [
 pytestmark = pytest.mark.workflow
 
 
-def source_texts(workdir, name, cfg):
-    docs = shard_documents(name, cfg, 0, 1, base=workdir)
-    return [d.text for d in docs if d.text.strip()]
+CONFIG = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["text"]
+
+
+def jsonl_zst_records(path) -> list[dict]:
+    """The records of a JSONL.zst file, read with zstandard and json alone (independent of
+    the package's readers)."""
+    with open(path, "rb") as f, zstandard.ZstdDecompressor().stream_reader(f) as r:
+        data = r.read()
+    return [json.loads(line) for line in data.splitlines() if line.strip()]
+
+
+def reference_texts(name: str) -> list[str]:
+    """What the merged dataset of a built-in source must hold, computed from the inputs
+    without the workflow's sharding: local sources are every document of the file in
+    order; the FineWeb mirror is each parquet file's first max_documents/N non-empty texts
+    (one file per shard)."""
+    cfg = CONFIG["sources"][name]
+    if cfg["type"] == "local":
+        texts = [r["text"] for r in jsonl_zst_records(REPO / cfg["files"])]
+        return [t for t in texts if t.strip()]
+    files = sorted((REPO / cfg["mirror"] / "sample" / "10BT").glob("*.parquet"))
+    assert len(files) == cfg["shards"] == 2
+    per_file = cfg["max_documents"] // len(files)
+    out = []
+    for f in files:
+        out += [
+            t for t in pq.read_table(f, columns=["text"]).column("text").to_pylist() if t.strip()
+        ][:per_file]
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -32,42 +61,81 @@ def text_run(tmp_path_factory):
 
 
 def test_merged_datasets_hold_the_reference_ids_in_source_order(text_run):
-    import yaml
-
-    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     tok = load_tokenizer(text_run / "data/tokenizers/sample_bpe/tokenizer.json")
+    text_tok = with_special_handling(tok, "text")
     eod = tok.token_to_id("<|endoftext|>")
     for name in SOURCES:
-        cfg = {**config["text"]["sources"][name], "mirror": None}
-        if name == "fineweb":
-            cfg["mirror"] = str(REPO / config["text"]["sources"][name]["mirror"])
-        texts = source_texts(text_run, name, cfg)
-        if "max_documents" in cfg:
-            texts = texts[: cfg["max_documents"]]
+        texts = reference_texts(name)
         ds = IndexedDataset(str(text_run / f"data/tokenized/sample_bpe/{name}_text_document"))
         assert len(ds) == len(texts) > 0, name
         for doc, text in zip(ds, texts, strict=True):
-            assert doc.tolist() == tok.encode(text, add_special_tokens=False).ids + [eod]
-        # Every shard's manifest counts what it wrote.
-        raw = [
-            t
-            for p in sorted((text_run / f"data/raw/{name}").glob("*.jsonl.zst"))
-            for b in read_texts(p, 1 << 20)
-            for t in b
-        ]
-        assert raw == texts
+            assert doc.tolist() == text_tok.encode(text, add_special_tokens=False).ids + [eod]
 
 
-def test_rerun_gives_byte_identical_outputs(text_run, tmp_path):
+def test_every_shard_manifest_counts_what_it_wrote(text_run):
+    for name in SOURCES:
+        shards = sorted((text_run / f"data/raw/{name}").glob("*.jsonl.zst"))
+        assert len(shards) == CONFIG["sources"][name]["shards"]
+        for path in shards:
+            records = jsonl_zst_records(path)
+            manifest = json.loads(
+                path.with_name(path.name.replace(".jsonl.zst", ".manifest.json")).read_text()
+            )
+            assert manifest["documents"] == len(records) > 0, path
+            assert manifest["bytes"] == sum(len(r["text"].encode()) for r in records), path
+            assert manifest["source"] == name and manifest["skipped_total"] == 0
+
+
+def test_rerun_gives_byte_identical_outputs(text_run):
     before = {t: (text_run / t).read_bytes() for t in TARGETS}
     run_snakemake(text_run, "--cores", "2", "--forceall", *TARGETS)
     assert {t: (text_run / t).read_bytes() for t in TARGETS} == before
 
 
+def planned_jobs(stdout: str) -> dict[str, int]:
+    """The job counts of a dry run ("Job stats:" table: job, count)."""
+    table = stdout.split("Job stats:", 1)[1]
+    counts = {}
+    for line in table.splitlines()[3:]:
+        parts = line.split()
+        if len(parts) != 2 or not parts[1].isdigit():
+            break
+        counts[parts[0]] = int(parts[1])
+    return counts
+
+
 def test_dry_run_lists_every_text_job(workdir):
     proc = run_snakemake(workdir, "-n", "--cores", "2", *TARGETS)
-    for rule in ("download_text", "train_tokenizer", "tokenize", "merge_tokenized"):
-        assert rule in proc.stdout
+    shards = sum(CONFIG["sources"][s]["shards"] for s in SOURCES)
+    assert planned_jobs(proc.stdout) == {
+        "download_text": shards,
+        "train_tokenizer": 1,
+        "tokenize": shards,
+        "merge_tokenized": len(SOURCES),
+        "total": 2 * shards + 1 + len(SOURCES),
+    }
+
+
+def test_adding_a_source_plans_only_that_sources_jobs(text_run):
+    # The tokenizer's training sources are pinned (without `sources` it trains on all of
+    # them, so a new source is new training data and retrains it).
+    (text_run / "extra.jsonl").write_text('{"text": "one more source"}\n' * 3)
+    (text_run / "extra.yaml").write_text(
+        "text:\n  sources:\n    extra:\n      type: local\n      files: extra.jsonl\n"
+        "      shards: 3\n  tokenizers:\n    sample_bpe:\n"
+        f"      sources: [{', '.join(SOURCES)}]\n"
+    )
+    targets = [
+        *TARGETS,
+        *(f"data/tokenized/sample_bpe/extra_text_document.{e}" for e in ("bin", "idx")),
+    ]
+    proc = run_snakemake(text_run, "-n", *targets, "--configfile", "extra.yaml")
+    assert planned_jobs(proc.stdout) == {
+        "download_text": 3,
+        "tokenize": 3,
+        "merge_tokenized": 1,
+        "total": 7,
+    }, proc.stdout
 
 
 @pytest.mark.parametrize(
@@ -100,3 +168,48 @@ def test_config_readme_is_in_step_with_the_schemas():
     assert (REPO / "config" / "README.md").read_text() == config_reference(
         REPO / "workflow" / "schemas"
     ), "config/README.md is out of date: run `python -m hpcllm config-docs`"
+
+
+def test_training_on_a_files_tokenizer_uses_exactly_its_files(workdir):
+    (workdir / "tok").mkdir()
+    (workdir / "tok/vocab.json").write_text('{"<|endoftext|>": 0, "a": 1}')
+    (workdir / "tok/merges.txt").write_text("#version: 0.2\n")
+    (workdir / "given.yaml").write_text(
+        "text:\n  tokenizers:\n    given:\n      type: files\n      vocab_file: tok/vocab.json\n"
+        "      merges_file: tok/merges.txt\n  tokenize:\n    tokenizers: [sample_bpe, given]\n"
+        "training:\n  run: [tiny_given]\n  experiments:\n    tiny_given:\n      engine: torch\n"
+        "      preset: tiny\n      data:\n        tokenizer: given\n"
+        "        sources: {sample_en: 1.0}\n        split: '98,2,0'\n"
+        "      layout: {nodes: 1, procs_per_node: 1}\n      segments: 1\n"
+        "      iterations_per_segment: 2\n"
+    )
+    proc = run_snakemake(
+        workdir, "-n", "results/train/tiny_given/seg1.json", "--configfile", "given.yaml"
+    )
+    jobs = planned_jobs(proc.stdout)
+    assert "train_tokenizer" not in jobs and jobs["train_segment"] == 1, proc.stdout
+    segment = proc.stdout.split("rule train_segment:", 1)[1].split("\n\n", 1)[0]
+    assert "tok/vocab.json" in segment and "tok/merges.txt" in segment, segment
+    assert "data/tokenizers/" not in proc.stdout
+
+
+def test_config_docs_cli_writes_the_reference_of_the_schemas_it_is_given(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    out = tmp_path / "README.md"
+    cmd = [sys.executable, "-m", "hpcllm", "config-docs", "--output", str(out)]
+    subprocess.run(cmd, cwd=REPO, check=True, capture_output=True)
+    assert out.read_text() == (REPO / "config" / "README.md").read_text()
+    # Another schema folder: a new key and its description appear in what it writes.
+    schemas = shutil.copytree(REPO / "workflow" / "schemas", tmp_path / "schemas")
+    text = (schemas / "text.schema.yaml").read_text()
+    new_key = "  zz_new_key:\n    type: integer\n    description: A key added by the test.\n"
+    (schemas / "text.schema.yaml").write_text(
+        text.replace("properties:\n", "properties:\n" + new_key, 1)
+    )
+    subprocess.run([*cmd, "--schemas", str(schemas)], cwd=tmp_path, check=True)
+    written = out.read_text()
+    assert "zz_new_key" in written and "A key added by the test." in written
+    assert written == config_reference(schemas)

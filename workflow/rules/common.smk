@@ -29,6 +29,14 @@ TEXT = config["text"]
 SOURCES = TEXT["sources"]
 TOKENIZERS = TEXT["tokenizers"]
 TOKENIZE = TEXT["tokenize"]
+# What the jobs of a rule depend on, and only that: a rule's params are part of what
+# Snakemake compares to decide a rerun, so adding a source or a tokenizer must not
+# change the params of the jobs of the others.
+TEXT_DEFAULTS = {k: TEXT[k] for k in ("on_bad_record", "max_document_bytes")}
+TOKENIZE_SETTINGS = {
+    k: TOKENIZE[k]
+    for k in ("append_eod", "encoder", "batch_bytes", "special_tokens_in_text")
+}
 
 # A missing input file is reported here, at plan time (dry run included).
 for _name, _source in SOURCES.items():
@@ -90,6 +98,18 @@ def raw_shards(source):
     )
 
 
+def raw_manifests(wildcards):
+    return expand(
+        "data/raw/{source}/{shard}.manifest.json",
+        source=wildcards.source,
+        shard=shard_ids(wildcards.source),
+    )
+
+
+def source_min_documents(wildcards):
+    return SOURCES[wildcards.source].get("min_documents", TEXT["min_documents"])
+
+
 def source_config(wildcards):
     return SOURCES[wildcards.source]
 
@@ -98,8 +118,16 @@ def source_num_shards(wildcards):
     return SOURCES[wildcards.source]["shards"]
 
 
-def tokenizer_config(wildcards):
-    return TOKENIZERS[wildcards.tok]
+def tokenizer_training(wildcards):
+    """What training depends on besides its input shards (``sources`` picks those)."""
+    cfg = TOKENIZERS[wildcards.tok]
+    return {k: cfg[k] for k in ("vocab_size", "special_tokens", "sample_documents")}
+
+
+def tokenizer_use(wildcards):
+    """What encoding depends on besides the tokenizer's files."""
+    cfg = TOKENIZERS[wildcards.tok]
+    return {k: cfg[k] for k in ("type", "eod_token", "vocab_size") if k in cfg}
 
 
 def tokenizer_training_shards(wildcards):
@@ -276,8 +304,9 @@ def training_data(wildcards):
 
 
 def training_tokenizer(wildcards):
-    tok_dir = EXPERIMENTS[wildcards.experiment].tokenizer_dir
-    return [f"{tok_dir}/vocab.json", f"{tok_dir}/merges.txt"]
+    """The vocab.json and merges.txt the tokenizer config names (a type: files tokenizer
+    is never trained: its own files are the input)."""
+    return list(EXPERIMENTS[wildcards.experiment].tokenizer_files)
 
 
 def training_container(wildcards):

@@ -14,7 +14,7 @@ rule download_text:
     params:
         source=source_config,
         num_shards=source_num_shards,
-        text=TEXT,
+        defaults=TEXT_DEFAULTS,
     script:
         "../scripts/download_text.py"
 
@@ -37,7 +37,7 @@ rule train_tokenizer:
         mem_mb=16000,
         runtime=120,
     params:
-        tokenizer=tokenizer_config,
+        tokenizer=tokenizer_training,
         out_dir=subpath(output.tokenizer, parent=True),
     script:
         "../scripts/train_tokenizer.py"
@@ -60,8 +60,8 @@ rule tokenize:
         mem_mb=4000,
         runtime=60,
     params:
-        tokenizer=tokenizer_config,
-        tokenize=TOKENIZE,
+        tokenizer=tokenizer_use,
+        tokenize=TOKENIZE_SETTINGS,
         prefix=subpath(output[0], strip_suffix=".bin"),
     script:
         "../scripts/tokenize.py"
@@ -69,7 +69,8 @@ rule tokenize:
 
 rule merge_tokenized:
     input:
-        tokenized_shards,
+        shards=tokenized_shards,
+        manifests=raw_manifests,
     output:
         multiext("data/tokenized/{tok}/{source}_text_document", ".bin", ".idx"),
     log:
@@ -84,5 +85,6 @@ rule merge_tokenized:
     params:
         shard_prefixes=tokenized_shard_prefixes,
         prefix=subpath(output[0], strip_suffix=".bin"),
+        min_documents=source_min_documents,
     script:
         "../scripts/merge_tokenized.py"

@@ -48,6 +48,6 @@ rule pack_lmdb:
         runtime=360,
     params:
         dataset=image_dataset_config,
-        vision=VISION,
+        vision={k: VISION[k] for k in ("on_bad_image", "check") if k in VISION},
     script:
         "../scripts/pack_lmdb.py"

@@ -1,5 +1,7 @@
 import shutil
 
+import hpcllm_checkout  # noqa: F401  (hpcllm from the checkout that planned the run)
+
 from hpcllm import logs
 from hpcllm.containers import build_image
 

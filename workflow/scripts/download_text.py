@@ -1,3 +1,5 @@
+import hpcllm_checkout  # noqa: F401  (hpcllm from the checkout that planned the run)
+
 from hpcllm import logs
 from hpcllm.text.shards import source_policy, write_shard
 
@@ -7,7 +9,7 @@ cfg, num_shards = snakemake.params.source, snakemake.params.num_shards
 write_shard(
     name,
     cfg,
-    source_policy(cfg, snakemake.params.text, shard, num_shards),
+    source_policy(cfg, snakemake.params.defaults, shard, num_shards),
     shard,
     num_shards,
     snakemake.output.jsonl,

@@ -1,9 +1,15 @@
 import logging
 
+import hpcllm_checkout  # noqa: F401  (hpcllm from the checkout that planned the run)
+
 from hpcllm import logs
 from hpcllm.text.indexed_dataset import merge_datasets
+from hpcllm.text.shards import check_source_size
 
 logs.setup(snakemake.log[0])
+check_source_size(
+    snakemake.wildcards.source, snakemake.input.manifests, snakemake.params.min_documents
+)
 index = merge_datasets(snakemake.params.shard_prefixes, snakemake.params.prefix)
 logging.info(
     "merged %d shards: %d documents, %d tokens",

@@ -1,3 +1,5 @@
+import hpcllm_checkout  # noqa: F401  (hpcllm from the checkout that planned the run)
+
 from hpcllm import logs
 from hpcllm.vision.datasets_config import pack_dataset_split
 

@@ -1,5 +1,7 @@
 import os
 
+import hpcllm_checkout  # noqa: F401  (hpcllm from the checkout that planned the run)
+
 os.environ["RAYON_NUM_THREADS"] = str(snakemake.threads)  # before tokenizers starts its pool
 
 from hpcllm import logs
@@ -16,4 +18,5 @@ tokenize_shard(
     append_eod=snakemake.params.tokenize["append_eod"],
     encoder=snakemake.params.tokenize["encoder"],
     batch_bytes=snakemake.params.tokenize["batch_bytes"],
+    special_tokens_in_text=snakemake.params.tokenize["special_tokens_in_text"],
 )

@@ -147,3 +147,35 @@ def _revision(cfg: dict[str, Any]) -> str:
     if cfg.get("mirror") or os.environ.get("HPCLLM_HF_MIRROR"):
         return f"local mirror ({cfg.get('revision') or 'revision as downloaded'})"
     return cfg.get("revision") or "main"
+
+
+class TooFewDocuments(ValueError):
+    """A merged dataset below its minimum size; names the source and why it is small."""
+
+
+def check_source_size(source: str, manifests: list[str | os.PathLike], min_documents: int) -> int:
+    """The number of documents the source's shards wrote; an error naming the source and
+    its skip counts when below ``min_documents`` (an empty merged ``.bin`` is a file
+    Megatron Core cannot open). A single empty shard is fine."""
+    documents = empty = 0
+    skipped: dict[str, int] = {}
+    examples: list[str] = []
+    for path in manifests:
+        with open(path) as f:
+            m = json.load(f)
+        documents += m["documents"]
+        empty += m.get("empty_documents", 0)
+        for reason, n in m.get("skipped", {}).items():
+            skipped[reason] = skipped.get(reason, 0) + n
+        examples += m.get("skipped_examples", [])[: 3 - len(examples)]
+    if documents >= min_documents:
+        return documents
+    why = ", ".join(f"{reason}: {n}" for reason, n in sorted(skipped.items())) or "none"
+    raise TooFewDocuments(
+        f"source '{source}': its {len(manifests)} shard(s) hold {documents} documents, "
+        f"fewer than min_documents: {min_documents}. Skipped records by reason: {why}; "
+        f"empty documents dropped: {empty}"
+        + (f"; first skipped: {'; '.join(examples)}" if examples else "")
+        + ". Fix the input (see the shard manifests data/raw/"
+        + f"{source}/*.manifest.json) or lower text.sources.{source}.min_documents"
+    )

@@ -15,7 +15,6 @@ bytes) are split evenly over the shards and apply to each shard's block from its
 from __future__ import annotations
 
 import glob
-import io
 import itertools
 import os
 from collections.abc import Iterator
@@ -67,6 +66,7 @@ class SkipLog:
 
 
 LOCAL_FORMATS = ("jsonl", "parquet", "text")
+UTF8_BOM = b"\xef\xbb\xbf"
 
 
 def _format_of(path: str) -> str:
@@ -95,6 +95,11 @@ def resolve_local_files(name: str, cfg: dict[str, Any], base: str | os.PathLike 
     files: list[str] = []
     for pattern in patterns:
         full = os.path.join(base, pattern)
+        # A literal path first: '[' and '*' are legal in file names and mean a glob only
+        # where no such file exists.
+        if os.path.isfile(full):
+            files.append(full)
+            continue
         matches = sorted(glob.glob(full, recursive=True))
         if not matches:
             raise SourceError(
@@ -108,8 +113,10 @@ def resolve_local_files(name: str, cfg: dict[str, Any], base: str | os.PathLike 
 def _jsonl_records(path: str, text_field: str, id_field: str | None) -> Iterator[Document]:
     """JSONL read line by line so that a bad line is reported with its number."""
     with open_binary(path) as raw:
-        for lineno, line in enumerate(io.BufferedReader(raw, 1 << 20), 1):
+        for lineno, line in enumerate(raw, 1):
             where = f"{path}:{lineno}"
+            if lineno == 1:
+                line = line.removeprefix(UTF8_BOM)  # written by some Windows tools
             if not line.strip():
                 continue
             try:
@@ -264,7 +271,8 @@ def _count_records(path: str, cfg: dict[str, Any]) -> int:
         return 1  # the empty-file bad record
     if (cfg.get("format") or _format_of(path)) == "jsonl":
         with open_binary(path) as raw:
-            return sum(1 for line in io.BufferedReader(raw, 1 << 20) if line.strip())
+            lines = (line.removeprefix(UTF8_BOM) if i == 0 else line for i, line in enumerate(raw))
+            return sum(1 for line in lines if line.strip())
     return sum(1 for _ in _local_file_records(path, cfg))
 
 

@@ -1,9 +1,15 @@
 """Tokenize JSONL shards into Megatron's indexed dataset (``tokenize``).
 
 Hugging Face ``tokenizers`` is the reference. Where ``gigatoken`` supports the tokenizer
-it encodes instead (several times faster, identical ids); every run checks the first
-batch against ``tokenizers`` and falls back to it on any difference. Documents stream
-through in batches of bounded size: memory does not grow with the shard.
+it encodes instead (several times faster, identical ids); every shard checks it against
+``tokenizers`` on the whole first batch plus texts holding every special token, and on
+one document of every later batch (see :func:`make_encoder`). Documents stream through
+in batches of bounded size, and a huge document is encoded in pieces cut at whitespace
+where that gives the same ids: memory does not grow with the shard or the document.
+
+Special tokens written inside a document (``<|endoftext|>`` in web text) are encoded as
+ordinary text by default, so the end-of-document id appears only where the workflow
+appends it; ``special_tokens_in_text: special`` keeps HF's and Megatron-LM's behaviour.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import io
 import logging
 import os
 import queue
+import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -28,7 +35,11 @@ from hpcllm.text.indexed_dataset import IndexedDatasetWriter, optimal_dtype
 log = logging.getLogger(__name__)
 
 ENCODERS = ("auto", "gigatoken", "hf")
-PROBE_DOCS, PROBE_CHARS = 32, 4096
+SPECIAL_HANDLING = ("text", "special")
+# Documents longer than this are encoded in pieces (where the tokenizer allows it).
+PIECE_CHARS = 1 << 20
+CHECK_CHARS = 4096  # of one document per batch, checked against the reference
+_CUT = re.compile(r"\s(?=\S)")  # the last whitespace of a run, before a non-space
 
 
 class TokenizerError(ValueError):
@@ -80,6 +91,43 @@ def tokenizer_from_gpt2_files(vocab: str | os.PathLike, merges: str | os.PathLik
     return tok
 
 
+def special_tokens_of(tok) -> list[str]:
+    """The special tokens of ``tok`` (its added tokens marked special)."""
+    return [t.content for t in tok.get_added_tokens_decoder().values() if t.special]
+
+
+def with_special_handling(tok, special_tokens_in_text: str):
+    """A copy of ``tok`` that reads special tokens written inside text as configured:
+    ``text`` encodes them like any other text, ``special`` gives their ids (HF's default)."""
+    from tokenizers import Tokenizer
+
+    if special_tokens_in_text not in SPECIAL_HANDLING:
+        raise TokenizerError(
+            f"special_tokens_in_text '{special_tokens_in_text}' unknown; use one of "
+            f"{', '.join(SPECIAL_HANDLING)}"
+        )
+    copy = Tokenizer.from_str(tok.to_str())
+    copy.encode_special_tokens = special_tokens_in_text == "text"
+    return copy
+
+
+def probe_texts(tok) -> list[str]:
+    """Texts on which an accelerated encoder must match the reference before it is used:
+    every special token alone, inside words and next to each other, and the usual hard
+    cases of byte-level BPE (scripts, emoji, whitespace runs, control characters)."""
+    specials = special_tokens_of(tok)
+    texts = [
+        "Hello, world! Größe, Straße; été, où? Ελληνικά, Русский, 日本語の文章, 中文, 한국어, العربية",
+        "Emoji 🚀🇪🇺 👨‍👩‍👧‍👦 👍🏽, combining e\u0301, NBSP\u00a0, zero width\u200b, \u2028",
+        "tabs\tand\nnewlines\r\n  \n\n   spaces   and \x01\x7f control",
+        "x" * 5000 + " " * 300 + "word " * 300,
+        "".join(specials),
+    ]
+    for special in specials:
+        texts += [special, f"a{special}b", f" {special} ", f"text\n{special}\nmore {special}."]
+    return texts
+
+
 @dataclass
 class Encoder:
     """Batch encoder returning ``(flat ids, lengths)``; ``name`` says which library."""
@@ -105,6 +153,14 @@ def gigatoken_encoder(tok) -> Encoder:
     import awkward as ak
     import gigatoken
 
+    if tok.encode_special_tokens:
+        # gigatoken always maps special tokens in text to their ids: give it the tokenizer
+        # without its added tokens, which then reads them as text (as the probe checks).
+        from tokenizers import Tokenizer
+
+        config = orjson.loads(tok.to_str())
+        config["added_tokens"] = []
+        tok = Tokenizer.from_str(orjson.dumps(config).decode())
     gt = gigatoken.Tokenizer(tok)
 
     def encode(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -114,11 +170,16 @@ def gigatoken_encoder(tok) -> Encoder:
     return Encoder("gigatoken", encode)
 
 
-def make_encoder(tok, choice: str = "auto", probe: Sequence[str] = ()) -> Encoder:
-    """The fastest encoder that gives the reference ids on ``probe``.
+def same_ids(a: Encoder, b: Encoder, texts: Sequence[str]) -> bool:
+    got, want = a.encode(texts), b.encode(texts)
+    return np.array_equal(got[1], want[1]) and np.array_equal(got[0], want[0])
 
-    ``auto`` tries gigatoken, compares it with ``tokenizers`` on ``probe`` and falls back
-    to ``tokenizers`` if it cannot load the tokenizer or differs on a single id.
+
+def make_encoder(tok, choice: str = "auto", probe: Sequence[str] = ()) -> Encoder:
+    """The fastest encoder that gives the reference ids on ``probe`` and :func:`probe_texts`.
+
+    ``auto`` tries gigatoken, compares it with ``tokenizers`` and falls back to
+    ``tokenizers`` if it cannot load the tokenizer or differs on a single id.
     """
     if choice not in ENCODERS:
         raise TokenizerError(f"encoder '{choice}' unknown; use one of {', '.join(ENCODERS)}")
@@ -132,16 +193,81 @@ def make_encoder(tok, choice: str = "auto", probe: Sequence[str] = ()) -> Encode
             raise TokenizerError(f"gigatoken cannot load this tokenizer: {e}") from e
         log.warning("gigatoken cannot load the tokenizer (%s); encoding with tokenizers", e)
         return reference
-    if probe:
-        got, want = fast.encode(probe), reference.encode(probe)
-        if not (np.array_equal(got[1], want[1]) and np.array_equal(got[0], want[0])):
-            if choice == "gigatoken":
-                raise TokenizerError("gigatoken gives other ids than tokenizers for this tokenizer")
-            log.warning(
-                "gigatoken's ids differ from tokenizers' on the first batch; using tokenizers"
-            )
-            return reference
+    if not same_ids(fast, reference, [*probe_texts(tok), *probe]):
+        if choice == "gigatoken":
+            raise TokenizerError("gigatoken gives other ids than tokenizers for this tokenizer")
+        log.warning("gigatoken's ids differ from tokenizers' on the probe; using tokenizers")
+        return reference
     return fast
+
+
+def splits_at_whitespace(tok) -> bool:
+    """Whether cutting a text before the last whitespace of a run leaves its ids unchanged:
+    true of the GPT-2 byte-level pre-tokenizer (every pre-token that starts with
+    whitespace starts with exactly one such character, and none ends with a non-space
+    followed by whitespace), not of others (Llama 3's regex keeps a space before newlines
+    together with them)."""
+    pre = orjson.loads(tok.to_str()).get("pre_tokenizer") or {}
+    return (
+        pre.get("type") == "ByteLevel"
+        and pre.get("use_regex", True)
+        and not pre.get("add_prefix_space", False)
+        and tok.normalizer is None
+    )
+
+
+def pieces(text: str, max_chars: int) -> list[str]:
+    """``text`` cut before the last whitespace of a run, into pieces of at most
+    ``max_chars`` where possible (a longer run without whitespace stays whole)."""
+    out, start = [], 0
+    while len(text) - start > max_chars:
+        cut = None
+        for m in _CUT.finditer(text, start + 1, start + max_chars + 1):
+            cut = m.start()
+        if cut is None:  # no whitespace in the window: up to the next one
+            m = _CUT.search(text, start + max_chars + 1)
+            if m is None:
+                break
+            cut = m.start()
+        out.append(text[start:cut])
+        start = cut
+    out.append(text[start:])
+    return out
+
+
+def in_pieces(enc: Encoder, max_chars: int, budget_chars: int) -> Encoder:
+    """``enc`` with documents over ``max_chars`` encoded piece by piece, at most
+    ``budget_chars`` of pieces at a time: a 60 MB document costs the memory of a batch."""
+
+    def encode(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        if all(len(t) <= max_chars for t in texts):
+            return enc.encode(texts)
+        flats, lengths = [], []
+        group: list[str] = []
+        size = 0
+
+        def flush() -> None:
+            nonlocal group, size
+            if group:
+                flat, lens = enc.encode(group)
+                flats.append(flat)
+                lengths.append(lens)
+            group, size = [], 0
+
+        owners = []
+        for i, text in enumerate(texts):
+            for piece in pieces(text, max_chars) if len(text) > max_chars else [text]:
+                if size + len(piece) > budget_chars:
+                    flush()
+                group.append(piece)
+                owners.append(i)
+                size += len(piece)
+        flush()
+        piece_lengths = np.concatenate(lengths)
+        doc_lengths = np.bincount(owners, weights=piece_lengths, minlength=len(texts))
+        return np.concatenate(flats), doc_lengths.astype(np.int64)
+
+    return Encoder(enc.name, encode)
 
 
 def read_texts(path: str | os.PathLike, batch_bytes: int) -> Iterator[list[str]]:
@@ -214,6 +340,8 @@ def tokenize_shard(
     append_eod: bool = True,
     encoder: str = "auto",
     batch_bytes: int = 4 << 20,
+    special_tokens_in_text: str = "text",
+    piece_chars: int = PIECE_CHARS,
 ) -> TokenizeStats:
     """Tokenize one JSONL shard into ``{output_prefix}.bin/.idx``."""
     start = time.monotonic()
@@ -222,17 +350,31 @@ def tokenize_shard(
         raise TokenizerError(
             f"append_eod needs an eod_token that is in the vocabulary, got {eod_token!r}"
         )
+    tok = with_special_handling(tok, special_tokens_in_text)
     dtype = optimal_dtype(tok.get_vocab_size(with_added_tokens=True))
     batches = _prefetch(read_texts(jsonl_path, batch_bytes))
     first = next(batches, [])
-    # A small probe (some 100 KB) keeps the reference encoder's cost out of the stage.
-    enc = make_encoder(tok, encoder, probe=[text[:PROBE_CHARS] for text in first[:PROBE_DOCS]])
+    # The whole first batch is the probe (its cost is one batch of the reference encoder).
+    enc = make_encoder(tok, encoder, probe=[t[:piece_chars] for t in first])
+    reference = hf_encoder(tok)
+    if not splits_at_whitespace(tok):
+        piece_chars = 1 << 62  # pieces would change the ids: whole documents
+    encode = in_pieces(enc, piece_chars, batch_bytes)
     log.info("%s: encoding with %s into %s (%s)", jsonl_path, enc.name, output_prefix, dtype)
     docs = tokens = 0
     last_report = start
     with IndexedDatasetWriter(output_prefix, dtype) as writer:
-        for batch in _chain([first] if first else [], batches):
-            flat, lengths = enc.encode(batch)
+        for n, batch in enumerate(_chain([first] if first else [], batches)):
+            flat, lengths = encode.encode(batch)
+            if n and enc.name != reference.name:
+                # Every later batch: its first document against the reference, so a
+                # difference the probe missed stops the job instead of entering the data.
+                check = batch[0][:CHECK_CHARS]
+                if not same_ids(enc, reference, [check]):
+                    raise TokenizerError(
+                        f"{jsonl_path}: {enc.name} gave other ids than tokenizers for the "
+                        f"document after {docs} documents; set text.tokenize.encoder: hf"
+                    )
             if append_eod:
                 flat, lengths = with_eod(flat, lengths, eod)
             writer.add_documents(flat, lengths)

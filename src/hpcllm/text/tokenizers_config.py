@@ -16,6 +16,22 @@ def tokenizer_files(name: str, cfg: dict[str, Any]) -> list[str]:
     return [cfg["vocab_file"], cfg["merges_file"]]
 
 
+def gpt2_files(name: str, cfg: dict[str, Any]) -> tuple[str, str]:
+    """The GPT-2 style ``vocab.json`` and ``merges.txt`` of a tokenizer, for the engines
+    (Megatron's GPT2BPETokenizer): trained ones from ``train_tokenizer``, given ones
+    exactly as the config names them (never a freshly trained stand-in)."""
+    if cfg["type"] == "train":
+        return f"data/tokenizers/{name}/vocab.json", f"data/tokenizers/{name}/merges.txt"
+    if cfg.get("vocab_file") and cfg.get("merges_file"):
+        return cfg["vocab_file"], cfg["merges_file"]
+    raise ValueError(
+        f"text.tokenizers.{name}: training and benchmarks read GPT-2 style vocab.json + "
+        f"merges.txt, but this tokenizer names only tokenizer_json ({cfg['tokenizer_json']}); "
+        "set vocab_file and merges_file (e.g. saved from it with "
+        "tokenizers' model.save) or train one (type: train)"
+    )
+
+
 def tokenizer_for(cfg: dict[str, Any], files: list[str] | str):
     """Load a tokenizer from its files, checked against the configured vocabulary.
 

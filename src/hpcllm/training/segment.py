@@ -108,7 +108,7 @@ def engine_command(
     experiment: dict[str, Any],
     layout: Layout,
     blend: Blend,
-    tokenizer_dir: str,
+    tokenizer_files: tuple[str, str],
     paths: Paths,
     segment: int,
     exit_minutes: float | None,
@@ -120,8 +120,7 @@ def engine_command(
     stop = target_iteration(experiment, segment)
     train_iters = total_iterations(experiment)
     split = experiment["data"]["split"]
-    vocab = str(Path(tokenizer_dir) / "vocab.json")
-    merges = str(Path(tokenizer_dir) / "merges.txt")
+    vocab, merges = tokenizer_files
     if experiment["engine"] == "megatron":
         return [
             "python",
@@ -261,7 +260,7 @@ def run_segment(
             experiment,
             layout,
             prepared.blend,
-            prepared.tokenizer_dir,
+            prepared.tokenizer_files,
             paths,
             segment,
             exit_minutes,
@@ -325,7 +324,7 @@ class Prepared:
     experiment: dict[str, Any]
     layout: Layout
     blend: Blend
-    tokenizer_dir: str
+    tokenizer_files: tuple[str, str]  # vocab.json, merges.txt: those the config names
     eod_token: str
     memory_gb: float
 
@@ -380,7 +379,10 @@ def prepare_experiment(name: str, raw: dict[str, Any], text: dict[str, Any], clu
     layout, memory = plan(name, exp, gpus, vocab, gpu_gb, lay["procs_per_node"])
     exp.setdefault("save_interval", exp["iterations_per_segment"])
     eod = text["tokenizers"][tok].get("eod_token", "<|endoftext|>")
-    return Prepared(exp, layout, blend, f"data/tokenizers/{tok}", eod, memory.total)
+    from hpcllm.text.tokenizers_config import gpt2_files
+
+    files = gpt2_files(tok, text["tokenizers"][tok])
+    return Prepared(exp, layout, blend, files, eod, memory.total)
 
 
 def check_segment_data(prepared: Prepared) -> None:
@@ -389,7 +391,7 @@ def check_segment_data(prepared: Prepared) -> None:
     from hpcllm.training.torch_engine import vocabulary
 
     class _Args:  # what vocabulary() reads
-        vocab_file = str(Path(prepared.tokenizer_dir) / "vocab.json")
+        vocab_file = prepared.tokenizer_files[0]
         eod_token = prepared.eod_token
         vocab_size = None
 
