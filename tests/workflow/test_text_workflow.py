@@ -213,3 +213,54 @@ def test_config_docs_cli_writes_the_reference_of_the_schemas_it_is_given(tmp_pat
     written = out.read_text()
     assert "zz_new_key" in written and "A key added by the test." in written
     assert written == config_reference(schemas)
+
+
+GPU_ONLY_SITES = ("juwels", "jupiter", "leonardo")
+
+
+def test_gpu_only_sites_pack_a_node_of_tokenize_jobs_into_one_slurm_job():
+    threads = int(
+        (REPO / "workflow/rules/text.smk")
+        .read_text()
+        .split("rule tokenize:")[1]
+        .split("threads: ")[1]
+        .split()[0]
+    )
+    for site in GPU_ONLY_SITES:
+        cluster = yaml.safe_load((REPO / f"config/clusters/{site}.yaml").read_text())
+        profile = yaml.safe_load((REPO / f"profiles/{site}/config.yaml").read_text())
+        assert cluster["partitions"]["cpu"] is None
+        assert profile["groups"] == ["tokenize=text_cpu"]
+        assert profile["group-components"] == [f"text_cpu={cluster['cpus_per_node'] // threads}"], (
+            site
+        )
+
+
+def test_a_juwels_plan_groups_twelve_tokenize_jobs_per_slurm_job(workdir):
+    (workdir / "many.yaml").write_text("text:\n  sources:\n    sample_en:\n      shards: 30\n")
+    env = {"HPCLLM_ACCOUNT": "proj0042"}
+    proc = run_snakemake(
+        workdir,
+        "-n",
+        "--profile",
+        "profiles/juwels",
+        *TARGETS,
+        "--configfile",
+        "many.yaml",
+        env=env,
+        timeout=300,
+    )
+    groups = proc.stdout.split("Group job text_cpu (jobs in lexicogr. order):")[1:]
+    sizes = sorted(g.split("Group job")[0].split("\n[")[0].count("rule tokenize:") for g in groups)
+    # 30 + 2 + 2 tokenize jobs in groups of at most 12 (48 cores / 4 threads).
+    assert sum(sizes) == 34 and max(sizes) == 12 and len(sizes) == 3, sizes
+
+
+def test_a_tokenizer_trains_on_its_sources_only(workdir):
+    (workdir / "only.yaml").write_text(
+        "text:\n  tokenizers:\n    sample_bpe:\n      sources: [sample_multilingual]\n"
+    )
+    proc = run_snakemake(workdir, "-n", *TARGETS, "--configfile", "only.yaml")
+    block = proc.stdout.split("rule train_tokenizer:", 1)[1].split("output:", 1)[0]
+    assert block.count("data/raw/sample_multilingual/") == 2, block
+    assert "sample_en" not in block and "fineweb" not in block

@@ -85,7 +85,7 @@ if _plan_errors:
 wildcard_constraints:
     source="|".join(SOURCES) or "NONE",
     tok="|".join(TOKENIZERS) or "NONE",
-    shard=r"\d{4}",
+    shard=r"\d{4}\d*",
 
 
 def shard_ids(source):

@@ -7,6 +7,8 @@ rule download_text:
         manifest="data/raw/{source}/{shard}.manifest.json",
     log:
         "logs/download_text/{source}/{shard}.log",
+    benchmark:
+        "benchmarks/download_text/{source}/{shard}.tsv"
     # On the login node: compute nodes of most EuroHPC sites cannot reach the hub.
     localrule: True
     conda:

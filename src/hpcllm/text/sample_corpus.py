@@ -215,3 +215,62 @@ def write_hub_mirror(
     readme.write(f"    path: {data_dir}/*.parquet\n---\n# A local mirror of a hub dataset\n")
     (root / "README.md").write_text(readme.getvalue())
     return root
+
+
+def write_oscar_mirror(
+    docs: list[tuple[str, str]],
+    root: str | os.PathLike,
+    lang: str = "de",
+    parts: int = 3,
+) -> Path:
+    """A local copy shaped like ``oscar-corpus/OSCAR-2301`` for one language.
+
+    Like the real repository: a loading script ``OSCAR-2301.py`` at the top (which
+    ``datasets`` 4 and later refuse to run), and per language ``<lang>_meta/`` holding
+    ``<lang>_meta_part_<n>.jsonl.zst`` (n from 1) listed in ``checksum.sha256``, one
+    record per line with the text under ``content`` next to ``warc_headers`` and
+    ``metadata``.
+    """
+    import hashlib
+
+    root = Path(root)
+    folder = root / f"{lang}_meta"
+    folder.mkdir(parents=True, exist_ok=True)
+    (root / "OSCAR-2301.py").write_text(
+        '"""OSCAR-2301 loading script (stand-in: datasets >= 4 refuses to run scripts)."""\n'
+        "import datasets\n\n\nclass Oscar2301(datasets.GeneratorBasedBuilder):\n"
+        "    pass\n"
+    )
+    (root / "README.md").write_text(
+        "---\nextra_gated_prompt: accept the terms of use\n---\n# OSCAR-2301 (local mirror)\n"
+    )
+    per_part = -(-len(docs) // parts)
+    sums = []
+    for n in range(1, parts + 1):
+        name = f"{lang}_meta_part_{n}.jsonl.zst"
+        lines = []
+        for i, (doc_id, text) in enumerate(docs[(n - 1) * per_part : n * per_part]):
+            record = {
+                "content": text,
+                "warc_headers": {
+                    "warc-record-id": f"<urn:uuid:{doc_id}>",
+                    "warc-date": "2023-01-29T12:00:00Z",
+                    "content-type": "text/plain",
+                    "content-length": str(len(text.encode())),
+                    "warc-type": "conversion",
+                },
+                "metadata": {
+                    "identification": {"label": lang, "prob": 0.99},
+                    "harmful_pp": 100.0 + i,
+                    "tlsh": None,
+                    "quality_warnings": None,
+                    "categories": None,
+                    "sentence_identifications": [{"label": lang, "prob": 0.98}],
+                },
+            }
+            lines.append(orjson.dumps(record))
+        data = zstandard.ZstdCompressor(level=3).compress(b"\n".join(lines) + b"\n")
+        (folder / name).write_bytes(data)
+        sums.append(f"{hashlib.sha256(data).hexdigest()} {name}\n")
+    (folder / "checksum.sha256").write_text("".join(sums))
+    return root

@@ -17,7 +17,7 @@ from __future__ import annotations
 import glob
 import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,15 @@ from typing import Any
 import orjson
 
 from hpcllm.text.compressed import open_binary
+from hpcllm.text.hub_files import (
+    Repository,
+    ScriptDataset,
+    data_files,
+    default_text_field,
+    loading_script,
+    reads_files_directly,
+    script_error,
+)
 
 
 class SourceError(ValueError):
@@ -168,7 +177,7 @@ def _datasets_records(
 
 
 def _local_file_records(path: str, cfg: dict[str, Any]) -> Iterator[Document | BadRecord]:
-    text_field, id_field = cfg.get("text_field", "text"), cfg.get("id_field", "id")
+    text_field, id_field = cfg.get("text_field") or "text", cfg.get("id_field", "id")
     if os.path.getsize(path) == 0:
         yield BadRecord(
             path, "empty_file", "the file is empty; remove it from the source or refill it"
@@ -196,6 +205,24 @@ def _local_file_records(path: str, cfg: dict[str, Any]) -> Iterator[Document | B
         raise SourceError(f"{path}: unknown format '{fmt}' (one of {', '.join(LOCAL_FORMATS)})")
 
 
+def hub_mirror(cfg: dict[str, Any], mirror_root: str | None) -> str | None:
+    """The local mirror of a hub source (``mirror``, or ``$HPCLLM_HF_MIRROR/<repo id>``)."""
+    mirror = cfg.get("mirror") or (
+        os.path.join(mirror_root, cfg["dataset"]) if mirror_root else None
+    )
+    if mirror:
+        if not os.path.isdir(mirror):
+            raise SourceError(
+                f"hub mirror '{mirror}' of {cfg['dataset']} does not exist; download the "
+                "repository there or unset the mirror"
+            )
+        # A mirror needs no network: say so before datasets reads its settings, so that it
+        # never waits on the hub from a machine without internet.
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    return mirror
+
+
 def hub_dataset(cfg: dict[str, Any], mirror_root: str | None = None) -> Any:
     """Open a hub dataset as a streaming ``IterableDataset``.
 
@@ -206,21 +233,11 @@ def hub_dataset(cfg: dict[str, Any], mirror_root: str | None = None) -> Any:
     datasets (OSCAR) comes from ``HF_TOKEN``, which ``datasets`` reads itself: it is never
     passed, printed or written here.
     """
-    path = cfg["dataset"]
-    mirror = cfg.get("mirror") or (
-        os.path.join(mirror_root, cfg["dataset"]) if mirror_root else None
-    )
+    mirror = hub_mirror(cfg, mirror_root)
     if mirror:
-        if not os.path.isdir(mirror):
-            raise SourceError(
-                f"hub mirror '{mirror}' of {cfg['dataset']} does not exist; download the "
-                "repository there or unset the mirror"
-            )
-        path = mirror
-        # A mirror needs no network: say so before datasets reads its settings, so that it
-        # never waits on the hub from a machine without internet.
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+        script = loading_script(cfg["dataset"], os.listdir(mirror))
+        if script:
+            raise SourceError(str(script_error(cfg, script)))
     import datasets
 
     kwargs: dict[str, Any] = {"split": cfg.get("split", "train"), "streaming": True}
@@ -229,7 +246,33 @@ def hub_dataset(cfg: dict[str, Any], mirror_root: str | None = None) -> Any:
             kwargs[key] = cfg[key]
     if mirror:
         kwargs.pop("revision", None)  # a mirror is one revision already
-    return datasets.load_dataset(path, **kwargs)
+    try:
+        return datasets.load_dataset(mirror or cfg["dataset"], **kwargs)
+    except RuntimeError as e:
+        if "scripts are no longer supported" not in str(e):
+            raise
+        script = str(e).rsplit(" ", 1)[-1]
+        raise SourceError(str(script_error(cfg, script, f" ({e})"))) from None
+
+
+def _file_blocks(
+    names: list[str],
+    local_path: Callable[[str], str],
+    cfg: dict[str, Any],
+    shard: int,
+    num_shards: int,
+) -> Iterator[Document | BadRecord]:
+    """Shard k of a list of files: a block of whole files when there are enough (each job
+    opens, or downloads, only its own), else a block of the records of all of them."""
+    if len(names) >= num_shards:
+        start, end = block(len(names), shard, num_shards)
+        for name in names[start:end]:
+            yield from _local_file_records(local_path(name), cfg)
+        return
+    paths = [local_path(n) for n in names]
+    total = sum(_count_records(path, cfg) for path in paths)
+    stream = (r for path in paths for r in _local_file_records(path, cfg))
+    yield from itertools.islice(stream, *block(total, shard, num_shards))
 
 
 def shard_documents(
@@ -240,17 +283,20 @@ def shard_documents(
         raise SourceError(f"text.sources.{name}: shard {shard} out of range 0..{num_shards - 1}")
     if cfg["type"] == "local":
         files = resolve_local_files(name, cfg, base)
-        if len(files) >= num_shards:
-            start, end = block(len(files), shard, num_shards)
-            for path in files[start:end]:
-                yield from _local_file_records(path, cfg)
-        else:
-            total = sum(_count_records(path, cfg) for path in files)
-            stream = (r for path in files for r in _local_file_records(path, cfg))
-            yield from itertools.islice(stream, *block(total, shard, num_shards))
+        yield from _file_blocks(files, lambda path: path, cfg, shard, num_shards)
         return
-    ds = hub_dataset(cfg, os.environ.get("HPCLLM_HF_MIRROR"))
-    text_field, id_field = cfg.get("text_field", "text"), cfg.get("id_field", "id")
+    mirror_root = os.environ.get("HPCLLM_HF_MIRROR")
+    if reads_files_directly(cfg):
+        repo = Repository(cfg, hub_mirror(cfg, mirror_root))
+        try:
+            names = data_files(repo)
+        except ScriptDataset as e:
+            raise SourceError(f"text.sources.{name}: {e}") from None
+        file_cfg = {**cfg, "text_field": cfg.get("text_field") or default_text_field(cfg)}
+        yield from _file_blocks(names, repo.local_path, file_cfg, shard, num_shards)
+        return
+    ds = hub_dataset(cfg, mirror_root)
+    text_field, id_field = cfg.get("text_field") or "text", cfg.get("id_field", "id")
     label = f"{cfg['dataset']}" + (f" ({cfg['name']})" if cfg.get("name") else "")
     if num_shards == 1:
         yield from _datasets_records(ds, label, text_field, id_field)

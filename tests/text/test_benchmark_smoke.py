@@ -1,0 +1,41 @@
+"""The text benchmarks run end to end on tiny data, so they do not rot (figures not checked)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+from support import REPO
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.workflow
+def test_plan_scale_runs_on_a_tiny_plan(tmp_path, capsys):
+    rows = load("plan_scale").main(["--shards", "8", "--workdir", str(tmp_path)])
+    assert [r["shards"] for r in rows] == [8] and rows[0]["jobs"] == 28
+    assert rows[0]["ours_s"] > 0 and rows[0]["bare_s"] > 0 and rows[0]["ours_rss_mb"] > 0
+    assert "ratio time" in capsys.readouterr().out
+
+
+@pytest.mark.slurm
+def test_text_volume_runs_on_the_test_cluster(tmp_path):
+    sys.path.insert(0, str(REPO / "tests" / "slurm"))
+    import testcluster
+
+    if testcluster.missing_requirements():
+        pytest.skip(testcluster.missing_requirements())
+    result = load("text_volume").main(
+        ["--gigabytes", "0.002", "--shards", "2", "--workdir", str(tmp_path)]
+    )
+    assert result["shards"] == 2 and result["tokens"] > 0
+    assert result["stages"]["tokenize"]["jobs"] == 2
+    assert result["stages"]["merge_tokenized"]["jobs"] == 1
+    assert result["ratio_stage_to_bare_hf"] > 0
