@@ -68,6 +68,7 @@ def gpt2_tokenizer_files(folder: Path) -> str:
 def training_cases(tmp: Path) -> list[dict]:
     cases = []
     tokenizer_dir = gpt2_tokenizer_files(tmp / "tokenizer")
+    tokenizer_files = (f"{tokenizer_dir}/vocab.json", f"{tokenizer_dir}/merges.txt")
     blend = Blend(
         ("data/tokenized/gpt2/a_text_document", "data/tokenized/gpt2/b_text_document"), (0.7, 0.3)
     )
@@ -89,7 +90,7 @@ def training_cases(tmp: Path) -> list[dict]:
                 continue
             for segment, left in ((1, 3600.0), (exp["segments"], None)):
                 argv = segment_command(
-                    exp, layout, blend, tokenizer_dir, paths, segment, left and 50,
+                    exp, layout, blend, tokenizer_files, paths, segment, left and 50,
                     transformer_impl=transformer_impl_for(cluster),
                 )  # fmt: skip
                 name = f"train {preset} on {cluster.name} segment {segment}"
