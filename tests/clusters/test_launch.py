@@ -361,7 +361,13 @@ def test_megatron_command_of_a_training_segment_is_pinned():
     save = f"checkpoints/{name}"
     paths = Paths(save, "seg2.json", "seg2.engine.log", f"{save}/data_cache", f"{save}/tensorboard")
     command = engine_command(
-        prepared.experiment, prepared.layout, prepared.blend, prepared.tokenizer_files, paths, 2, 1425
+        prepared.experiment,
+        prepared.layout,
+        prepared.blend,
+        prepared.tokenizer_files,
+        paths,
+        2,
+        1425,
     )
     assert " ".join(command) == PINNED_SEGMENT_800M
 

@@ -20,7 +20,7 @@ def gpt2_files(name: str, cfg: dict[str, Any]) -> tuple[str, str]:
     """The GPT-2 style ``vocab.json`` and ``merges.txt`` of a tokenizer, for the engines
     (Megatron's GPT2BPETokenizer): trained ones from ``train_tokenizer``, given ones
     exactly as the config names them (never a freshly trained stand-in)."""
-    if cfg["type"] == "train":
+    if cfg.get("type", "train") == "train":
         return f"data/tokenizers/{name}/vocab.json", f"data/tokenizers/{name}/merges.txt"
     if cfg.get("vocab_file") and cfg.get("merges_file"):
         return cfg["vocab_file"], cfg["merges_file"]
