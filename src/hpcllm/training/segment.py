@@ -121,6 +121,7 @@ def engine_command(
     train_iters = total_iterations(experiment)
     split = experiment["data"]["split"]
     vocab, merges = tokenizer_files
+    tokenizer_dir = str(Path(vocab).parent)  # a trained tokenizer's folder holds tokenizer.json
     if experiment["engine"] == "megatron":
         return [
             "python",
