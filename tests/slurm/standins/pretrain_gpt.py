@@ -9,7 +9,8 @@ of the pinned commit checks and what the workflow reads back, nothing more:
 - the checks of that commit's ``validate_args`` and start-up that apply without a GPU:
   world size divisible by TP x PP, global batch by micro batch x DP, sequence length
   within the position embeddings, ``CUDA_DEVICE_MAX_CONNECTIONS=1`` with TP (GPUs before
-  Blackwell), GPT2BPETokenizer's vocab and merge files, NullTokenizer's vocabulary size,
+  Blackwell), the tokenizer's files (HuggingFaceTokenizer's folder, GPT2BPETokenizer's
+  vocab and merges, NullTokenizer's vocabulary size),
   the data prefixes' .bin/.idx (the .idx magic), warm-up shorter than the decay;
 - the ranks meet in a gloo process group (torchrun's rendezvous across the nodes) and
   each prints its node; the last rank prints Megatron's per-iteration log line;
@@ -89,6 +90,12 @@ def main() -> int:
         )
     if value("--tokenizer-type") == "NullTokenizer" and value("--vocab-size") is None:
         die("NullTokenizer needs --vocab-size")
+    if value("--tokenizer-type") == "HuggingFaceTokenizer":  # read offline from a folder
+        model = value("--tokenizer-model")
+        if model is None or not os.path.isfile(os.path.join(model, "tokenizer.json")):
+            die(
+                f"HuggingFaceTokenizer needs --tokenizer-model, a folder with tokenizer.json (got {model})"
+            )
     if value("--tokenizer-type") == "GPT2BPETokenizer":
         for flag in ("--vocab-file", "--merge-file"):
             if value(flag) is None or not os.path.isfile(value(flag)):
