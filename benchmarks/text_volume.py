@@ -20,6 +20,7 @@ import csv
 import itertools
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -191,6 +192,7 @@ def main(argv: list[str] | None = None) -> dict:
     write_config(run, files, tokenizer)
     target = [f"data/tokenized/bench/volume_text_document.{e}" for e in ("bin", "idx")]
     load_before = os.getloadavg()
+    shutil.rmtree(work / "cluster", ignore_errors=True)  # a cluster's state is its own
     with testcluster.running(work / "cluster") as cluster:
         snakemake = str(Path(sys.executable).parent / "snakemake")
         cmd = [
