@@ -264,3 +264,29 @@ def test_a_tokenizer_trains_on_its_sources_only(workdir):
     block = proc.stdout.split("rule train_tokenizer:", 1)[1].split("output:", 1)[0]
     assert block.count("data/raw/sample_multilingual/") == 2, block
     assert "sample_en" not in block and "fineweb" not in block
+
+
+def test_training_on_a_tokenizer_json_only_tokenizer_is_refused_at_plan_time(workdir):
+    (workdir / "tok.json").write_text("{}")
+    (workdir / "json.yaml").write_text(
+        "text:\n  tokenizers:\n    given:\n      type: files\n      tokenizer_json: tok.json\n"
+        "  tokenize:\n    tokenizers: [sample_bpe, given]\n"
+        "training:\n  run: [tiny_given]\n  experiments:\n    tiny_given:\n      engine: torch\n"
+        "      preset: tiny\n      data:\n        tokenizer: given\n"
+        "        sources: {sample_en: 1.0}\n        split: '98,2,0'\n"
+        "      layout: {nodes: 1, procs_per_node: 1}\n      segments: 1\n"
+        "      iterations_per_segment: 2\n"
+    )
+    proc = run_snakemake(
+        workdir,
+        "-n",
+        "results/train/tiny_given/seg1.json",
+        "--configfile",
+        "json.yaml",
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert (
+        "text.tokenizers.given: training and benchmarks read GPT-2 style"
+        in proc.stdout + proc.stderr
+    )
