@@ -21,7 +21,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", default="config/README.md")
     p = sub.add_parser("inspect", help="print a summary of a Megatron .bin/.idx dataset")
     p.add_argument("prefix", help="path prefix without .bin/.idx")
+    p = sub.add_parser(
+        "status",
+        help="where the training campaign and benchmark sweeps stand (files and squeue)",
+    )
+    p.add_argument("-d", "--directory", default=".", help="the workflow's working directory")
+    p.add_argument("--configfile", nargs="*", default=[], help="the --configfile files of the run")
+    p.add_argument("--profile", default=None, help="the run's profile (gives the cluster)")
     args = parser.parse_args(argv)
+    if args.command == "status":
+        from hpcllm.training.status import campaign_status
+
+        print(campaign_status(args.directory, args.configfile, args.profile))
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if args.command == "sample-corpus":
         from hpcllm.text.sample_corpus import build_sample_corpus

@@ -32,6 +32,7 @@ def engine_argv(save: Path, prefixes, vocab_file, *extra: str) -> list[str]:
         "--data-cache-path", str(save.parent / "cache"), "--vocab-file", vocab_file,
         "--save", str(save), "--load", str(save), "--save-interval", "100",
         "--log-interval", "1", "--log-throughput", "--threads", "1", "--exit-signal-handler",
+        "--eval-interval", "4", "--eval-iters", "1",
         *extra,
     ]  # fmt: skip
 
@@ -88,12 +89,27 @@ def test_three_segments_equal_one_bitwise(tmp_path, data_prefixes, vocab_file, o
     assert_bitwise_equal(final_weights(save), one_segment)
 
 
-def test_signal_saves_and_resume_is_exact(tmp_path, data_prefixes, vocab_file, one_segment):
-    """SIGUSR1 mid-run: the iteration finishes, a checkpoint is saved, exit 0, incomplete."""
+LONG = 80  # iterations of the signal test: far more than run before the signal lands
+
+
+@pytest.fixture(scope="module")
+def long_run(tmp_path_factory, data_prefixes, vocab_file) -> dict:
+    save = tmp_path_factory.mktemp("long") / "ckpt"
+    argv = engine_argv(save, data_prefixes, vocab_file, "--train-iters", str(LONG))
+    assert run_in_process(argv)["complete"]
+    return final_weights(save)
+
+
+def test_signal_saves_and_resume_is_exact(tmp_path, data_prefixes, vocab_file, long_run):
+    """SIGUSR1 mid-run: the iteration finishes, a checkpoint is saved, exit 0, incomplete.
+
+    The signal is sent once iteration 3 is logged; wherever in the 80 iterations it
+    lands, the engine stops at the next iteration's end, saves it, and the resumed run
+    ends bitwise equal to the uninterrupted one."""
     save = tmp_path / "ckpt"
     log = tmp_path / "engine.log"
     argv = [sys.executable, "-m", "hpcllm.training.torch_engine"] + engine_argv(
-        save, data_prefixes, vocab_file
+        save, data_prefixes, vocab_file, "--train-iters", str(LONG)
     )
     with open(log, "w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
@@ -105,16 +121,55 @@ def test_signal_saves_and_resume_is_exact(tmp_path, data_prefixes, vocab_file, o
         assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
     text = log.read_text()
     stopped = checkpoints.latest_iteration(save)
-    assert 3 <= stopped < ITERS, text[-2000:]
+    assert 3 <= stopped < LONG, text[-2000:]
     assert f"exiting at iteration {stopped} (signal)" in text
     assert f"iteration {stopped + 1:8d}/" not in text
-    summary = run_in_process(engine_argv(save, data_prefixes, vocab_file))
+    summary = run_in_process(
+        engine_argv(save, data_prefixes, vocab_file, "--train-iters", str(LONG))
+    )
     assert summary["first_iteration"] == stopped + 1 and summary["complete"]
-    assert_bitwise_equal(final_weights(save), one_segment)
+    assert_bitwise_equal(final_weights(save), long_run)
+
+
+def test_signal_during_start_up_ends_cleanly(tmp_path, data_prefixes, vocab_file):
+    """A signal while torch is still being imported: nothing trained, nothing written,
+    exit 0 and the line that says so; the rerun starts from the last checkpoint."""
+    save = tmp_path / "ckpt"
+    run_in_process(engine_argv(save, data_prefixes, vocab_file, "--exit-interval", "2"))
+    before = sorted(p.name for p in save.rglob("*"))
+    log = tmp_path / "engine.log"
+    argv = [sys.executable, "-m", "hpcllm.training.torch_engine"] + engine_argv(
+        save, data_prefixes, vocab_file
+    )
+    with open(log, "w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        # The module's first statements install the handler; torch's import takes far
+        # longer than this poll, but a signal before it would kill the process: wait
+        # for the interpreter to have the handler (its signal mask shows it).
+        deadline = time.time() + 60
+        while not _catches_sigterm(proc.pid):
+            assert proc.poll() is None and time.time() < deadline, log.read_text()
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
+    text = log.read_text()
+    assert "exiting at iteration 2 (signal) before 12" in text, text[-2000:]
+    assert "iteration        3/" not in text
+    assert sorted(p.name for p in save.rglob("*")) == before  # nothing written
+    assert checkpoints.latest_iteration(save) == 2
+
+
+def _catches_sigterm(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = int(next(x for x in status.splitlines() if x.startswith("SigCgt:")).split()[1], 16)
+    return bool(caught & (1 << (signal.SIGTERM - 1)))
 
 
 MEGATRON_LINE = re.compile(
-    r"^ \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}\] iteration +(\d+)/ +(\d+) \|"
+    r"^ \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] iteration +(\d+)/ +(\d+) \|"
     r" consumed samples: +(\d+) \| elapsed time per iteration \(ms\): [\d.]+ \|"
     r" throughput per GPU \(TFLOP/s/GPU\): [\d.]+ \| learning rate: \d\.\d{6}E[+-]\d\d \|"
     r" global batch size: +(\d+) \| lm loss: \d\.\d{6}E[+-]\d\d \| loss scale: 1\.0 \|"

@@ -281,9 +281,52 @@ def container_definition(wildcards):
 def training_targets():
     names = TRAINING.get("run") or list(EXPERIMENTS)
     return [
-        f"results/train/{name}/seg{EXPERIMENTS[name].experiment['segments']}.json"
+        path
         for name in names
+        for path in (
+            f"results/train/{name}/seg{EXPERIMENTS[name].experiment['segments']}.json",
+            f"results/train/{name}/loss.png",
+        )
     ]
+
+
+def index_cache_dir(wildcards):
+    return f"data/index_cache/{wildcards.experiment}"
+
+
+def all_segment_records(wildcards):
+    segments = EXPERIMENTS[wildcards.experiment].experiment["segments"]
+    return [
+        f"results/train/{wildcards.experiment}/seg{k}.json"
+        for k in range(1, segments + 1)
+    ]
+
+
+def segment_engine_logs(wildcards):
+    segments = EXPERIMENTS[wildcards.experiment].experiment["segments"]
+    return [
+        f"logs/train_segment/{wildcards.experiment}/seg{k}.engine.log"
+        for k in range(1, segments + 1)
+    ]
+
+
+def experiment_seq_length(wildcards):
+    return EXPERIMENTS[wildcards.experiment].experiment["model"]["seq_length"]
+
+
+def segment_attempt(wildcards, attempt):
+    return attempt
+
+
+def segment_retry_refused(experiment, k, attempt):
+    from hpcllm.training import attempts, checkpoints
+
+    try:
+        latest = checkpoints.latest_iteration(f"checkpoints/{experiment}") or 0
+    except checkpoints.CheckpointError:
+        return True
+    entries = attempts.load(f"logs/train_segment/{experiment}/seg{k}.attempts.json")
+    return attempts.refusal(entries, attempt, latest) is not None
 
 
 def prepared_experiment(wildcards):
@@ -316,7 +359,10 @@ def training_container(wildcards):
     return container_image("train")
 
 
-def segment_nodes(wildcards):
+def segment_nodes(wildcards, attempt):
+    """The layout's nodes; one for a retry that will refuse to run (it only reports)."""
+    if attempt > 1 and segment_retry_refused(wildcards.experiment, wildcards.k, attempt):
+        return 1
     return EXPERIMENTS[wildcards.experiment].experiment["layout"]["nodes"]
 
 

@@ -30,26 +30,58 @@ for _name in TRAINING.get("run") or []:
         )
 
 
+rule prepare_data_cache:
+    # Megatron Core's dataset index cache, on a CPU job: the GPU jobs only load it.
+    input:
+        data=training_data,
+        tokenizer=training_tokenizer,
+    output:
+        manifest="data/index_cache/{experiment}.json",
+    log:
+        "logs/prepare_data_cache/{experiment}.log",
+    benchmark:
+        "benchmarks/prepare_data_cache/{experiment}.tsv"
+    wildcard_constraints:
+        experiment="|".join(EXPERIMENTS) or "NONE",
+    conda:
+        "../../envs/workflow.yaml"
+    threads: 1
+    resources:
+        runtime=120,
+        mem_mb=8000,
+    params:
+        prepared=prepared_experiment,
+        folder=index_cache_dir,
+    script:
+        "../scripts/prepare_data_cache.py"
+
+
 rule train_segment:
     input:
         previous=previous_segment,
         data=training_data,
         tokenizer=training_tokenizer,
         container=training_container,
+        index_cache="data/index_cache/{experiment}.json",
     output:
         record="results/train/{experiment}/seg{k}.json",
     log:
         main="logs/train_segment/{experiment}/seg{k}.log",
-        engine="logs/train_segment/{experiment}/seg{k}.engine.log",
     benchmark:
         "benchmarks/train_segment/{experiment}/seg{k}.tsv"
     wildcard_constraints:
         experiment="|".join(EXPERIMENTS) or "NONE",
         k=r"[1-9]\d*",
+    # A segment that stopped for a transient reason (time limit, node failure,
+    # preemption, a signal) is resubmitted and resumes from the newest checkpoint; the
+    # attempt itself refuses to train after a deterministic failure or no progress.
+    retries: TRAINING["max_attempts"] - 1
     conda:
         "../../envs/workflow.yaml"
     threads: 1
     resources:
+        # Snakemake's attempt, for the script (a retry checks the previous attempt).
+        attempt=segment_attempt,
         nodes=segment_nodes,
         # One task per node: --ntasks on CPU clusters; on GPU clusters the plugin would
         # turn `tasks` into --ntasks-per-gpu, which tasks_per_gpu=0 switches off.
@@ -66,5 +98,33 @@ rule train_segment:
         prepared=prepared_experiment,
         cluster=CLUSTER,
         save="checkpoints/{experiment}",
+        index_cache=index_cache_dir,
+        # Not a `log:` (Snakemake deletes those before every attempt): the engine's
+        # output of every attempt, appended, for the loss curve and `hpcllm status`.
+        engine_log="logs/train_segment/{experiment}/seg{k}.engine.log",
     script:
         "../scripts/train_segment.py"
+
+
+rule plot_training:
+    # Loss against tokens (train and validation) from the segments' engine logs.
+    input:
+        records=all_segment_records,
+    output:
+        report(
+            "results/train/{experiment}/loss.png",
+            caption="../report/training_loss.rst",
+            category="Training",
+        ),
+    log:
+        "logs/plot_training/{experiment}.log",
+    wildcard_constraints:
+        experiment="|".join(EXPERIMENTS) or "NONE",
+    localrule: True
+    conda:
+        "../../envs/workflow.yaml"
+    params:
+        engine_logs=segment_engine_logs,
+        seq_length=experiment_seq_length,
+    script:
+        "../scripts/plot_training.py"

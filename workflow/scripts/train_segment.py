@@ -12,10 +12,11 @@ run_segment(
     Paths(
         save=snakemake.params.save,
         record=snakemake.output.record,
-        engine_log=snakemake.log.engine,
-        data_cache=f"{snakemake.params.save}/data_cache",
+        engine_log=snakemake.params.engine_log,
+        data_cache=snakemake.params.index_cache,
         tensorboard=f"{snakemake.params.save}/tensorboard",
     ),
     snakemake.params.cluster,
     container=snakemake.input.container[0] if snakemake.input.container else None,
+    attempt=snakemake.resources.attempt,
 )

@@ -1,5 +1,7 @@
-"""Why a benchmark run failed, from its log text and (where known) its Slurm state.
+"""Why a run failed (a benchmark point or a training segment), from its log and Slurm state.
 
+One classifier for both: benchmarks record the class in their summary, training segments
+decide from it whether Snakemake's next attempt may continue (``TRANSIENT``) or must stop.
 Causes are checked in the order below: a node that died or a time limit takes the job
 down with NCCL errors on every other rank, and an out-of-memory rank does the same, so
 the NCCL patterns come last.
@@ -11,7 +13,21 @@ import re
 from pathlib import Path
 
 OK = "ok"
-FAILURES = ("node_failure", "time_limit", "out_of_memory", "cancelled", "nccl_error", "error")
+FAILURES = (
+    "node_failure",
+    "time_limit",
+    "signal",
+    "out_of_memory",
+    "cancelled",
+    "nccl_error",
+    "missing_file",
+    "config_error",
+    "error",
+)
+# Classes another attempt can get past: the job ran out of time, lost a node, was
+# preempted or signalled, or the network failed. Out of memory, a missing file or a
+# configuration the engine refuses fail the same way every time.
+TRANSIENT = frozenset({"node_failure", "time_limit", "signal", "cancelled", "nccl_error"})
 
 # Slurm job/step states (sacct/squeue) that name the cause directly.
 _SLURM_STATES = {
@@ -21,11 +37,30 @@ _SLURM_STATES = {
     "OUT_OF_MEMORY": "out_of_memory",
     "CANCELLED": "cancelled",
     "PREEMPTED": "cancelled",
+    "BOOT_FAIL": "node_failure",
 }
 
 _PATTERNS: list[tuple[str, re.Pattern]] = [
     ("node_failure", re.compile(r"DUE TO NODE FAILURE|Node failure on|NODE_FAIL", re.I)),
-    ("time_limit", re.compile(r"DUE TO TIME LIMIT|TimeLimit|job time limit", re.I)),
+    (
+        "time_limit",
+        re.compile(
+            r"DUE TO TIME LIMIT|TimeLimit|job time limit|"
+            # the engines stopping by themselves before the limit (--exit-duration-in-mins):
+            # the torch engine's line, Megatron-LM's
+            r"^exiting at iteration \d+ \(time\)|exiting program after [\d.]+ minutes",
+            re.I | re.M,
+        ),
+    ),
+    (
+        "signal",
+        re.compile(
+            # torch engine; Megatron-LM (--exit-signal-handler); the segment before the engine
+            r"^exiting at iteration \d+ \(signal\)|exiting program at iteration \d+|"
+            r"^segment stopped by signal",
+            re.M,
+        ),
+    ),
     (
         "out_of_memory",
         re.compile(
@@ -34,7 +69,7 @@ _PATTERNS: list[tuple[str, re.Pattern]] = [
             re.I,
         ),
     ),
-    ("cancelled", re.compile(r"CANCELLED AT|scancel", re.I)),
+    ("cancelled", re.compile(r"CANCELLED AT|scancel|PREEMPTION", re.I)),
     (
         "nccl_error",
         re.compile(
@@ -42,6 +77,18 @@ _PATTERNS: list[tuple[str, re.Pattern]] = [
             r"ProcessGroupNCCL.*(?:timeout|Watchdog)|Watchdog caught collective operation timeout|"
             r"NCCL communicator was aborted",
             re.I,
+        ),
+    ),
+    (
+        "missing_file",
+        re.compile(r"FileNotFoundError|No such file or directory|DataError: .*missing", re.I),
+    ),
+    (
+        "config_error",
+        re.compile(
+            # Megatron-LM's argument checks (asserts in validate_args), our own refusals
+            r"AssertionError|argparse|error: unrecognized arguments|error: argument|"
+            r"ValueError: |CheckpointError: |DataError: ",
         ),
     ),
     (
@@ -71,3 +118,8 @@ def classify_log(paths: list[str | Path], slurm_state: str | None = None) -> str
         Path(p).read_text(encoding="utf-8", errors="replace") for p in paths if Path(p).is_file()
     )
     return classify_text(text, slurm_state)
+
+
+def is_transient(failure: str | None) -> bool:
+    """Whether another attempt may get past ``failure`` (None, unknown: no)."""
+    return failure in TRANSIENT

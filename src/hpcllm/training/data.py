@@ -144,20 +144,25 @@ def build_datasets(
     vocab_size: int,
     eod: int,
     cache_dir: str | os.PathLike | None,
+    tokenizer=None,
 ) -> list:
     """Train, valid and test datasets of Megatron Core (None for a split not asked for).
 
     ``blend`` None gives Megatron's mock data (for benchmarks). Index files are cached in
-    ``cache_dir`` (Megatron's ``--data-cache-path``), so later segments reuse them.
+    ``cache_dir`` (Megatron's ``--data-cache-path``): the ``prepare_data_cache`` rule
+    builds them on a CPU job, and every segment loads them. ``tokenizer`` is part of the
+    cache key (default: the torch engine's); a split with no share is never built, so its
+    sample count is ignored, as Megatron does.
     """
     from megatron.core.datasets.blended_megatron_dataset_builder import (
         BlendedMegatronDatasetBuilder,
     )
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 
-    logging.getLogger("megatron").setLevel(logging.WARNING)
+    sizes = [int(s) for s in samples]
     if blend is not None:
-        check_splits(blend, split, samples)
+        sizes = [n if share > 0 else 0 for n, share in zip(sizes, parse_split(split))]
+        check_splits(blend, split, sizes)
     if cache_dir is not None:
         Path(cache_dir).mkdir(parents=True, exist_ok=True)
     config = GPTDatasetConfig(
@@ -168,13 +173,25 @@ def build_datasets(
         else None,
         split=split if blend else None,
         path_to_cache=str(cache_dir) if cache_dir is not None else None,
-        tokenizer=_Tokenizer(vocab_size, eod),
+        tokenizer=tokenizer or _Tokenizer(vocab_size, eod),
         reset_position_ids=False,
         reset_attention_mask=False,
         eod_mask_loss=False,
         create_attention_mask=False,
     )
-    sizes = [int(s) for s in samples]
     cls = GPTDataset if blend else MockGPTDataset
     datasets = BlendedMegatronDatasetBuilder(cls, sizes, lambda: True, config).build()
     return [d if s else None for d, s in zip(datasets, sizes)]
+
+
+def sample_counts(train_iters: int, global_batch: int, eval_interval: int, eval_iters: int):
+    """Samples per split, as Megatron-LM's ``get_train_valid_test_num_samples`` asks.
+
+    They are part of the index cache's key: the cache rule and both engines use this.
+    """
+    evaluations = train_iters // eval_interval + 1
+    return [
+        train_iters * global_batch,
+        evaluations * eval_iters * global_batch,
+        eval_iters * global_batch,
+    ]

@@ -4,12 +4,16 @@ Segment k of K trains from the newest checkpoint to iteration ``k x iterations_p
 (or until its job's time is nearly used up), launched through ``hpcllm.launch`` (srun ->
 torchrun per node -> the engine on a cluster; the bare process or torchrun --standalone
 here). It is complete only when the checkpoint reached its target: then, and only then,
-its result record is written. A segment that stopped early fails, and rerunning the
-workflow continues it from its newest checkpoint.
+its result record is written. A segment that stopped early fails with its failure class
+(:mod:`hpcllm.bench.failures`); Snakemake's next attempt (the rule's ``retries``)
+continues it from the newest checkpoint while attempts fail for a transient reason and
+make progress (:mod:`hpcllm.training.attempts`). While it runs, the segment holds its
+checkpoint folder's lease (:mod:`hpcllm.training.lease`): one writer per folder.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -23,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from hpcllm.atomic import atomic_path
-from hpcllm.training import checkpoints
-from hpcllm.training.data import Blend
+from hpcllm.bench.failures import classify_text
+from hpcllm.training import attempts, checkpoints, lease
+from hpcllm.training.data import Blend, parse_split, sample_counts
 from hpcllm.training.megatron_args import (
     MEGATRON_ENV,
     exit_duration_minutes,
@@ -40,6 +45,14 @@ _LOG_LINE = re.compile(r"iteration\s+(\d+)/\s*(\d+)\s*\|(.*)$")
 
 class SegmentIncomplete(RuntimeError):
     """The engine stopped before the segment's target iteration (time, signal, failure)."""
+
+    def __init__(self, message: str, failure: str):
+        super().__init__(message)
+        self.failure = failure
+
+
+class SegmentRefused(RuntimeError):
+    """This attempt does not run: the previous one failed for good, or made no progress."""
 
 
 @dataclass(frozen=True)
@@ -181,6 +194,9 @@ def engine_command(
         "--save-interval", str(experiment.get("save_interval") or experiment["iterations_per_segment"]),
         "--log-interval", str(experiment["log_interval"]),
         "--log-throughput",
+        "--eval-interval", str(experiment["eval_interval"]),
+        "--eval-iters", str(experiment["eval_iters"]),
+        "--tensorboard-dir", paths.tensorboard,
         "--threads", str(experiment["threads"]),
     ]  # fmt: skip
     if model.get("ffn_hidden_size"):
@@ -192,8 +208,8 @@ def engine_command(
     return argv
 
 
-def _exit_minutes(experiment: dict[str, Any]) -> float | None:
-    left = remaining_job_seconds()
+def exit_duration(experiment: dict[str, Any], left: float | None) -> float | None:
+    """The engine's ``--exit-duration-in-mins`` for a job with ``left`` seconds to run."""
     if left is None:
         return None
     margin = experiment["time"]["margin_seconds"]
@@ -209,33 +225,65 @@ def _exit_minutes(experiment: dict[str, Any]) -> float | None:
     return max(0.0, (left - margin) / 60)
 
 
-def run_launch(script_text: str, script_path: Path, engine_log: Path, env: dict[str, str]) -> int:
-    """Run the launch script, its output appended to ``engine_log``.
+class Signals:
+    """SIGTERM/SIGUSR1 caught from the segment's start (Slurm's --signal, scancel).
 
-    SIGTERM or SIGUSR1 sent to this process (Slurm's --signal, scancel) is passed on as
-    SIGTERM: srun forwards it to the tasks, torchrun to the workers (it does not forward
-    SIGUSR1), and the engines save and exit on SIGTERM.
+    Caught from the start, a signal during the start-up (data checks, before the engine
+    runs) ends the segment cleanly instead of killing it half-way; once the engine runs
+    it is passed on as SIGTERM: srun forwards it to the tasks, torchrun to the workers (it
+    does not forward SIGUSR1), and the engines save and exit on SIGTERM.
     """
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.child: subprocess.Popen | None = None
+        self._previous: dict = {}
+
+    def __enter__(self) -> Signals:
+        self._previous = {
+            s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGUSR1)
+        }
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+    def _handle(self, signum, frame) -> None:
+        self.received = signum
+        if self.child is not None and self.child.poll() is None:
+            log.warning("got signal %d: asking the engine to save and stop", signum)
+            self.child.send_signal(signal.SIGTERM)
+        else:
+            log.warning("got signal %d before the engine started: it will not start", signum)
+
+
+def run_launch(
+    script_text: str,
+    script_path: Path,
+    engine_log: Path,
+    env: dict[str, str],
+    signals: Signals | None = None,
+) -> int:
+    """Run the launch script, its output appended to ``engine_log``; signals passed on."""
     script_path.parent.mkdir(parents=True, exist_ok=True)
     script_path.write_text(script_text)
     engine_log.parent.mkdir(parents=True, exist_ok=True)
-    with open(engine_log, "a") as out:
-        out.write(f"==> {time.strftime('%Y-%m-%d %H:%M:%S')} launch {script_path}\n")
-        out.flush()
-        child = subprocess.Popen(
-            ["bash", str(script_path)], stdout=out, stderr=subprocess.STDOUT, env=env
-        )
-
-        def forward(signum, frame):
-            log.warning("got signal %d: asking the engine to save and stop", signum)
-            child.send_signal(signal.SIGTERM)
-
-        previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGUSR1)}
-        try:
-            return child.wait()
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+    with contextlib.ExitStack() as stack:
+        if signals is None:
+            signals = stack.enter_context(Signals())
+        with open(engine_log, "a") as out:
+            out.write(f"==> {time.strftime('%Y-%m-%d %H:%M:%S')} launch {script_path}\n")
+            out.flush()
+            signals.child = subprocess.Popen(
+                ["bash", str(script_path)], stdout=out, stderr=subprocess.STDOUT, env=env
+            )
+            if signals.received is not None:  # between the check and the start
+                signals.child.send_signal(signal.SIGTERM)
+            try:
+                return signals.child.wait()
+            finally:
+                signals.child = None
 
 
 def run_segment(
@@ -245,8 +293,50 @@ def run_segment(
     paths: Paths,
     cluster,
     container: str | None = None,
+    attempt: int = 1,
 ) -> dict[str, Any]:
-    """Train segment ``segment`` of ``name``; write and return its result record."""
+    """Train segment ``segment`` of ``name``; write and return its result record.
+
+    Attempt ``attempt`` (Snakemake's) first checks that it may run at all, then takes the
+    checkpoint folder's lease, records itself, trains, and records how it ended.
+    """
+    record_file = attempts.attempts_path(paths.engine_log)
+    start_iteration = checkpoints.latest_iteration(paths.save) or 0
+    why = attempts.refusal(attempts.load(record_file), attempt, start_iteration)
+    if why:
+        raise SegmentRefused(f"segment {segment} of {name}, attempt {attempt} not run: {why}")
+    with Signals() as signals, lease.held(paths.save, on_takeover=_log_takeover) as holder:
+        log.info("lease on %s: %s", paths.save, holder.describe())
+        start_iteration = checkpoints.latest_iteration(paths.save) or 0
+        entry = attempts.record_start(record_file, attempt, start_iteration)
+        try:
+            record = _train_segment(name, prepared, segment, paths, cluster, container, signals)
+        except SegmentIncomplete as e:
+            reached = checkpoints.latest_iteration(paths.save) or 0
+            attempts.record_end(record_file, entry, reached, e.failure, str(e))
+            raise
+        except Exception as e:
+            reached = checkpoints.latest_iteration(paths.save) or 0
+            failure = classify_text(f"{type(e).__name__}: {e}") or "error"
+            attempts.record_end(record_file, entry, reached, failure, f"{type(e).__name__}: {e}")
+            raise
+        attempts.record_end(record_file, entry, record["last_iteration"], None)
+    return record
+
+
+def _log_takeover(stale: lease.Holder) -> None:
+    log.warning("took over the stale lease of %s (no longer running)", stale.describe())
+
+
+def _train_segment(
+    name: str,
+    prepared: Prepared,
+    segment: int,
+    paths: Paths,
+    cluster,
+    container: str | None,
+    signals: Signals,
+) -> dict[str, Any]:
     from hpcllm.launch import build_launch
 
     experiment, layout = prepared.experiment, prepared.layout
@@ -254,9 +344,10 @@ def run_segment(
     stop = target_iteration(experiment, segment)
     start_iteration = checkpoints.latest_iteration(paths.save) or 0
     started = time.time()
-    if start_iteration < stop:
+    engine_log = Path(paths.engine_log)
+    log_offset = engine_log.stat().st_size if engine_log.exists() else 0
+    if start_iteration < stop and signals.received is None:
         lay = experiment["layout"]
-        exit_minutes = _exit_minutes(experiment)
         command = engine_command(
             experiment,
             layout,
@@ -264,7 +355,7 @@ def run_segment(
             prepared.tokenizer_files,
             paths,
             segment,
-            exit_minutes,
+            exit_duration(experiment, remaining_job_seconds()),
             eod_token=prepared.eod_token,
             transformer_impl=transformer_impl_for(cluster),
         )
@@ -278,11 +369,11 @@ def run_segment(
             env=MEGATRON_ENV if experiment["engine"] == "megatron" else None,
         )
         log.info("segment %d of %s: iterations %d..%d", segment, name, start_iteration + 1, stop)
-        script = Path(paths.engine_log).with_suffix(".sh")
+        script = engine_log.with_suffix(".sh")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        rc = run_launch(launch.shell(), script, Path(paths.engine_log), env)
+        rc = run_launch(launch.shell(), script, engine_log, env, signals)
         log.info("engine exited with %d", rc)
-    else:
+    elif start_iteration >= stop:
         log.warning(
             "%s already holds iteration %d >= this segment's target %d: nothing to train",
             paths.save,
@@ -291,14 +382,20 @@ def run_segment(
         )
     reached = checkpoints.latest_iteration(paths.save) or 0
     if reached < stop:
+        text = engine_log.read_text(errors="replace")[log_offset:] if engine_log.exists() else ""
+        failure = segment_failure(text, signals.received)
+        when = "early"
+        if not text:
+            when = "before the engine started"
+        elif not parse_log_lines(text):
+            when = "during the engine's start-up"
         raise SegmentIncomplete(
-            f"segment {segment} of {name} stopped at iteration {reached} of {stop} (see "
-            f"{paths.engine_log}); rerun the workflow to continue from the checkpoint in "
-            f"{paths.save}"
+            f"segment {segment} of {name} stopped at iteration {reached} of {stop} {when} "
+            f"({failure}; see {paths.engine_log}); its checkpoint in {paths.save} is intact, "
+            "and the next attempt or a rerun continues from it",
+            failure,
         )
-    lines = [
-        r for r in parse_log_lines(Path(paths.engine_log).read_text()) if r["iteration"] <= stop
-    ]
+    lines = [r for r in parse_log_lines(engine_log.read_text()) if r["iteration"] <= stop]
     last = lines[-1] if lines else {}
     record = {
         "experiment": name,
@@ -311,11 +408,24 @@ def run_segment(
         "consumed_samples": stop * layout.global_batch,
         "lm_loss": last.get("lm loss"),
         "seconds": round(time.time() - started, 3),
+        "gpus": layout.gpus,
         "checkpoint": str(checkpoints.iteration_dir(paths.save, reached)),
     }
     with atomic_path(paths.record) as tmp:
         tmp.write_text(json.dumps(record, indent=2) + "\n")
     return record
+
+
+def segment_failure(text: str, signum: int | None) -> str:
+    """The failure class of an attempt that ended before its target iteration.
+
+    A signal this job received (Slurm's --signal before the time limit, scancel,
+    preemption) explains the stop whatever the engine printed on its way down.
+    """
+    found = classify_text(text)
+    if signum is not None and found not in ("time_limit", "node_failure"):
+        return "signal"
+    return found or "error"
 
 
 @dataclass(frozen=True)
@@ -379,6 +489,14 @@ def prepare_experiment(name: str, raw: dict[str, Any], text: dict[str, Any], clu
     gpu_gb = cluster.gpu.memory_gb if cluster.gpu is not None else None
     layout, memory = plan(name, exp, gpus, vocab, gpu_gb, lay["procs_per_node"])
     exp.setdefault("save_interval", exp["iterations_per_segment"])
+    exp.setdefault("eval_interval", exp["iterations_per_segment"])
+    exp.setdefault("eval_iters", 1)
+    if exp["eval_iters"] and parse_split(data["split"])[1] == 0:
+        raise ValueError(
+            f"training.experiments.{name}: eval_iters is {exp['eval_iters']} but data.split "
+            f"'{data['split']}' gives the validation split no share; give it one (e.g. "
+            "'98,2,0') or set eval_iters: 0"
+        )
     eod = text["tokenizers"][tok].get("eod_token", "<|endoftext|>")
     from hpcllm.text.tokenizers_config import gpt2_files
 
@@ -398,5 +516,14 @@ def check_segment_data(prepared: Prepared) -> None:
 
     vocab_size, _ = vocabulary(_Args)
     check_blend(prepared.blend, vocab_size)
+    check_splits(prepared.blend, prepared.experiment["data"]["split"], dataset_samples(prepared))
+
+
+def dataset_samples(prepared: Prepared) -> list[int]:
+    """Samples per split the engines ask for (a key of the index cache)."""
     exp = prepared.experiment
-    check_splits(prepared.blend, exp["data"]["split"], [total_iterations(exp), 0, 0])
+    samples = sample_counts(
+        total_iterations(exp), prepared.layout.global_batch, exp["eval_interval"], exp["eval_iters"]
+    )
+    shares = parse_split(exp["data"]["split"])
+    return [n if share > 0 else 0 for n, share in zip(samples, shares)]

@@ -22,29 +22,38 @@ Run ``python -m hpcllm.training.torch_engine --help``; docs/training.md has exam
 
 from __future__ import annotations
 
-import argparse
-import json
-import logging
-import math
-import os
 import signal
-import sys
 import time
-from contextlib import nullcontext
-from dataclasses import dataclass
-from datetime import datetime
-from pathlib import Path
 
-import torch
-import torch.distributed as dist
+# Slurm's --signal or a preemption may come while torch and transformers are still being
+# imported (seconds on a loaded node): remember it from here on, so that the start-up
+# ends cleanly and the training loop stops at once, instead of dying half-way.
+_EARLY_SIGNALS: list[int] = []
+_START = time.time()  # --exit-duration-in-mins counts from here, as in Megatron
+if __name__ == "__main__":
+    for _sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(_sig, lambda signum, frame: _EARLY_SIGNALS.append(signum))
 
-from hpcllm.training import checkpoints
-from hpcllm.training.checkpoints import CheckpointError
-from hpcllm.training.data import Blend, build_datasets, check_blend
-from hpcllm.training.planner import pad_vocab
+import argparse  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+from contextlib import nullcontext  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from datetime import datetime  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from hpcllm.training import checkpoints  # noqa: E402
+from hpcllm.training.checkpoints import CheckpointError  # noqa: E402
+from hpcllm.training.data import Blend, build_datasets, check_blend, sample_counts  # noqa: E402
+from hpcllm.training.planner import pad_vocab  # noqa: E402
 
 log = logging.getLogger(__name__)
-_START = time.time()  # --exit-duration-in-mins counts from here, as in Megatron
 
 
 def parser() -> argparse.ArgumentParser:
@@ -92,6 +101,9 @@ def parser() -> argparse.ArgumentParser:
     a("--save-interval", type=int, default=None)
     a("--log-interval", type=int, default=100)
     a("--log-throughput", action="store_true")
+    a("--eval-interval", type=int, default=1000, help="evaluate every this many iterations")
+    a("--eval-iters", type=int, default=100, help="validation batches per evaluation (0: none)")
+    a("--tensorboard-dir", default=None, help="write TensorBoard scalars here (rank 0)")
     a("--device", choices=["auto", "cpu", "cuda"], default="auto")
     a("--threads", type=int, default=None, help="torch CPU threads per process")
     return p
@@ -209,6 +221,8 @@ class StopFlag:
         self.signal: int | None = None
 
     def install(self) -> None:
+        if _EARLY_SIGNALS:  # came during the imports
+            self.signal = _EARLY_SIGNALS[-1]
         for sig in (signal.SIGTERM, signal.SIGUSR1):
             signal.signal(sig, self._handle)
 
@@ -339,8 +353,9 @@ def blend_from(data_path: list[str]) -> Blend:
 def log_line(
     iteration, args, consumed, elapsed_ms, tflops, lr, loss, grad_norm, throughput: bool
 ) -> str:
-    """One line in the format of Megatron-LM's ``training_log`` (megatron/training/training.py)."""
-    s = f" [{datetime.now().strftime('%Y-%m-%d %H:%M:%S.%f')}]"
+    """One line in the format of Megatron-LM's ``training_log`` (megatron/training/training.py;
+    the pinned commit prints the time without microseconds)."""
+    s = f" [{datetime.now().strftime('%Y-%m-%d %H:%M:%S')}]"
     s += f" iteration {iteration:8d}/{args.train_iters:8d} |"
     s += f" consumed samples: {consumed:12d} |"
     s += f" elapsed time per iteration (ms): {elapsed_ms:.1f} |"
@@ -356,6 +371,84 @@ def log_line(
     return s
 
 
+def validation_line(iteration: int, loss: float) -> str:
+    """Megatron-LM's ``evaluate_and_print_results`` output, dashes included."""
+    text = (
+        f" validation loss at iteration {iteration} | lm loss value: {loss:.6E} | "
+        f"lm loss PPL: {math.exp(min(20.0, loss)):.6E} | "
+    )
+    rule = "-" * (len(text) + 1)
+    return f"{rule}\n{text}\n{rule}"
+
+
+@torch.no_grad()
+def evaluate(model, valid_ds, iteration: int, args, d: Dist, autocast, micro_steps: int) -> float:
+    """Mean loss over ``--eval-iters`` global batches of the validation split.
+
+    Like Megatron, each evaluation takes the next batches (evaluation k reads batches
+    (k-1) x eval_iters ...), so that a resumed run evaluates on the same samples.
+    """
+    model.eval()
+    dp_chunk = args.micro_batch_size * d.world
+    first = (math.ceil(iteration / args.eval_interval) - 1) * args.eval_iters
+    total = torch.zeros(2, device=d.device, dtype=torch.float64)
+    for batch in range(first, first + args.eval_iters):
+        for m in range(micro_steps):
+            start = (
+                batch * args.global_batch_size + m * dp_chunk + d.rank * args.micro_batch_size
+            ) % len(valid_ds)
+            samples = [valid_ds[(start + i) % len(valid_ds)] for i in range(args.micro_batch_size)]
+            tokens = torch.stack([s["tokens"] for s in samples]).to(d.device)
+            labels = torch.stack([s["labels"] for s in samples]).to(d.device)
+            mask = torch.stack([s["loss_mask"] for s in samples]).to(d.device)
+            with autocast:
+                logits = _unwrap(model)(input_ids=tokens).logits
+            losses = torch.nn.functional.cross_entropy(
+                logits.float().view(-1, logits.size(-1)), labels.view(-1), reduction="none"
+            )
+            total[0] += (losses * mask.view(-1)).sum() / mask.sum()
+            total[1] += 1
+    if d.world > 1:
+        dist.all_reduce(total)
+    model.train()
+    return float(total[0] / total[1])
+
+
+class Board:
+    """TensorBoard scalars (Megatron's tag names) from rank 0; nothing without a folder."""
+
+    def __init__(self, folder: str | None):
+        self.writer = None
+        if folder:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as e:  # the tensorboard package is a dependency of hpcllm
+                print(f"warning: no TensorBoard scalars ({e}); pip install tensorboard", flush=True)
+                return
+            self.writer = SummaryWriter(folder)
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        if self.writer is not None:
+            for tag, value in values.items():
+                self.writer.add_scalar(tag, value, step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _show_dataset_index_log() -> None:
+    """Megatron Core's dataset messages ("Load the ... indices" or "Build and save ...")
+    in the engine's log: the segment log then shows whether an index was built."""
+    logger = logging.getLogger("megatron.core.datasets")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
 def train(args: argparse.Namespace) -> dict:
     """Train until ``--exit-interval``/``--train-iters``, a time limit or a signal.
 
@@ -367,6 +460,9 @@ def train(args: argparse.Namespace) -> dict:
     stop_flag = StopFlag()
     if args.exit_signal_handler:
         stop_flag.install()
+    elif _EARLY_SIGNALS:  # no handler asked for: end as the signal would have ended us
+        raise SystemExit(128 + _EARLY_SIGNALS[-1])
+    _show_dataset_index_log()
     d = init_distributed(args.device)
     tokenizer_vocab, eod = vocabulary(args)
     padded = pad_vocab(tokenizer_vocab, 1, args.make_vocab_size_divisible_by)
@@ -388,16 +484,22 @@ def train(args: argparse.Namespace) -> dict:
             raise ValueError("give --data-path (or --mock-data)")
         blend = blend_from(args.data_path)
         check_blend(blend, tokenizer_vocab)
-    train_ds = build_datasets(
+    eval_iters = args.eval_iters if blend is not None else 0
+    train_ds, valid_ds, _ = build_datasets(
         blend,
         args.split,
         args.seq_length,
         args.seed,
-        [args.train_iters * args.global_batch_size, 0, 0],
+        sample_counts(args.train_iters, args.global_batch_size, args.eval_interval, eval_iters),
         tokenizer_vocab,
         eod,
         args.data_cache_path,
-    )[0]
+    )
+    if eval_iters and valid_ds is None:
+        raise ValueError(
+            f"--eval-iters {eval_iters}: split {args.split!r} gives the validation split no "
+            "share; give it one or set --eval-iters 0"
+        )
 
     model = build_model(args, padded).to(d.device)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
@@ -430,8 +532,11 @@ def train(args: argparse.Namespace) -> dict:
             flush=True,
         )
     interval_loss, interval_iters, interval_start = 0.0, 0, time.time()
-    stopped = None
-    while iteration < stop_at:
+    board = Board(args.tensorboard_dir) if d.rank == 0 else Board(None)
+    stopped = "signal" if stop_flag.signal is not None else None
+    if stopped and d.rank == 0:  # during the start-up: train nothing, save nothing
+        print(f"exiting at iteration {iteration} (signal) before {stop_at}", flush=True)
+    while iteration < stop_at and not stopped:
         lr = learning_rate(args, iteration)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -477,22 +582,41 @@ def train(args: argparse.Namespace) -> dict:
         if iteration % args.log_interval == 0 or iteration == stop_at or stats[2]:
             elapsed = (time.time() - interval_start) / interval_iters
             if d.rank == 0:
+                tflops = flops / (elapsed * 1e12 * d.world)
                 line = log_line(
                     iteration,
                     args,
                     iteration * args.global_batch_size,
                     elapsed * 1000,
-                    flops / (elapsed * 1e12 * d.world),
+                    tflops,
                     learning_rate(args, iteration),
                     interval_loss / interval_iters,
                     float(grad_norm),
                     args.log_throughput,
                 )
                 print(line, flush=True)
+                tokens = iteration * args.global_batch_size * args.seq_length
+                board.scalars(
+                    iteration,
+                    {
+                        "lm loss": interval_loss / interval_iters,
+                        "learning-rate": learning_rate(args, iteration),
+                        "grad-norm": float(grad_norm),
+                        "throughput": tflops,
+                        "tokens-per-second": args.global_batch_size * args.seq_length / elapsed,
+                        "consumed-tokens": tokens,
+                    },
+                )
             summary["loss"] = interval_loss / interval_iters
             interval_loss, interval_iters, interval_start = 0.0, 0, time.time()
         if stats[2]:
             stopped = "signal" if stats[1] else "time"
+        if eval_iters and (iteration % args.eval_interval == 0 or iteration == args.train_iters):
+            valid = evaluate(model, valid_ds, iteration, args, d, autocast, micro_steps)
+            if d.rank == 0:
+                print(validation_line(iteration, valid), flush=True)
+                board.scalars(iteration, {"lm loss validation": valid})
+            summary["valid_loss"] = valid
         scheduler = {
             "max_lr": args.lr,
             "min_lr": args.min_lr,
@@ -508,6 +632,7 @@ def train(args: argparse.Namespace) -> dict:
             if d.rank == 0:
                 print(f"exiting at iteration {iteration} ({stopped}) before {stop_at}", flush=True)
             break
+    board.close()
     summary.update(
         last_iteration=iteration,
         consumed_samples=iteration * args.global_batch_size,

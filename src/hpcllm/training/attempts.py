@@ -1,0 +1,144 @@
+"""Attempts of one training segment, and whether Snakemake's next attempt may run.
+
+The ``train_segment`` rule has ``retries`` (``training.max_attempts`` - 1): Snakemake
+resubmits a failed segment job, and the new job resumes from the newest checkpoint. Each
+attempt leaves an entry in ``logs/train_segment/<experiment>/seg<k>.attempts.json``
+(written when it starts, completed when it ends): its Slurm job id and host, the
+checkpoint iteration it started from and reached, and its failure class
+(:mod:`hpcllm.bench.failures`).
+
+The next attempt runs only while attempts make progress and fail for a transient reason
+(time limit, node failure, preemption, a signal, NCCL). A deterministic failure (out of
+memory, a missing file, a configuration the engine refuses) or an attempt that added no
+iteration stops the chain with its class and job id. An attempt that left no end record
+(its batch host died, or the time limit killed it) is classified from Slurm's state of
+its job, and from its progress.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from hpcllm.atomic import atomic_path
+from hpcllm.bench.failures import classify_text, is_transient
+
+
+@dataclass
+class Attempt:
+    attempt: int
+    job_id: str | None
+    host: str
+    start_iteration: int
+    started: float
+    reached_iteration: int | None = None  # None: the attempt never recorded its end
+    failure: str | None = None  # None: complete (when reached_iteration is set)
+    message: str = ""
+    ended: float | None = None
+
+
+def attempts_path(engine_log: str | os.PathLike) -> Path:
+    """``seg<k>.engine.log`` -> ``seg<k>.attempts.json`` next to it."""
+    path = Path(engine_log)
+    return path.with_name(path.name.split(".")[0] + ".attempts.json")
+
+
+def load(path: str | os.PathLike) -> list[Attempt]:
+    path = Path(path)
+    if not path.is_file():
+        return []
+    return [Attempt(**entry) for entry in json.loads(path.read_text())]
+
+
+def _save(path: str | os.PathLike, attempts: list[Attempt]) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps([asdict(a) for a in attempts], indent=2) + "\n")
+
+
+def current_chain(attempts: list[Attempt]) -> list[Attempt]:
+    """The attempts of the latest Snakemake run: from its attempt 1 on (earlier runs'
+    entries stay in the file, for the GPU-hours ``hpcllm status`` adds up)."""
+    starts = [i for i, a in enumerate(attempts) if a.attempt == 1]
+    return attempts[starts[-1] :] if starts else attempts
+
+
+def record_start(path, attempt: int, start_iteration: int, environ=os.environ) -> Attempt:
+    """Append this attempt's entry before anything runs."""
+    entry = Attempt(
+        attempt=attempt,
+        job_id=environ.get("SLURM_JOB_ID"),
+        host=socket.gethostname(),
+        start_iteration=start_iteration,
+        started=time.time(),
+    )
+    _save(path, [*load(path), entry])
+    return entry
+
+
+def record_end(path, entry: Attempt, reached: int, failure: str | None, message: str = ""):
+    entry.reached_iteration, entry.failure, entry.message = reached, failure, message
+    entry.ended = time.time()
+    _save(path, [entry if _same(a, entry) else a for a in load(path)])
+
+
+def _same(a: Attempt, b: Attempt) -> bool:
+    return (a.attempt, a.started, a.host) == (b.attempt, b.started, b.host)
+
+
+def slurm_state(job_id: str | None) -> str | None:
+    """The job's state as squeue still shows it (None without Slurm or once forgotten)."""
+    if not job_id:
+        return None
+    try:
+        out = subprocess.run(
+            ["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.split()[0] if out else None
+
+
+def classify_unfinished(entry: Attempt, state: str | None) -> str:
+    """The class of an attempt that recorded no end: from Slurm's state of its job.
+
+    A job that Slurm forgot, or that shows no cause, most likely lost its batch host or
+    hit its time limit: both transient, and the progress check still applies.
+    """
+    return classify_text("", state) or "node_failure"
+
+
+def refusal(
+    attempts: list[Attempt], attempt: int, latest_iteration: int, state_of=slurm_state
+) -> str | None:
+    """Why attempt ``attempt`` must not run (a message naming class and job id), or None."""
+    if attempt <= 1:
+        return None
+    previous = [a for a in current_chain(attempts) if a.attempt < attempt]
+    if not previous:
+        return None
+    last = max(previous, key=lambda a: a.attempt)
+    job = f"job {last.job_id}" if last.job_id else f"the process on {last.host}"
+    failure = last.failure
+    if last.reached_iteration is None:
+        failure = classify_unfinished(last, state_of(last.job_id))
+    if failure is not None and not is_transient(failure):
+        return (
+            f"attempt {last.attempt} ({job}) failed with {failure}, which another attempt "
+            f"would repeat: {last.message or 'see its logs'}. Fix the cause and rerun."
+        )
+    if latest_iteration <= last.start_iteration:
+        return (
+            f"attempt {last.attempt} ({job}, {failure or 'no class'}) added no iteration "
+            f"(the checkpoint is still at iteration {latest_iteration}): a further attempt "
+            "would most likely do the same. Give the segment a longer runtime or look at "
+            "its logs, then rerun."
+        )
+    return None

@@ -1,0 +1,103 @@
+"""The experiment's dataset index cache, built on a CPU job before any GPU job starts.
+
+Megatron-LM builds its document, sample and shuffle indices on rank 0 of the first GPU
+job while every other rank waits (on large data this times out: Megatron-LM issues 907,
+1355, 795). The ``prepare_data_cache`` rule builds them instead with Megatron Core's
+``BlendedMegatronDatasetBuilder``, as Megatron-LM's ``tools/prepare_cache`` does, from the
+experiment's blend, split, sequence length, seed and sample counts, into the folder every
+segment passes as ``--data-cache-path``; the segments then only load them.
+
+Megatron Core names the cached files by an MD5 of the dataset's identity, which includes
+the tokenizer's ``unique_identifiers``: for the megatron engine that is Megatron-LM's
+GPT-2 BPE tokenizer with its vocab and merge file paths as the segment passes them, for
+the torch engine its own vocabulary key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from hpcllm.atomic import atomic_path
+
+
+class MegatronGPT2TokenizerKey:
+    """What Megatron Core reads of Megatron-LM's ``_GPT2BPETokenizer``: its identity
+    (``MegatronTokenizer.__init__(vocab_file, merge_file)``) and end-of-document id."""
+
+    def __init__(self, vocab_file: str, merge_file: str, vocab_size: int, eod: int):
+        self.unique_identifiers = OrderedDict(
+            [("class", "_GPT2BPETokenizer"), ("tokenizer_path", [vocab_file, merge_file])]
+        )
+        self.vocab_size = vocab_size
+        self.eod = eod
+        self.special_tokens_dict: dict = {}
+
+
+@contextlib.contextmanager
+def _one_process_group():
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield
+        return
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def build_index_cache(prepared, folder: str | os.PathLike, manifest: str | os.PathLike) -> dict:
+    """Build (or find complete) the index files of ``prepared``; write ``manifest``."""
+    from hpcllm.training.data import build_datasets
+    from hpcllm.training.segment import check_segment_data, dataset_samples
+    from hpcllm.training.torch_engine import vocabulary
+
+    check_segment_data(prepared)
+    exp = prepared.experiment
+
+    class _Args:  # what vocabulary() reads
+        vocab_file = str(Path(prepared.tokenizer_dir) / "vocab.json")
+        eod_token = prepared.eod_token
+        vocab_size = None
+
+    vocab_size, eod = vocabulary(_Args)
+    tokenizer = None  # the torch engine's key
+    if exp["engine"] == "megatron":
+        tokenizer = MegatronGPT2TokenizerKey(
+            str(Path(prepared.tokenizer_dir) / "vocab.json"),
+            str(Path(prepared.tokenizer_dir) / "merges.txt"),
+            vocab_size,
+            eod,
+        )
+    samples = dataset_samples(prepared)
+    started = time.time()
+    with _one_process_group():  # Megatron Core asks the rank before it writes the cache
+        datasets = build_datasets(
+            prepared.blend,
+            exp["data"]["split"],
+            exp["model"]["seq_length"],
+            exp["seed"],
+            samples,
+            vocab_size,
+            eod,
+            folder,
+            tokenizer=tokenizer,
+        )
+    files = sorted(p.name for p in Path(folder).iterdir() if p.is_file())
+    record: dict[str, Any] = {
+        "engine": exp["engine"],
+        "samples": dict(zip(("train", "valid", "test"), samples)),
+        "built": [len(d) if d is not None else 0 for d in datasets],
+        "seconds": round(time.time() - started, 3),
+        "files": files,
+    }
+    with atomic_path(manifest) as tmp:
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+    return record

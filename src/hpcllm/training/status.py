@@ -1,0 +1,271 @@
+"""``hpcllm status``: where a campaign stands, from its files and Slurm, without Snakemake.
+
+Reads the same configuration the workflow reads (config/config.yaml, the --configfile
+files, the profile's cluster), then per experiment: segments done, the newest checkpoint
+and its tokens, the last train and validation loss, throughput of the last segment,
+GPU-hours spent and the estimate to finish, and the experiment's Slurm jobs; per
+benchmark sweep: points done, running and failed (with their class). Nothing is written,
+nothing is submitted: safe on a login node while the campaign runs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hpcllm.training import attempts as attempts_mod
+from hpcllm.training import checkpoints
+from hpcllm.training.curves import read_curves
+from hpcllm.training.segment import parse_log_lines
+
+
+@dataclass
+class ExperimentStatus:
+    name: str
+    segments_done: int
+    segments: int
+    iteration: int | None
+    total_iterations: int
+    tokens: int
+    train_loss: float | None
+    valid_loss: float | None
+    tokens_per_second: float | None
+    tflops_per_gpu: float | None
+    gpu_hours: float
+    gpu_hours_to_finish: float | None
+    jobs: list[str] = field(default_factory=list)
+    last_failure: str | None = None
+
+
+def load_config(workdir: Path, configfiles: Sequence[str], profile: str | None) -> dict:
+    """The workflow's configuration: config/config.yaml, then each --configfile, deep-merged,
+    with the profile's ``config:`` entries (the cluster) and the schema defaults."""
+    from hpcllm.configuration import SECTIONS, check_section
+
+    repo = Path(__file__).resolve().parents[3]
+    config: dict = {}
+    base = workdir / "config" / "config.yaml"
+    for path in [base if base.is_file() else repo / "config" / "config.yaml", *configfiles]:
+        _merge(config, yaml.safe_load(Path(path).read_text()) or {})
+    if profile:
+        profile_file = Path(profile) / "config.yaml"
+        if not profile_file.is_file():
+            profile_file = repo / profile / "config.yaml"
+        entries = (yaml.safe_load(profile_file.read_text()) or {}).get("config") or {}
+        if isinstance(entries, list):  # `config: [cluster=juwels]` form
+            entries = dict(e.split("=", 1) for e in entries)
+        _merge(config, entries)
+    schemas = repo / "workflow" / "schemas"
+    from snakemake.utils import validate
+
+    validate(config, str(schemas / "config.schema.yaml"))
+    for section in SECTIONS:
+        config.setdefault(section, {})
+        check_section(section, config[section], schemas / f"{section}.schema.yaml")
+        validate(config[section], str(schemas / f"{section}.schema.yaml"))
+    return config
+
+
+def _merge(into: dict, new: dict) -> None:
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def slurm_jobs() -> list[dict[str, str]]:
+    """Queued and running jobs of this user: id, state, comment (the plugin's rule tag)."""
+    try:
+        out = subprocess.run(
+            ["squeue", "--me", "-h", "-o", "%i|%T|%k"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if out.returncode != 0:
+        return []
+    jobs = []
+    for line in out.stdout.splitlines():
+        parts = line.split("|", 2)
+        if len(parts) == 3:
+            jobs.append({"id": parts[0], "state": parts[1], "comment": parts[2]})
+    return jobs
+
+
+def _segment_of(path: Path) -> int:
+    m = re.search(r"seg(\d+)", path.name)
+    return int(m.group(1)) if m else 0
+
+
+def experiment_status(workdir: Path, name: str, prepared, jobs) -> ExperimentStatus:
+    exp, layout = prepared.experiment, prepared.layout
+    seq = exp["model"]["seq_length"]
+    total = exp["segments"] * exp["iterations_per_segment"]
+    results = workdir / "results" / "train" / name
+    done = sorted(results.glob("seg*.json"), key=_segment_of)
+    save = workdir / "checkpoints" / name
+    try:
+        iteration = checkpoints.latest_iteration(save)
+    except checkpoints.CheckpointError:
+        iteration = None
+    logs = sorted(
+        (workdir / "logs" / "train_segment" / name).glob("seg*.engine.log"), key=_segment_of
+    )
+    curves = read_curves(logs, seq)
+    tokens_per_second = tflops = None
+    if logs:
+        rows = [r for r in parse_log_lines(logs[-1].read_text(errors="replace")) if "lm loss" in r]
+        if rows:
+            last = rows[-1]
+            ms = last.get("elapsed time per iteration (ms)")
+            if isinstance(ms, float) and ms > 0:
+                tokens_per_second = (
+                    last.get("global batch size", layout.global_batch) * seq / (ms / 1000)
+                )
+            tflops = last.get("throughput per GPU (TFLOP/s/GPU)")
+    # GPU-hours: every attempt of every segment, from its start to its end (or to its
+    # last record for one still running or lost), times the GPUs of the layout.
+    seconds, trained, last_failure = 0.0, 0, None
+    for path in (workdir / "logs" / "train_segment" / name).glob("seg*.attempts.json"):
+        for a in attempts_mod.load(path):
+            end = a.ended or a.started
+            seconds += max(0.0, end - a.started)
+            if a.reached_iteration is not None:
+                trained += max(0, a.reached_iteration - a.start_iteration)
+            if a.failure:
+                last_failure = f"{a.failure} (job {a.job_id or '-'})"
+    gpu_hours = seconds * layout.gpus / 3600
+    to_finish = None
+    if trained and iteration is not None:
+        to_finish = gpu_hours / trained * (total - iteration)
+    mine = [
+        f"{j['id']} {j['state']} seg{j['comment'].rsplit('_', 1)[-1]}"
+        for j in jobs
+        if j["comment"].startswith(f"rule_train_segment_wildcards_{name}_")
+    ]
+    return ExperimentStatus(
+        name=name,
+        segments_done=len(done),
+        segments=exp["segments"],
+        iteration=iteration,
+        total_iterations=total,
+        tokens=(iteration or 0) * layout.global_batch * seq,
+        train_loss=curves["train"][-1][1] if curves["train"] else None,
+        valid_loss=curves["valid"][-1][1] if curves["valid"] else None,
+        tokens_per_second=tokens_per_second,
+        tflops_per_gpu=tflops,
+        gpu_hours=gpu_hours,
+        gpu_hours_to_finish=to_finish,
+        jobs=mine,
+        last_failure=last_failure,
+    )
+
+
+def sweep_status(workdir: Path, points: dict[str, dict], jobs) -> dict[str, dict[str, Any]]:
+    """Per benchmark experiment: points, done, running, failed {point: class}."""
+    out: dict[str, dict[str, Any]] = {}
+    running = {
+        j["comment"].split("_wildcards_", 1)[-1]
+        for j in jobs
+        if j["comment"].startswith("rule_bench_")
+    }
+    for point_id, point in points.items():
+        sweep = out.setdefault(
+            point.get("experiment", point["benchmark"]),
+            {"points": 0, "done": 0, "running": 0, "failed": {}},
+        )
+        sweep["points"] += 1
+        record = workdir / "results" / "bench" / point["benchmark"] / point_id / "run.json"
+        if record.is_file():
+            status = json.loads(record.read_text()).get("status", "ok")
+            if status == "ok":
+                sweep["done"] += 1
+            else:
+                sweep["failed"][point_id] = status
+        elif point_id in running:
+            sweep["running"] += 1
+    return out
+
+
+def _num(value, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def format_status(experiments: list[ExperimentStatus], sweeps: dict) -> str:
+    lines = []
+    if experiments:
+        lines.append("training")
+    for e in experiments:
+        lines.append(
+            f"  {e.name}: {e.segments_done}/{e.segments} segments, checkpoint iteration "
+            f"{_num(e.iteration, 'd')}/{e.total_iterations} ({e.tokens / 1e6:.3f} M tokens)"
+        )
+        lines.append(
+            f"    loss {_num(e.train_loss, '.4f')} (validation {_num(e.valid_loss, '.4f')}), "
+            f"last segment {_num(e.tokens_per_second, ',.0f')} tokens/s, "
+            f"{_num(e.tflops_per_gpu, '.1f')} TFLOP/s/GPU"
+        )
+        lines.append(
+            f"    {e.gpu_hours:.2f} GPU-hours spent, about "
+            f"{_num(e.gpu_hours_to_finish, '.2f')} to finish; jobs: {', '.join(e.jobs) or 'none'}"
+            + (f"; last failure: {e.last_failure}" if e.last_failure else "")
+        )
+    if sweeps:
+        lines.append("benchmarks")
+    for name, s in sweeps.items():
+        failed = ", ".join(f"{p} ({c})" for p, c in s["failed"].items()) or "none"
+        lines.append(
+            f"  {name}: {s['done']}/{s['points']} points done, {s['running']} running, "
+            f"failed: {failed}"
+        )
+    return "\n".join(lines) if lines else "nothing configured"
+
+
+def campaign_status(
+    workdir: str | Path = ".",
+    configfiles: Sequence[str] = (),
+    profile: str | None = None,
+    jobs: list[dict[str, str]] | None = None,
+) -> str:
+    from hpcllm.bench.sweeps import expand_all, facts_of
+    from hpcllm.clusters import load_cluster
+    from hpcllm.training.segment import prepare_experiment
+
+    workdir = Path(workdir)
+    config = load_config(workdir, configfiles, profile)
+    repo = Path(__file__).resolve().parents[3]
+    clusters = workdir / "config" / "clusters"
+    cluster = load_cluster(
+        config["cluster"], root=clusters if clusters.is_dir() else repo / "config" / "clusters"
+    )
+    jobs = slurm_jobs() if jobs is None else jobs
+    training = config["training"]
+    names = training.get("run") or list(training["experiments"])
+    experiments = [
+        experiment_status(
+            workdir,
+            name,
+            prepare_experiment(name, training["experiments"][name], config["text"], cluster),
+            jobs,
+        )
+        for name in names
+    ]
+    bench = config["benchmarks"]
+    points = {}
+    if bench.get("experiments"):
+        schema = yaml.safe_load((repo / "workflow/schemas/benchmarks.schema.yaml").read_text())
+        points = {
+            p.id: p.row()
+            for p in expand_all(bench["experiments"], facts_of(cluster), workdir, schema)
+        }
+    return format_status(experiments, sweep_status(workdir, points, jobs))

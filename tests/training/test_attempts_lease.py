@@ -1,0 +1,217 @@
+"""Retries of a segment (which attempt may run), the checkpoint folder's lease, and the
+segment's time arithmetic."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hpcllm.bench.failures import classify_text, is_transient
+from hpcllm.training import attempts, lease
+from hpcllm.training.megatron_args import MegatronArgsError
+from hpcllm.training.segment import (
+    exit_duration,
+    parse_slurm_time,
+    remaining_job_seconds,
+    segment_failure,
+)
+
+# ---------------------------------------------------------------- failure classes
+
+
+@pytest.mark.parametrize(
+    ("text", "signum", "expected"),
+    [
+        ("exiting at iteration 7 (time) before 100", None, "time_limit"),
+        ("exiting at iteration 7 (signal) before 100", 15, "signal"),
+        # Megatron-LM's own lines for the same two stops
+        ("exiting program after 5.0 minutes", None, "time_limit"),
+        ("exiting program at iteration 700", None, "signal"),
+        ("slurmstepd: error: *** JOB 12 ON n1 CANCELLED AT 2026 DUE TO TIME LIMIT ***", 15, "time_limit"),
+        ("srun: error: Node failure on n2", None, "node_failure"),
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate", None, "out_of_memory"),
+        ("FileNotFoundError: [Errno 2] No such file or directory: 'x.idx'", None, "missing_file"),
+        ("AssertionError: num_layers must be divisible by pipeline size", None, "config_error"),
+        ("Traceback (most recent call last):\n  boom", None, "error"),
+        # the engine died from a forwarded signal before it could say anything
+        ("torchrun: Received 15 death signal, shutting down workers", 15, "signal"),
+        ("", 15, "signal"),
+        ("", None, "error"),
+    ],
+)  # fmt: skip
+def test_segment_failure_classes(text, signum, expected):
+    assert segment_failure(text, signum) == expected
+
+
+def test_transient_and_deterministic_classes():
+    for failure in ("time_limit", "node_failure", "signal", "cancelled", "nccl_error"):
+        assert is_transient(failure), failure
+    for failure in ("out_of_memory", "missing_file", "config_error", "error", None):
+        assert not is_transient(failure), failure
+    # Slurm's state names the cause where the log cannot (the batch host died)
+    assert classify_text("", "NODE_FAIL") == "node_failure"
+    assert classify_text("", "PREEMPTED") == "cancelled"
+
+
+# ------------------------------------------------------------------------ attempts
+
+
+def _attempt(tmp_path, n, start, reached, failure, job="101"):
+    path = tmp_path / "seg1.attempts.json"
+    entry = attempts.record_start(path, n, start, environ={"SLURM_JOB_ID": job})
+    if reached is not None:
+        attempts.record_end(path, entry, reached, failure, f"{failure} happened")
+    return path
+
+
+def test_attempts_file_sits_beside_the_engine_log():
+    assert attempts.attempts_path("logs/train_segment/e/seg3.engine.log").as_posix() == (
+        "logs/train_segment/e/seg3.attempts.json"
+    )
+
+
+def test_a_transient_failure_with_progress_lets_the_next_attempt_run(tmp_path):
+    path = _attempt(tmp_path, 1, 0, 40, "time_limit")
+    assert attempts.refusal(attempts.load(path), 2, latest_iteration=40) is None
+    # the first attempt of a run never is refused
+    assert attempts.refusal(attempts.load(path), 1, latest_iteration=0) is None
+
+
+def test_a_deterministic_failure_is_not_retried_and_names_class_and_job(tmp_path):
+    path = _attempt(tmp_path, 1, 0, 0, "out_of_memory", job="4711")
+    why = attempts.refusal(attempts.load(path), 2, latest_iteration=0)
+    assert "out_of_memory" in why and "job 4711" in why and "Fix the cause" in why
+
+
+def test_an_attempt_without_progress_stops_the_chain(tmp_path):
+    path = _attempt(tmp_path, 1, 0, 40, "time_limit")
+    _attempt(tmp_path, 2, 40, 40, "time_limit", job="102")
+    why = attempts.refusal(attempts.load(path), 3, latest_iteration=40)
+    assert "attempt 2 (job 102" in why and "added no iteration" in why
+
+
+def test_an_attempt_that_left_no_end_is_classified_from_slurm(tmp_path):
+    path = _attempt(tmp_path, 1, 0, None, None, job="55")
+    states = {"55": "OUT_OF_MEMORY"}
+    why = attempts.refusal(attempts.load(path), 2, 10, state_of=states.get)
+    assert "out_of_memory" in why
+    # a job Slurm forgot (its batch host died): transient, and it made progress
+    assert attempts.refusal(attempts.load(path), 2, 10, state_of=lambda job: None) is None
+    assert "added no iteration" in attempts.refusal(
+        attempts.load(path), 2, 0, state_of=lambda job: "NODE_FAIL"
+    )
+
+
+def test_a_new_snakemake_run_starts_a_new_chain_and_keeps_the_history(tmp_path):
+    path = _attempt(tmp_path, 1, 0, 0, "out_of_memory")
+    _attempt(tmp_path, 1, 0, 30, "time_limit")  # the user fixed it and reran
+    assert attempts.refusal(attempts.load(path), 2, latest_iteration=30) is None
+    assert len(attempts.load(path)) == 2
+
+
+# --------------------------------------------------------------------------- lease
+
+
+def test_lease_is_taken_renewed_and_released(tmp_path):
+    save = tmp_path / "ckpt"
+    with lease.held(save, renew_seconds=0.05) as mine:
+        first = lease.read(save)
+        assert first.pid == os.getpid() and first.host == socket.gethostname()
+        deadline = time.time() + 10
+        while lease.read(save).renewed == first.renewed:
+            assert time.time() < deadline, "lease never renewed"
+            time.sleep(0.02)
+        assert mine.describe().startswith("process")
+    assert lease.read(save) is None
+
+
+def test_a_live_slurm_holder_is_refused_with_what_to_do(tmp_path):
+    save = tmp_path / "ckpt"
+    lease.acquire(save, lease.Holder("1234", "n1", 99, time.time()), job_live=lambda j: True)
+    with pytest.raises(lease.LeaseHeld) as e:
+        lease.acquire(save, lease.Holder("1240", "n2", 7, time.time()), job_live=lambda j: True)
+    assert "Slurm job 1234 on n1" in str(e.value)
+    assert "scancel 1234" in str(e.value) and "squeue -j 1234" in str(e.value)
+    assert lease.read(save).job_id == "1234"  # the refused job wrote nothing
+
+
+def test_a_stale_lease_is_taken_over(tmp_path):
+    save = tmp_path / "ckpt"
+    lease.acquire(save, lease.Holder("1234", "n1", 99, time.time()), job_live=lambda j: True)
+    stale = lease.acquire(
+        save, lease.Holder("1240", "n2", 7, time.time()), job_live=lambda j: False
+    )
+    assert stale.job_id == "1234" and lease.read(save).job_id == "1240"
+
+
+def test_a_local_holder_is_live_while_its_process_runs(tmp_path):
+    save = tmp_path / "ckpt"
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lease.acquire(save, lease.Holder(None, socket.gethostname(), proc.pid, time.time()))
+        with pytest.raises(lease.LeaseHeld, match=f"process {proc.pid}"):
+            lease.acquire(save, lease.me(environ={}))
+    finally:
+        proc.kill()
+        proc.wait()
+    assert lease.acquire(save, lease.me(environ={})).pid == proc.pid  # gone: stale
+
+
+def test_squeue_answers_liveness(tmp_path, monkeypatch):
+    """Against a stand-in squeue on PATH: the states Slurm prints, and its refusal of a
+    job id it forgot."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text(
+        '#!/bin/sh\ncase "$*" in\n'
+        "  *' 1 '*) echo RUNNING;;\n"
+        "  *' 2 '*) echo COMPLETED;;\n"
+        "  *) echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1;;\n"
+        "esac\n"
+    )
+    (bin_dir / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    assert lease.slurm_job_live("1") is True
+    assert lease.slurm_job_live("2") is False
+    assert lease.slurm_job_live("3") is False
+
+
+# ------------------------------------------------------------------ time arithmetic
+
+
+def _experiment(engine="torch", margin=600):
+    return {"engine": engine, "time": {"margin_seconds": margin}}
+
+
+def test_exit_duration_leaves_the_margin():
+    assert exit_duration(_experiment(), None) is None
+    assert exit_duration(_experiment(margin=600), 3600) == pytest.approx(50.0)
+    # Megatron takes whole minutes, rounded down so the margin is never eaten into
+    assert exit_duration(_experiment("megatron", 600), 3659) == 50
+    assert exit_duration(_experiment("megatron", 600), 3660) == 51
+    with pytest.raises(ValueError, match="time.margin_seconds is 600"):
+        exit_duration(_experiment(margin=600), 600)
+    with pytest.raises(MegatronArgsError, match="plus one minute"):
+        exit_duration(_experiment("megatron", 600), 650)
+
+
+def test_remaining_time_from_slurm(monkeypatch, tmp_path):
+    now = time.time()
+    left = remaining_job_seconds({"SLURM_JOB_END_TIME": str(int(now) + 120)})
+    assert 118 <= left <= 121
+    assert remaining_job_seconds({}) is None
+    assert parse_slurm_time("1-02:03:04") == ((24 + 2) * 60 + 3) * 60 + 4
+    assert parse_slurm_time("05:06") == 306
+    assert parse_slurm_time("UNLIMITED") is None
+    # without SLURM_JOB_END_TIME: squeue's %L of the job
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text("#!/bin/sh\necho 1:02:03\n")
+    (bin_dir / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    assert remaining_job_seconds({"SLURM_JOB_ID": "9"}) == 3723

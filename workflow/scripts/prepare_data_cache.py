@@ -1,0 +1,5 @@
+from hpcllm import logs
+from hpcllm.training.cache import build_index_cache
+
+logs.setup(snakemake.log[0])
+build_index_cache(snakemake.params.prepared, snakemake.params.folder, snakemake.output.manifest)
