@@ -201,6 +201,8 @@ def check_plan_cost(training):
     """Print the GPU jobs' cost of the default target; stop a real run over the limit."""
     jobs = []
     for target in training:
+        if not target.endswith(".json"):  # the loss curve: a local job
+            continue
         name = target.split("/")[2]
         for k in range(1, EXPERIMENTS[name].experiment["segments"] + 1):
             if not os.path.exists(f"results/train/{name}/seg{k}.json"):
