@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import slurmruns
+import torch
 
 pytestmark = pytest.mark.slurm
 
@@ -13,8 +16,10 @@ def test_builtin_config_runs_as_slurm_jobs_and_matches_local_run(cluster, tmp_pa
     proc = slurmruns.run(on_slurm, cluster)
     output = proc.stdout + proc.stderr
     remote, local = slurmruns.rule_headers(output)
-    # The text stages at least run on the compute nodes; downloads stay on the login node.
-    assert {"train_tokenizer", "tokenize", "merge_tokenized"} <= set(remote), output[-3000:]
+    # The text stages and training run on the compute nodes; downloads stay on the login node.
+    assert {
+        "train_tokenizer", "tokenize", "merge_tokenized", "prepare_data_cache", "train_segment"
+    } <= set(remote), output[-3000:]  # fmt: skip
     assert "download_text" in local and "download_text" not in remote
 
     # Every submitted job left its Slurm log, named by its job id, and only those did.
@@ -31,12 +36,32 @@ def test_builtin_config_runs_as_slurm_jobs_and_matches_local_run(cluster, tmp_pa
             assert known[job_id]["comment"].startswith(f"rule_{rule}"), known[job_id]
 
     locally = slurmruns.make_workdir(tmp_path / "local")
-    # The reference needs only the deterministic stages that write data/.
-    slurmruns.run(locally, None, "--until", "merge_tokenized", "pack_lmdb", profile="local")
+    # The reference: the deterministic stages that write data/, and training (bitwise
+    # reproducible on the CPU with fixed threads).
+    slurmruns.run(
+        locally, None, "--until", "merge_tokenized", "pack_lmdb", "train_segment", profile="local"
+    )
     slurm_data = slurmruns.fingerprints(on_slurm / "data")
     assert any(p.endswith("_text_document.bin") for p in slurm_data), sorted(slurm_data)
+    assert any(p.startswith("index_cache/") for p in slurm_data), sorted(slurm_data)
     assert slurm_data == slurmruns.fingerprints(locally / "data")
+    trained = sorted((on_slurm / "checkpoints").glob("*/latest_checkpointed_iteration.txt"))
+    assert trained, "no experiment was trained"
+    for tracker in trained:
+        name = tracker.parent.name
+        assert tracker.read_text() == (locally / "checkpoints" / name / tracker.name).read_text()
+        slurm_model, local_model = (
+            final_model(root / "checkpoints" / name) for root in (on_slurm, locally)
+        )
+        assert slurm_model.keys() == local_model.keys()
+        assert all(torch.equal(slurm_model[k], local_model[k]) for k in slurm_model), name
 
     # Nothing left to do: a second run through Slurm submits no job.
     again = slurmruns.run(on_slurm, cluster)
     assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def final_model(save: Path) -> dict[str, torch.Tensor]:
+    iteration = int((save / "latest_checkpointed_iteration.txt").read_text())
+    path = save / f"iter_{iteration:07d}" / "mp_rank_00" / "model_optim_rng.pt"
+    return torch.load(path, map_location="cpu", weights_only=False)["model"]

@@ -1,14 +1,18 @@
 """Training segments on two Slurm nodes: the launch path, and faults that lose nothing.
 
-One experiment, ``tiny_2n`` (tests/slurm/training.yaml): 2 segments on 2 nodes, one
-process each (srun -> torchrun per node -> the torch engine, DDP over gloo). The
-uninterrupted run is the reference the fault tests must reproduce bit for bit.
+One experiment, ``tiny_2n`` (tests/slurm/training.yaml): 2 segments of 40 iterations on
+2 nodes, one process each (srun -> torchrun per node -> the torch engine, DDP over gloo).
+The uninterrupted run is the reference the fault tests must reproduce bit for bit. The
+fault tests interrupt a segment once it has trained its first iteration: far from its
+end, wherever the interruption lands on a loaded machine.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -39,6 +43,9 @@ def training_workdir(text_data: Path, path: Path) -> Path:
         text_data, path, symlinks=True, ignore=shutil.ignore_patterns("locks", "incomplete")
     )
     return path
+
+
+CURVE = f"results/train/{EXPERIMENT}/loss.png"
 
 
 def run_training(work: Path, cluster, *args: str, **kw):
@@ -72,7 +79,14 @@ def uninterrupted(slurm_cluster, text_data, tmp_path_factory):
     slurm_cluster.restore()
     work = training_workdir(text_data, tmp_path_factory.mktemp("slurm-train") / "work")
     proc = slurmruns.start(
-        work, slurm_cluster, "--configfile", str(CONFIG), "--", FINAL, log=work / "snakemake.out"
+        work,
+        slurm_cluster,
+        "--configfile",
+        str(CONFIG),
+        "--",
+        FINAL,
+        CURVE,
+        log=work / "snakemake.out",
     )
     ranks: dict[str, str] = {}
     while proc.poll() is None:
@@ -97,18 +111,58 @@ def test_two_node_segment_runs_a_rank_on_each_node_and_saves_once(uninterrupted,
     engine_log = (work / f"logs/train_segment/{EXPERIMENT}/seg1.engine.log").read_text()
     assert "world size 2" in engine_log
     # Rank 0 alone writes each checkpoint, once per save, with both ranks' RNG states.
-    assert engine_log.count("successfully saved checkpoint from iteration") == 1
+    assert engine_log.count("successfully saved checkpoint from iteration") == 4
     assert sorted(p.name for p in (work / SAVE).glob("iter_*")) == [
-        "iter_0000004",
-        "iter_0000008",
+        f"iter_{i:07d}" for i in range(10, 81, 10)
     ]
     state = torch.load(
-        work / SAVE / "iter_0000008/mp_rank_00/model_optim_rng.pt",
+        work / SAVE / "iter_0000080/mp_rank_00/model_optim_rng.pt",
         map_location="cpu",
         weights_only=False,
     )
     assert len(state["rng_state"]) == 2
-    assert [p.name for p in (work / SAVE / "iter_0000008").iterdir()] == ["mp_rank_00"]
+    assert [p.name for p in (work / SAVE / "iter_0000080").iterdir()] == ["mp_rank_00"]
+
+
+def test_index_cache_is_built_by_a_cpu_job_and_segments_only_load_it(uninterrupted):
+    """prepare_data_cache ran as its own Slurm job; no segment log shows an index build."""
+    work, _, output = uninterrupted
+    remote, _ = slurmruns.rule_headers(output)
+    assert remote.get("prepare_data_cache") == 1 and remote.get("train_segment") == 2
+    for k in (1, 2):
+        log = (work / f"logs/train_segment/{EXPERIMENT}/seg{k}.engine.log").read_text()
+        assert "Build and save" not in log
+        assert (
+            "Load the GPTDataset train indices" in log
+            and "Load the GPTDataset valid indices" in log
+        )
+    cache = json.loads((work / f"data/index_cache/{EXPERIMENT}.json").read_text())
+    assert cache["samples"] == {"train": 80 * 8, "valid": (80 // 20 + 1) * 8, "test": 0}
+
+
+def test_validation_lines_tensorboard_scalars_and_loss_curve(uninterrupted):
+    work, _, _ = uninterrupted
+    text = "".join(
+        (work / f"logs/train_segment/{EXPERIMENT}/seg{k}.engine.log").read_text() for k in (1, 2)
+    )
+    found = re.findall(
+        r"validation loss at iteration (\d+) \| lm loss value: (\S+) \| lm loss PPL: (\S+) \|",
+        text,
+    )
+    assert [int(i) for i, _, _ in found] == [20, 40, 60, 80]
+    assert all(0 < float(v) < 20 for _, v, _ in found)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(work / SAVE / "tensorboard"))
+    board.Reload()
+    tags = set(board.Tags()["scalars"])
+    assert {
+        "lm loss", "lm loss validation", "learning-rate", "grad-norm", "throughput",
+        "tokens-per-second", "consumed-tokens",
+    } <= tags, tags  # fmt: skip
+    assert [e.step for e in board.Scalars("lm loss validation")] == [20, 40, 60, 80]
+    assert board.Scalars("consumed-tokens")[-1].value == 80 * 8 * 64
+    assert (work / f"results/train/{EXPERIMENT}/loss.png").stat().st_size > 10_000
 
 
 def test_two_nodes_train_like_one_process_with_the_same_global_batch(
@@ -130,8 +184,11 @@ def test_two_nodes_train_like_one_process_with_the_same_global_batch(
         torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
-def wait_for_engine(cluster, proc, work: Path, segment: int, timeout: float = 240) -> str:
-    """The Slurm job id of segment ``segment`` once its engine ranks run on both nodes."""
+def wait_for_engine(cluster, proc, work: Path, segment: int, timeout: float = 900) -> str:
+    """The Slurm job id of segment ``segment`` once its engine ranks run on both nodes
+    and have trained the segment's first iteration (39 more to go)."""
+    first = (segment - 1) * 40 + 1
+    engine_log = work / f"logs/train_segment/{EXPERIMENT}/seg{segment}.engine.log"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, (work / "snakemake.out").read_text()[-4000:]
@@ -141,7 +198,8 @@ def wait_for_engine(cluster, proc, work: Path, segment: int, timeout: float = 24
             if j["comment"] == f"rule_train_segment_wildcards_{EXPERIMENT}_{segment}"
             and j["state"] == "RUNNING"
         ]
-        if running and len(engine_processes(cluster)) == 2:
+        trained = engine_log.exists() and f"iteration {first:8d}/" in engine_log.read_text()
+        if running and trained and len(engine_processes(cluster)) == 2:
             return running[0]["id"]
         time.sleep(0.2)
     raise TimeoutError(f"segment {segment} never ran: {cluster.jobs()}")
@@ -172,7 +230,7 @@ def test_scancel_of_a_running_segment_is_reported_and_the_rerun_resumes(
     assert {j["id"]: j["state"] for j in cluster.jobs()}[job_id] == "CANCELLED"
     assert (work / SEG1).exists() and not (work / FINAL).exists()
     resumed_from = int((work / SAVE / "latest_checkpointed_iteration.txt").read_text())
-    assert 4 <= resumed_from < 8
+    assert 40 <= resumed_from < 80
 
     run_training(work, cluster)
     record = json.loads((work / FINAL).read_text())
@@ -208,18 +266,107 @@ def test_a_node_dying_mid_segment_fails_the_job_and_the_rerun_completes(
     assert all(torch.equal(rerun[k], reference[k]) for k in reference)
 
 
-def test_a_segment_longer_than_its_time_limit_saves_and_the_rerun_continues(
+def test_a_signalled_segment_continues_by_itself_to_the_end(
+    uninterrupted, cluster, text_data, tmp_path
+):
+    """SIGTERM to the segment's job steps (what Slurm's --signal and a preemption send)
+    once it trains: the engine saves and stops, the job fails with class ``signal``, and
+    Snakemake's second attempt (max_attempts 2) resumes it; the campaign ends in one
+    Snakemake run, bitwise equal to the uninterrupted one."""
+    work = training_workdir(text_data, tmp_path / "work")
+    retries = work / "retries.yaml"
+    retries.write_text("training: {max_attempts: 2}\n")
+    proc = slurmruns.start(
+        work,
+        cluster,
+        "--configfile",
+        str(CONFIG),
+        str(retries),
+        "--",
+        FINAL,
+        log=work / "snakemake.out",
+    )
+    try:
+        job_id = wait_for_engine(cluster, proc, work, segment=1)
+        cluster.run("scancel", "--signal=TERM", job_id)
+        assert proc.wait(timeout=300) == 0, (work / "snakemake.out").read_text()[-5000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = (work / "snakemake.out").read_text()
+    assert "Trying to restart job" in output
+    first, second = json.loads(
+        (work / f"logs/train_segment/{EXPERIMENT}/seg1.attempts.json").read_text()
+    )
+    assert (first["job_id"], first["failure"]) == (job_id, "signal")
+    assert 1 <= first["reached_iteration"] < 40
+    assert second["job_id"] != job_id and second["failure"] is None
+    assert second["start_iteration"] == first["reached_iteration"]
+    resumed = final_weights(work)
+    reference = final_weights(uninterrupted[0])
+    assert all(torch.equal(resumed[k], reference[k]) for k in reference)
+
+
+def test_a_restarted_controller_starts_no_second_writer(
+    uninterrupted, cluster, text_data, tmp_path
+):
+    """The Snakemake controller killed mid-segment; its job runs on (held suspended here,
+    so that it is surely still running). A restarted controller submits the segment
+    again (the plugin does not reattach): that job finds the live job's lease and refuses,
+    naming it. Once the first job has ended, the campaign completes, bitwise equal to an
+    uninterrupted run, and every checkpoint was written once."""
+    work = training_workdir(text_data, tmp_path / "work")
+    proc = slurmruns.start(
+        work, cluster, "--configfile", str(CONFIG), "--", FINAL, log=work / "snakemake.out"
+    )
+    orphan = wait_for_engine(cluster, proc, work, segment=1)
+    proc.send_signal(signal.SIGKILL)  # the controller dies; its job does not
+    proc.wait(timeout=30)
+    cluster.run("scontrol", "suspend", orphan)
+    slurmruns.run(work, cluster, "--configfile", str(CONFIG), "--unlock")
+    try:
+        second = run_training(work, cluster, check=False)
+    finally:
+        cluster.run("scontrol", "resume", orphan)
+    out = second.stdout + second.stderr
+    assert second.returncode != 0
+    seg1_log = (work / f"logs/train_segment/{EXPERIMENT}/seg1.log").read_text()
+    assert f"checkpoints/{EXPERIMENT} is being written by Slurm job {orphan}" in seg1_log, (
+        out[-4000:] + seg1_log
+    )
+    assert f"scancel {orphan}" in seg1_log
+    cluster.wait_job(
+        lambda j: j["id"] == orphan and j["state"] not in ("RUNNING", "SUSPENDED", "COMPLETING"),
+        timeout=240,
+    )
+
+    run_training(work, cluster)
+    engine_log = (work / f"logs/train_segment/{EXPERIMENT}/seg1.engine.log").read_text()
+    assert engine_log.count("==> ") == 1  # one launch of segment 1: the orphan's
+    for iteration in range(10, 81, 10):
+        saves = "".join(
+            (work / f"logs/train_segment/{EXPERIMENT}/seg{k}.engine.log").read_text()
+            for k in (1, 2)
+        ).count(f"successfully saved checkpoint from iteration {iteration:7d}")
+        assert saves == 1, iteration
+    reference = final_weights(uninterrupted[0])
+    rerun = final_weights(work)
+    assert all(torch.equal(rerun[k], reference[k]) for k in reference)
+
+
+def test_a_signal_during_start_up_or_training_ends_cleanly_and_attempts_follow(
     cluster, text_data, tmp_path
 ):
-    """Slurm's --signal (set by the rule) stops the engine before the time limit kills it.
-
-    Slurm checks --signal on a timer of about 30 s: the signal window (100 s before the
-    2-minute limit) spans several checks, so the signal always comes, and comes after
-    the engine has started (about 10 s)."""
+    """Slurm's --signal (set by the rule) before the time limit, into a segment far
+    longer than the limit, with max_attempts 2. Slurm checks --signal on a ~30 s timer,
+    so it lands 20-50 s after the start: during the engine's start-up on a loaded
+    machine, or while it trains. Either way the attempt ends cleanly (a complete
+    checkpoint or none, never a half-written one) and says which; an attempt that
+    trained is followed by a second one by itself, one that did not stops the chain."""
     work = training_workdir(text_data, tmp_path / "work")
     long_run = work / "long.yaml"  # far more iterations than fit into the time limit
     long_run.write_text(
-        "training: {experiments: {tiny_2n: {iterations_per_segment: 100000, "
+        "training: {max_attempts: 2, experiments: {tiny_2n: {iterations_per_segment: 100000, "
         "save_interval: 100000, time: {margin_seconds: 0, signal_seconds: 100}}}}\n"
     )
     args = (
@@ -229,18 +376,23 @@ def test_a_segment_longer_than_its_time_limit_saves_and_the_rerun_continues(
         "--set-resources",
         "train_segment:runtime=2",
     )
-    engine_log = work / f"logs/train_segment/{EXPERIMENT}/seg1.engine.log"
-    stopped_at = []
-    for _ in range(2):
-        proc = slurmruns.run(work, cluster, *args, "--", SEG1, check=False, timeout=300)
-        output = proc.stdout + proc.stderr
-        assert proc.returncode != 0 and "Error in rule train_segment" in output
-        assert not (work / SEG1).exists()
-        log = engine_log.read_text()
-        # The engine saw the signal, saved and stopped by itself, before the time limit.
-        assert log.count("(signal) before 100000") == 1, log[-3000:]
-        assert "DUE TO TIME LIMIT" not in log
-        stopped_at.append(int((work / SAVE / "latest_checkpointed_iteration.txt").read_text()))
-    first, second = stopped_at
-    assert 0 < first < second
-    assert f"iterations {first + 1}..100000" in engine_log.read_text()
+    proc = slurmruns.run(work, cluster, *args, "--", SEG1, check=False, timeout=600)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Error in rule train_segment" in output
+    assert not (work / SEG1).exists()
+    log = (work / f"logs/train_segment/{EXPERIMENT}/seg1.engine.log").read_text()
+    assert "DUE TO TIME LIMIT" not in log
+    entries = json.loads((work / f"logs/train_segment/{EXPERIMENT}/seg1.attempts.json").read_text())
+    first = entries[0]
+    assert first["failure"] == "signal", first
+    assert not list((work / SAVE).glob("*.incomplete"))
+    if first["reached_iteration"] > 0:  # it trained: the second attempt followed
+        assert len(entries) == 2 and entries[1]["start_iteration"] == first["reached_iteration"]
+        assert entries[1]["failure"] == "signal"
+        assert entries[1]["reached_iteration"] >= first["reached_iteration"]
+    else:  # the signal came during the start-up: said so, and no second attempt trained
+        assert "before the engine started" in first["message"] or "start-up" in first["message"]
+        assert len(entries) == 1
+        assert (
+            "added no iteration" in (work / f"logs/train_segment/{EXPERIMENT}/seg1.log").read_text()
+        )

@@ -40,6 +40,7 @@ from hpcllm.training.segment import (
         ("Traceback (most recent call last):\n  boom", None, "error"),
         # the engine died from a forwarded signal before it could say anything
         ("torchrun: Received 15 death signal, shutting down workers", 15, "signal"),
+        ("[WARNING] Received Signals.SIGTERM death signal, shutting down workers", None, "signal"),
         ("", 15, "signal"),
         ("", None, "error"),
     ],
@@ -49,13 +50,13 @@ def test_segment_failure_classes(text, signum, expected):
 
 
 def test_transient_and_deterministic_classes():
-    for failure in ("time_limit", "node_failure", "signal", "cancelled", "nccl_error"):
+    for failure in ("time_limit", "node_failure", "signal", "preempted", "nccl_error"):
         assert is_transient(failure), failure
-    for failure in ("out_of_memory", "missing_file", "config_error", "error", None):
+    for failure in ("out_of_memory", "missing_file", "config_error", "error", "cancelled", None):
         assert not is_transient(failure), failure
     # Slurm's state names the cause where the log cannot (the batch host died)
     assert classify_text("", "NODE_FAIL") == "node_failure"
-    assert classify_text("", "PREEMPTED") == "cancelled"
+    assert classify_text("", "PREEMPTED") == "preempted"
 
 
 # ------------------------------------------------------------------------ attempts
@@ -105,6 +106,15 @@ def test_an_attempt_that_left_no_end_is_classified_from_slurm(tmp_path):
     assert "added no iteration" in attempts.refusal(
         attempts.load(path), 2, 0, state_of=lambda job: "NODE_FAIL"
     )
+
+
+def test_a_job_a_user_cancelled_is_not_retried_a_preempted_one_is(tmp_path):
+    """The job recorded "signal" (it caught the SIGTERM); Slurm's state says whose."""
+    path = _attempt(tmp_path, 1, 0, 12, "signal", job="77")
+    why = attempts.refusal(attempts.load(path), 2, 12, state_of=lambda job: "CANCELLED")
+    assert "failed with cancelled" in why and "job 77" in why
+    assert attempts.refusal(attempts.load(path), 2, 12, state_of=lambda job: "PREEMPTED") is None
+    assert attempts.refusal(attempts.load(path), 2, 12, state_of=lambda job: "FAILED") is None
 
 
 def test_a_new_snakemake_run_starts_a_new_chain_and_keeps_the_history(tmp_path):

@@ -17,6 +17,7 @@ FAILURES = (
     "node_failure",
     "time_limit",
     "signal",
+    "preempted",
     "out_of_memory",
     "cancelled",
     "nccl_error",
@@ -26,8 +27,9 @@ FAILURES = (
 )
 # Classes another attempt can get past: the job ran out of time, lost a node, was
 # preempted or signalled, or the network failed. Out of memory, a missing file or a
-# configuration the engine refuses fail the same way every time.
-TRANSIENT = frozenset({"node_failure", "time_limit", "signal", "cancelled", "nccl_error"})
+# configuration the engine refuses fail the same way every time; a job a user cancelled
+# stays cancelled.
+TRANSIENT = frozenset({"node_failure", "time_limit", "signal", "preempted", "nccl_error"})
 
 # Slurm job/step states (sacct/squeue) that name the cause directly.
 _SLURM_STATES = {
@@ -36,7 +38,7 @@ _SLURM_STATES = {
     "DEADLINE": "time_limit",
     "OUT_OF_MEMORY": "out_of_memory",
     "CANCELLED": "cancelled",
-    "PREEMPTED": "cancelled",
+    "PREEMPTED": "preempted",
     "BOOT_FAIL": "node_failure",
 }
 
@@ -57,7 +59,8 @@ _PATTERNS: list[tuple[str, re.Pattern]] = [
         re.compile(
             # torch engine; Megatron-LM (--exit-signal-handler); the segment before the engine
             r"^exiting at iteration \d+ \(signal\)|exiting program at iteration \d+|"
-            r"^segment stopped by signal",
+            # torchrun (the elastic agent) signalled before its workers could act on it
+            r"Received (?:\d+|Signals\.SIG\w+) death signal|SignalException",
             re.M,
         ),
     ),

@@ -127,8 +127,12 @@ def refusal(
     last = max(previous, key=lambda a: a.attempt)
     job = f"job {last.job_id}" if last.job_id else f"the process on {last.host}"
     failure = last.failure
+    state = state_of(last.job_id) if last.job_id else None
     if last.reached_iteration is None:
-        failure = classify_unfinished(last, state_of(last.job_id))
+        failure = classify_unfinished(last, state)
+    elif classify_text("", state) in ("cancelled", "preempted"):
+        # The job caught the SIGTERM and recorded "signal": Slurm knows whose it was.
+        failure = classify_text("", state)
     if failure is not None and not is_transient(failure):
         return (
             f"attempt {last.attempt} ({job}) failed with {failure}, which another attempt "

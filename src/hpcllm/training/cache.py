@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -77,7 +76,6 @@ def build_index_cache(prepared, folder: str | os.PathLike, manifest: str | os.Pa
             eod,
         )
     samples = dataset_samples(prepared)
-    started = time.time()
     with _one_process_group():  # Megatron Core asks the rank before it writes the cache
         datasets = build_datasets(
             prepared.blend,
@@ -95,9 +93,10 @@ def build_index_cache(prepared, folder: str | os.PathLike, manifest: str | os.Pa
         "engine": exp["engine"],
         "samples": dict(zip(("train", "valid", "test"), samples)),
         "built": [len(d) if d is not None else 0 for d in datasets],
-        "seconds": round(time.time() - started, 3),
         "files": files,
     }
+    # No timings here (benchmarks/prepare_data_cache/ has them): the manifest is data,
+    # identical between identical runs.
     with atomic_path(manifest) as tmp:
         tmp.write_text(json.dumps(record, indent=2) + "\n")
     return record
