@@ -75,7 +75,9 @@ rule train_segment:
     # A segment that stopped for a transient reason (time limit, node failure,
     # preemption, a signal) is resubmitted and resumes from the newest checkpoint; the
     # attempt itself refuses to train after a deterministic failure or no progress.
-    retries: TRAINING["max_attempts"] - 1
+    # Only the controller retries: inside a Slurm job a retry would run in the same
+    # allocation, whose time is up.
+    retries: TRAINING["max_attempts"] - 1 if workflow.is_main_process else 0
     conda:
         "../../envs/workflow.yaml"
     threads: 1
