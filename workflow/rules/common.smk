@@ -55,7 +55,12 @@ for _name in TOKENIZE["tokenizers"]:
 from snakemake.exceptions import WorkflowError as _WorkflowError
 
 from hpcllm.clusters import ClusterError, load_cluster, plan_errors, profile_errors
-from hpcllm.plan_cost import MAX_GPU_HOURS_KEY, cost_per_rule, over_limit, runtime_minutes
+from hpcllm.plan_cost import (
+    MAX_GPU_HOURS_KEY,
+    cost_per_rule,
+    over_limit,
+    runtime_minutes,
+)
 from hpcllm.plan_cost import Job as PlanJob
 from hpcllm.plan_cost import describe as describe_cost
 
@@ -207,7 +212,9 @@ def check_plan_cost(training):
         for k in range(1, EXPERIMENTS[name].experiment["segments"] + 1):
             if not os.path.exists(f"results/train/{name}/seg{k}.json"):
                 nodes = EXPERIMENTS[name].experiment["layout"]["nodes"]
-                jobs.append(PlanJob("train_segment", nodes, rule_runtime_min("train_segment")))
+                jobs.append(
+                    PlanJob("train_segment", nodes, rule_runtime_min("train_segment"))
+                )
     for record in bench_records():
         if not os.path.exists(record):
             point = BENCH_POINTS[record.split("/")[3]]
@@ -363,7 +370,9 @@ def training_container(wildcards):
 
 def segment_nodes(wildcards, attempt):
     """The layout's nodes; one for a retry that will refuse to run (it only reports)."""
-    if attempt > 1 and segment_retry_refused(wildcards.experiment, wildcards.k, attempt):
+    if attempt > 1 and segment_retry_refused(
+        wildcards.experiment, wildcards.k, attempt
+    ):
         return 1
     return EXPERIMENTS[wildcards.experiment].experiment["layout"]["nodes"]
 
