@@ -62,7 +62,7 @@ def build_index_cache(prepared, folder: str | os.PathLike, manifest: str | os.Pa
     exp = prepared.experiment
 
     class _Args:  # what vocabulary() reads
-        vocab_file = str(Path(prepared.tokenizer_dir) / "vocab.json")
+        vocab_file = prepared.tokenizer_files[0]
         eod_token = prepared.eod_token
         vocab_size = None
 
@@ -70,8 +70,8 @@ def build_index_cache(prepared, folder: str | os.PathLike, manifest: str | os.Pa
     tokenizer = None  # the torch engine's key
     if exp["engine"] == "megatron":
         tokenizer = MegatronGPT2TokenizerKey(
-            str(Path(prepared.tokenizer_dir) / "vocab.json"),
-            str(Path(prepared.tokenizer_dir) / "merges.txt"),
+            prepared.tokenizer_files[0],
+            prepared.tokenizer_files[1],
             vocab_size,
             eod,
         )
