@@ -319,8 +319,8 @@ PINNED_SEGMENT_800M = (
     " GPT2BPETokenizer --vocab-file data/tokenizers/sample_bpe/vocab.json --merge-file"
     " data/tokenizers/sample_bpe/merges.txt --save checkpoints/opengptx_800m --load"
     " checkpoints/opengptx_800m --save-interval 500 --log-interval 10 --log-throughput"
-    " --tensorboard-dir checkpoints/opengptx_800m/tensorboard --eval-interval 30000"
-    " --eval-iters 0 --distributed-backend nccl"
+    " --tensorboard-dir checkpoints/opengptx_800m/tensorboard --eval-interval 3000"
+    " --eval-iters 1 --distributed-backend nccl"
 )
 
 

@@ -91,6 +91,7 @@ def engine_command(
             "--log-throughput",
             "--data-cache-path", str(Path(run_dir).resolve() / "index-cache"),
             "--split", "100,0,0",  # a benchmark trains only
+            "--eval-iters", "0",
         ]  # fmt: skip
         if model.get("ffn_hidden_size"):
             cmd += ["--ffn-hidden-size", str(model["ffn_hidden_size"])]
