@@ -160,6 +160,30 @@ def bare_metal_tool(name: str) -> str:
     return str(candidate) if candidate.exists() else name
 
 
+def checkout_src() -> str:
+    """The ``src/`` folder this process imported ``hpcllm`` from: the planned checkout's."""
+    import hpcllm
+
+    return str(Path(hpcllm.__file__).resolve().parent.parent)
+
+
+def python_for(container: str | None) -> str:
+    """This environment's Python outside a container; the image's ``python`` inside one."""
+    return "python" if container else sys.executable
+
+
+def package_in_container(container: str | None) -> tuple[list[str], dict[str, str]]:
+    """Binds and environment that let ``python -m hpcllm...`` run in ``container``.
+
+    The images have no ``hpcllm`` (envs/requirements.txt): the checkout's ``src/`` is bound
+    and put on ``PYTHONPATH``. Nothing is needed outside a container.
+    """
+    if not container:
+        return [], {}
+    src = checkout_src()
+    return [src], {"PYTHONPATH": src}
+
+
 def build_launch(
     cluster: Cluster,
     *,

@@ -401,3 +401,52 @@ def test_benchmark_launch_without_slurm_runs_a_process_per_gpu_of_the_point():
     launch = launch_for(point, local, ["python", "t.py"], None)
     assert launch.argv[1:5] == ["--standalone", "--nproc_per_node", "2", "--no-python"]
     assert "PYTHONPATH" not in launch.env  # this environment has hpcllm installed
+
+
+def test_torch_engine_segment_in_a_container_runs_the_images_python_on_the_checkout():
+    """The images have no hpcllm: a torch-engine segment in one runs the image's `python`
+    with the checkout's src/ bound and on PYTHONPATH (not this venv's interpreter path)."""
+    import yaml
+    from snakemake.utils import validate
+
+    from hpcllm.launch import package_in_container, python_for
+    from hpcllm.training.segment import Paths, engine_command, prepare_experiment
+
+    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    for section in ("text", "training"):  # the schema's defaults, as the workflow fills them
+        validate(config[section], str(REPO / f"workflow/schemas/{section}.schema.yaml"))
+    name = "tiny_local"
+    prepared = prepare_experiment(
+        name, config["training"]["experiments"][name], config["text"], load_cluster("juwels", ROOT)
+    )
+    save = f"checkpoints/{name}"
+    paths = Paths(save, "seg1.json", "seg1.engine.log", f"{save}/data_cache", f"{save}/tb")
+    image = "containers/train-nvidia.sif"
+    command = engine_command(
+        prepared.experiment,
+        prepared.layout,
+        prepared.blend,
+        prepared.tokenizer_files,
+        paths,
+        1,
+        None,
+        python=python_for(image),
+    )
+    assert command[:3] == ["python", "-m", "hpcllm.training.torch_engine"]
+    binds, env = package_in_container(image)
+    assert binds == [env["PYTHONPATH"]]
+    assert (Path(env["PYTHONPATH"]) / "hpcllm" / "training" / "torch_engine.py").is_file()
+    launch = build_launch(
+        load_cluster("juwels", ROOT),
+        nodes=1,
+        procs_per_node=1,
+        command=command,
+        container=image,
+        binds=binds,
+        env=env,
+    )
+    bound = launch.argv[launch.argv.index("--bind") + 1].split(",")
+    assert env["PYTHONPATH"] in bound
+    assert f"PYTHONPATH={env['PYTHONPATH']}" in launch.shell()
+    # Outside a container: this environment's interpreter, nothing bound.
+    assert python_for(None) == sys.executable and package_in_container(None) == ([], {})

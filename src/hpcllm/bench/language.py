@@ -11,7 +11,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from hpcllm.bench.runner import launch_for, python_for, run_launch
+from hpcllm.bench.runner import launch_for, run_launch
+from hpcllm.launch import python_for
 from hpcllm.training.planner import Layout
 from hpcllm.training.presets import resolve_experiment
 

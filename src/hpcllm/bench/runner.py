@@ -22,10 +22,9 @@ import sys
 import time
 from pathlib import Path
 
-import hpcllm
 from hpcllm.atomic import atomic_paths
 from hpcllm.bench.failures import classify_log
-from hpcllm.launch import Launch
+from hpcllm.launch import Launch, package_in_container, python_for
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +87,6 @@ def run_launch(
     return record
 
 
-def checkout_src() -> str:
-    """The ``src/`` folder this process imported ``hpcllm`` from: the planned checkout's."""
-    return str(Path(hpcllm.__file__).resolve().parent.parent)
-
-
 def launch_for(point: dict, cluster, command: list[str], container: str | None) -> Launch:
     """The launch of ``command`` on the point's nodes; without Slurm, its "nodes" are
     processes on this machine (see :mod:`hpcllm.bench.sweeps`). In a container the
@@ -103,11 +97,7 @@ def launch_for(point: dict, cluster, command: list[str], container: str | None) 
         nodes, per_node = point["nodes"], point["procs_per_node"]
     else:
         nodes, per_node = 1, point["gpus"]
-    binds: list[str] = []
-    env: dict[str, str] = {}
-    if container:
-        src = checkout_src()
-        binds, env = [src], {"PYTHONPATH": src}
+    binds, env = package_in_container(container)
     return build_launch(
         cluster,
         nodes=nodes,
@@ -117,11 +107,6 @@ def launch_for(point: dict, cluster, command: list[str], container: str | None) 
         binds=binds,
         env=env,
     )
-
-
-def python_for(container: str | None) -> str:
-    """This environment's Python outside a container; the image's ``python`` inside one."""
-    return "python" if container else sys.executable
 
 
 def run_vision_point(

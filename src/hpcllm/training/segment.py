@@ -128,8 +128,10 @@ def engine_command(
     megatron_dir: str = "/opt/Megatron-LM",
     eod_token: str = "<|endoftext|>",
     transformer_impl: str = "transformer_engine",
+    python: str = sys.executable,
 ) -> list[str]:
-    """The argv of one engine process (the launcher runs it, with ``--no-python``)."""
+    """The argv of one engine process (the launcher runs it, with ``--no-python``);
+    ``python`` runs the torch engine (the image's inside a container)."""
     stop = target_iteration(experiment, segment)
     train_iters = total_iterations(experiment)
     split = experiment["data"]["split"]
@@ -161,7 +163,7 @@ def engine_command(
         ]
     model, optim = experiment["model"], experiment["optim"]
     argv = [
-        sys.executable,
+        python,
         "-m",
         "hpcllm.training.torch_engine",
         "--num-layers", str(model["num_layers"]),
@@ -337,7 +339,7 @@ def _train_segment(
     container: str | None,
     signals: Signals,
 ) -> dict[str, Any]:
-    from hpcllm.launch import build_launch
+    from hpcllm.launch import build_launch, package_in_container, python_for
 
     experiment, layout = prepared.experiment, prepared.layout
     check_segment_data(prepared)
@@ -358,15 +360,21 @@ def _train_segment(
             exit_duration(experiment, remaining_job_seconds()),
             eod_token=prepared.eod_token,
             transformer_impl=transformer_impl_for(cluster),
+            python=python_for(container),
         )
+        if experiment["engine"] == "megatron":
+            # Megatron-LM refuses sequence parallelism without it (one CUDA work queue).
+            binds, env = [], dict(MEGATRON_ENV)
+        else:  # the torch engine is hpcllm: in an image it needs the checkout's src/
+            binds, env = package_in_container(container)
         launch = build_launch(
             cluster,
             nodes=lay.get("nodes", 1),
             procs_per_node=lay.get("procs_per_node", 1),
             command=command,
             container=container,
-            # Megatron-LM refuses sequence parallelism without it (one CUDA work queue).
-            env=MEGATRON_ENV if experiment["engine"] == "megatron" else None,
+            binds=binds,
+            env=env,
         )
         log.info("segment %d of %s: iterations %d..%d", segment, name, start_iteration + 1, stop)
         script = engine_log.with_suffix(".sh")
