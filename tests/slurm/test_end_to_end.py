@@ -38,9 +38,10 @@ def test_builtin_config_runs_as_slurm_jobs_and_matches_local_run(cluster, tmp_pa
     locally = slurmruns.make_workdir(tmp_path / "local")
     # The reference: the deterministic stages that write data/, and training (bitwise
     # reproducible on the CPU with fixed threads).
-    slurmruns.run(
-        locally, None, "--until", "merge_tokenized", "pack_lmdb", "train_segment", profile="local"
-    )
+    # Two runs: one `--until` naming both a rule and one downstream of it (merge_tokenized,
+    # train_segment) stops at the first and silently skips the second.
+    slurmruns.run(locally, None, "--until", "merge_tokenized", "pack_lmdb", profile="local")
+    slurmruns.run(locally, None, "--until", "train_segment", profile="local")
     slurm_data = slurmruns.fingerprints(on_slurm / "data")
     assert any(p.endswith("_text_document.bin") for p in slurm_data), sorted(slurm_data)
     assert any(p.startswith("index_cache/") for p in slurm_data), sorted(slurm_data)
