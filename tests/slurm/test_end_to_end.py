@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -38,10 +39,16 @@ def test_builtin_config_runs_as_slurm_jobs_and_matches_local_run(cluster, tmp_pa
     locally = slurmruns.make_workdir(tmp_path / "local")
     # The reference: the deterministic stages that write data/, and training (bitwise
     # reproducible on the CPU with fixed threads).
-    # Two runs: one `--until` naming both a rule and one downstream of it (merge_tokenized,
-    # train_segment) stops at the first and silently skips the second.
+    # Two runs: `--until` stops at the first job of a rule it names, and skips what lies
+    # downstream of it (train_segment after merge_tokenized, segment 2 after segment 1).
     slurmruns.run(locally, None, "--until", "merge_tokenized", "pack_lmdb", profile="local")
-    slurmruns.run(locally, None, "--until", "train_segment", profile="local")
+    segments = sorted(
+        str(p.relative_to(on_slurm))
+        for p in (on_slurm / "results" / "train").glob("*/seg*.json")
+        if re.fullmatch(r"seg\d+\.json", p.name)
+    )
+    assert segments, "no training segment ran on Slurm"
+    slurmruns.run(locally, None, *segments, profile="local")
     slurm_data = slurmruns.fingerprints(on_slurm / "data")
     assert any(p.endswith("_text_document.bin") for p in slurm_data), sorted(slurm_data)
     assert any(p.startswith("index_cache/") for p in slurm_data), sorted(slurm_data)
