@@ -82,3 +82,25 @@ def test_megatron_samples_span_documents(data_prefixes, vocab_file, tmp_path):
     sample = train[0]
     assert sample["tokens"].shape == (32,) and sample["labels"].shape == (32,)
     assert (sample["tokens"][1:] == sample["labels"][:-1]).all()
+
+    # The documents as the .bin holds them (Megatron Core's reader): each ends with EOD.
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    stored = IndexedDataset(data_prefixes[0])
+    documents = [stored[i].tolist() for i in range(len(stored))]
+    eod = documents[0][-1]
+    assert all(doc[-1] == eod and eod not in doc[:-1] for doc in documents)
+    # A sample whose window crosses an end of document: the tokens up to the EOD are the
+    # end of one stored document, those after it the start of another.
+    for i in range(len(train)):
+        window = train[i]["tokens"].tolist() + [int(train[i]["labels"][-1])]
+        if eod in window[:-1]:
+            break
+    else:
+        raise AssertionError("no sample crosses a document boundary")
+    cut = window.index(eod) + 1
+    head, tail = window[:cut], window[cut:]
+    if eod in tail:  # a short next document: compare it up to its own end
+        tail = tail[: tail.index(eod) + 1]
+    assert any(doc[-len(head) :] == head for doc in documents), head
+    assert any(doc[: len(tail)] == tail for doc in documents), tail
