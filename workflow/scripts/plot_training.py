@@ -1,3 +1,5 @@
+import hpcllm_checkout  # noqa: F401  (hpcllm from the checkout that planned the run)
+
 from hpcllm import logs
 from hpcllm.training.curves import plot_loss_curve
 
