@@ -20,13 +20,13 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hpcllm.atomic import atomic_path
 from hpcllm.bench.failures import classify_text, is_transient
+from hpcllm.training.lease import squeue_job
 
 
 @dataclass
@@ -92,17 +92,8 @@ def _same(a: Attempt, b: Attempt) -> bool:
 
 def slurm_state(job_id: str | None) -> str | None:
     """The job's state as squeue still shows it (None without Slurm or once forgotten)."""
-    if not job_id:
-        return None
-    try:
-        out = subprocess.run(
-            ["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        ).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return None
+    proc = squeue_job(job_id) if job_id else None
+    out = proc.stdout.strip() if proc else ""
     return out.split()[0] if out else None
 
 

@@ -69,16 +69,24 @@ def _write(save: str | os.PathLike, holder: Holder) -> None:
         tmp.write_text(json.dumps(asdict(holder)) + "\n")
 
 
-def slurm_job_live(job_id: str) -> bool | None:
-    """Whether Slurm lists the job as live; None when squeue cannot answer."""
+def squeue_job(job_id: str) -> subprocess.CompletedProcess | None:
+    """squeue's answer for one job in any state (its state on stdout); None when squeue
+    cannot be run."""
     try:
-        proc = subprocess.run(
+        return subprocess.run(
             ["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"],
             capture_output=True,
             text=True,
             timeout=30,
         )
     except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def slurm_job_live(job_id: str) -> bool | None:
+    """Whether Slurm lists the job as live; None when squeue cannot answer."""
+    proc = squeue_job(job_id)
+    if proc is None:
         return None
     if proc.returncode != 0:
         # squeue refuses a job id it no longer knows ("Invalid job id specified")
