@@ -57,11 +57,12 @@ def node_tmpfs(cluster, mount_point: Path, megabytes: int) -> None:
         )  # fmt: skip
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, list[dict[str, float]]]:
+    """Prints the figures; returns method -> the runs' seconds per node."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mb", type=int, default=512, help="size of the LMDB")
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="hpcllm-stage-bench-") as tmp:
         root = Path(tmp)
         source = root / "shared" / "bench" / "train.lmdb"
@@ -95,14 +96,17 @@ def main() -> None:
         sys.exit(
             f"expected {2 * args.repeats} stage-in records, got {len(records)}:\n{text[-4000:]}"
         )
+    result = {}
     for method in ("copy", "sbcast"):
         runs = [r["seconds_per_node"] for r in records if r["method"] == method]
+        result[method] = runs
         slowest = [max(r.values()) for r in runs]
         per_node = "; ".join(", ".join(f"{n} {s:.2f}" for n, s in sorted(r.items())) for r in runs)
         print(
             f"{method:7} median {statistics.median(slowest):6.2f} s (slowest node), "
             f"{args.mb / statistics.median(slowest):6.0f} MB/s; runs: {per_node}"
         )
+    return result
 
 
 if __name__ == "__main__":

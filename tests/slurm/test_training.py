@@ -358,11 +358,14 @@ def test_a_signal_during_start_up_or_training_ends_cleanly_and_attempts_follow(
     cluster, text_data, tmp_path
 ):
     """Slurm's --signal (set by the rule) before the time limit, into a segment far
-    longer than the limit, with max_attempts 2. Slurm checks --signal on a ~30 s timer,
-    so it lands 20-50 s after the start: during the engine's start-up on a loaded
-    machine, or while it trains. Either way the attempt ends cleanly (a complete
-    checkpoint or none, never a half-written one) and says which; an attempt that
-    trained is followed by a second one by itself, one that did not stops the chain."""
+    longer than the limit, with max_attempts 2. Slurm checks --signal every 30 s and sends
+    it once the end is within signal_seconds + 30 s, to the job steps running then: with a
+    3-minute limit and 100 s it lands 50-80 s after the start (a limit within 130 s of the
+    start would let it land before the engine's step exists, and be lost). On a loaded
+    machine that may still be during the engine's start-up. Either way the attempt ends
+    cleanly (a complete checkpoint or none, never a half-written one), never by the time
+    limit, and says which; an attempt that trained is followed by a second one by itself,
+    one that did not stops the chain."""
     work = training_workdir(text_data, tmp_path / "work")
     long_run = work / "long.yaml"  # far more iterations than fit into the time limit
     long_run.write_text(
@@ -374,7 +377,7 @@ def test_a_signal_during_start_up_or_training_ends_cleanly_and_attempts_follow(
         str(CONFIG),
         str(long_run),
         "--set-resources",
-        "train_segment:runtime=2",
+        "train_segment:runtime=3",
     )
     proc = slurmruns.run(work, cluster, *args, "--", SEG1, check=False, timeout=600)
     output = proc.stdout + proc.stderr

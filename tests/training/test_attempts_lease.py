@@ -19,6 +19,7 @@ from hpcllm.training.segment import (
     parse_slurm_time,
     remaining_job_seconds,
     segment_failure,
+    warn_early_signal,
 )
 
 # ---------------------------------------------------------------- failure classes
@@ -208,6 +209,17 @@ def test_exit_duration_leaves_the_margin():
         exit_duration(_experiment(margin=600), 600)
     with pytest.raises(MegatronArgsError, match="plus one minute"):
         exit_duration(_experiment("megatron", 600), 650)
+
+
+def test_warns_when_slurm_may_signal_before_the_engine_starts(caplog):
+    experiment = {"time": {"signal_seconds": 100}}
+    assert warn_early_signal(experiment, 3600) == 3600
+    assert warn_early_signal(experiment, None) is None
+    assert not caplog.records
+    # slurmctld sends the signal once the end is within signal_seconds + 30 s: at once
+    assert warn_early_signal(experiment, 120) == 120
+    assert "Slurm may send the signal before the engine starts" in caplog.text
+    assert "runtime well above 130 s" in caplog.text
 
 
 def test_remaining_time_from_slurm(monkeypatch, tmp_path):

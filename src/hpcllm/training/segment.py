@@ -227,6 +227,29 @@ def exit_duration(experiment: dict[str, Any], left: float | None) -> float | Non
     return max(0.0, (left - margin) / 60)
 
 
+# slurmctld checks --signal every 30 s (PERIODIC_TIMEOUT) and sends it as soon as the
+# job's end is within signal_seconds + 30 s; the signal goes to the job steps running then.
+SLURM_SIGNAL_PERIOD = 30
+
+
+def warn_early_signal(experiment: dict[str, Any], left: float | None) -> float | None:
+    """Warn when Slurm may send the --signal before the engine's job step exists.
+
+    A signal sent then reaches no step and is lost, and the segment runs into its
+    time limit, saving only on the final SIGTERM (KillWait seconds)."""
+    signal_at = experiment["time"]["signal_seconds"] + SLURM_SIGNAL_PERIOD
+    if left is not None and left <= signal_at:
+        log.warning(
+            "the job has %.0f s left and time.signal_seconds is %d: Slurm may send the "
+            "signal before the engine starts, and it would be lost; give train_segment a "
+            "runtime well above %d s or lower time.signal_seconds",
+            left,
+            experiment["time"]["signal_seconds"],
+            signal_at,
+        )
+    return left
+
+
 class Signals:
     """SIGTERM/SIGUSR1 caught from the segment's start (Slurm's --signal, scancel).
 
@@ -357,7 +380,7 @@ def _train_segment(
             prepared.tokenizer_files,
             paths,
             segment,
-            exit_duration(experiment, remaining_job_seconds()),
+            exit_duration(experiment, warn_early_signal(experiment, remaining_job_seconds())),
             eod_token=prepared.eod_token,
             transformer_impl=transformer_impl_for(cluster),
             python=python_for(container),
