@@ -29,7 +29,7 @@ TEXT = config["text"]
 SOURCES = TEXT["sources"]
 TOKENIZERS = TEXT["tokenizers"]
 TOKENIZE = TEXT["tokenize"]
-# What the jobs of a rule depend on, and only that: a rule's params are part of what
+# What the jobs of each rule depend on, and only that. Params are part of what
 # Snakemake compares to decide a rerun, so adding a source or a tokenizer must not
 # change the params of the jobs of the others.
 TEXT_DEFAULTS = {k: TEXT[k] for k in ("on_bad_record", "max_document_bytes")}
