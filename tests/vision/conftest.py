@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from hpcllm.vision.lmdb_pack import pack_lmdb
 from hpcllm.vision.sample_data import write_sample_tree
+from hpcllm.vision.trees import list_split
 
 
 @pytest.fixture(scope="session")
@@ -29,3 +31,19 @@ def tiny_tree(tmp_path_factory) -> Path:
         train_per_class=4,
         val_per_class=2,
     )
+
+
+@pytest.fixture(scope="session")
+def packed(imagenet_tree, tmp_path_factory) -> Path:
+    """``imagenet_tree`` packed as the workflow does: data/vision/imagenet/{train,val}.lmdb
+    (read only by the tests)."""
+    out = tmp_path_factory.mktemp("data") / "vision" / "imagenet"
+    for split in ("train", "val"):
+        listing = list_split(
+            imagenet_tree,
+            "imagenet",
+            split,
+            {"format": "loc_solution_csv", "file": "LOC_val_solution.csv"},
+        )
+        pack_lmdb(listing, out / f"{split}.lmdb", out / f"{split}.report.json")
+    return out

@@ -5,28 +5,11 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from hpcllm.vision import stage_in as stage
 from hpcllm.vision.lmdb_dataset import LMDBImageDataset
-from hpcllm.vision.lmdb_pack import pack_lmdb
-from hpcllm.vision.trees import list_split
-
-
-@pytest.fixture(scope="module")
-def packed(imagenet_tree, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("data") / "vision" / "imagenet"
-    for split in ("train", "val"):
-        listing = list_split(
-            imagenet_tree,
-            "imagenet",
-            split,
-            {"format": "loc_solution_csv", "file": "LOC_val_solution.csv"},
-        )
-        pack_lmdb(listing, out / f"{split}.lmdb", out / f"{split}.report.json")
-    return out
 
 
 def test_stage_in_copies_and_verifies(packed, tmp_path):

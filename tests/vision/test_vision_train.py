@@ -8,22 +8,6 @@ import json
 import pytest
 
 from hpcllm.bench import vision_train
-from hpcllm.vision.lmdb_pack import pack_lmdb
-from hpcllm.vision.trees import list_split
-
-
-@pytest.fixture(scope="module")
-def packed(imagenet_tree, tmp_path_factory):
-    out = tmp_path_factory.mktemp("packed") / "sample"
-    for split in ("train", "val"):
-        listing = list_split(
-            imagenet_tree,
-            "imagenet",
-            split,
-            {"format": "loc_solution_csv", "file": "LOC_val_solution.csv"},
-        )
-        pack_lmdb(listing, out / f"{split}.lmdb", out / f"{split}.json")
-    return out
 
 
 def test_one_process_run_logs_epicure_records(packed, tmp_path, capsys, monkeypatch):
