@@ -15,6 +15,13 @@ unpack it with ``git archive <commit> | tar -x -C DIR``):
           environment the job gives the engine), then build its tokenizer and its
           learning-rate schedule as pretrain_gpt.py does at start-up; print a JSON list
           of results.
+  datasets:  read one such case from stdin (a training segment's command line, run in
+          the workflow's working directory), and build its train, validation and test
+          datasets as pretrain_gpt.py does (``core_gpt_dataset_config_from_args``, the
+          sample counts of ``get_train_valid_test_num_samples``, Megatron Core's
+          ``BlendedMegatronDatasetBuilder``) in a one-process group; print JSON: the
+          files of ``--data-cache-path`` before and after, and the datasets' sizes. A
+          cache made for this command line gains no file.
 
 Stubbed, because they cannot exist here: Megatron's Triton kernel modules (GPU code,
 imported at start-up; no Triton on a CPU torch), ``typing.override`` on Python < 3.12 (the
@@ -129,6 +136,50 @@ def parse(cases: list[dict]) -> list[dict]:
     return results
 
 
+def datasets(case: dict) -> dict:
+    """Megatron-LM's own dataset construction for ``case`` (see the module's docstring)."""
+    import torch.distributed as dist
+
+    arguments = megatron_arguments()
+    arguments.get_device_arch_version = lambda: 9
+    os.environ.update({**case.get("env", {}), "RANK": "0", "WORLD_SIZE": str(case["world_size"])})
+    sys.argv = ["pretrain_gpt.py", *case["argv"]]
+    with contextlib.redirect_stdout(io.StringIO()):
+        args = arguments.parse_args()
+        arguments.validate_args(args)
+        import pretrain_gpt  # Megatron-LM's tree is on sys.path (PYTHONPATH)
+        from megatron.core.datasets.blended_megatron_dataset_builder import (
+            BlendedMegatronDatasetBuilder,
+        )
+        from megatron.core.datasets.gpt_dataset import GPTDataset
+        from megatron.training import global_vars, training
+    cache = Path(args.data_cache_path)
+    before = sorted(p.name for p in cache.iterdir()) if cache.is_dir() else []
+    global_vars._GLOBAL_ARGS = args
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    log = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(log):
+            samples = training.get_train_valid_test_num_samples()
+            config = pretrain_gpt.core_gpt_dataset_config_from_args(args)
+            built = BlendedMegatronDatasetBuilder(GPTDataset, samples, lambda: True, config).build()
+    except ImportError as exc:  # building an index needs Megatron's compiled helpers
+        if "helpers" not in str(exc):
+            raise
+        sys.exit(f"Megatron-LM started building an index, so the cache did not match: {exc}")
+    finally:
+        dist.destroy_process_group()
+        global_vars._GLOBAL_ARGS = None
+    return {
+        "samples": list(samples),
+        "sizes": [len(d) if d is not None else 0 for d in built],
+        "eod": config.tokenizer.eod,
+        "before": before,
+        "after": sorted(p.name for p in cache.iterdir()),
+        "log": log.getvalue()[-3000:],
+    }
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "flags":
         commit = sys.argv[2]
@@ -138,5 +189,7 @@ if __name__ == "__main__":
         print("\n".join(flags()))
     elif sys.argv[1:] == ["parse"]:
         print(json.dumps(parse(json.load(sys.stdin))))
+    elif sys.argv[1:] == ["datasets"]:
+        print(json.dumps(datasets(json.load(sys.stdin))))
     else:
         sys.exit(__doc__)

@@ -138,3 +138,49 @@ def test_megatron_parses_every_generated_command_line(tmp_path):
     print(
         f"Megatron-LM {MEGATRON_LM_COMMIT[:12]} parsed and validated {len(results)} command lines"
     )
+
+
+def test_megatron_loads_the_index_cache_that_the_cpu_rule_built(text_workdir, monkeypatch):
+    """prepare_data_cache's index files, found by Megatron-LM's own dataset construction
+    for the segment's command line: it builds nothing (its cache key, tokenizer included,
+    equals ours), so the GPU job only loads them."""
+    from snakemake.utils import validate
+
+    from hpcllm.training.cache import build_index_cache
+    from hpcllm.training.segment import prepare_experiment
+
+    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    for section in ("text", "training"):  # the schema's defaults, as the workflow fills them
+        validate(config[section], str(REPO / f"workflow/schemas/{section}.schema.yaml"))
+    name = "tiny_local"
+    raw = {**config["training"]["experiments"][name], "engine": "megatron"}
+    raw["data"] = {**raw["data"], "split": "90,8,2"}  # a test split too: all three built
+    monkeypatch.chdir(text_workdir)  # relative paths, as the workflow runs
+    prepared = prepare_experiment(name, raw, config["text"], load_cluster("juwels", CLUSTERS))
+    cache = "data/index_cache/conformance"
+    paths = Paths(f"checkpoints/{name}", "seg1.json", "seg1.engine.log", cache, "tb")
+    record = build_index_cache(prepared, cache, "data/index_cache/conformance.json")
+    assert all(record["built"]) and record["files"]
+    argv = segment_command(
+        prepared.experiment, prepared.layout, prepared.blend, prepared.tokenizer_files,
+        paths, 1, None, transformer_impl="local",
+    )  # fmt: skip
+    assert "--tokenizer-model" in argv  # the trained tokenizer's folder holds tokenizer.json
+    case = {"argv": argv[2:], "world_size": prepared.layout.gpus, "env": MEGATRON_ENV}
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "megatron_lm_parser.py"), "datasets"],
+        input=json.dumps(case),
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": MEGATRON_LM_DIR, "HF_HUB_OFFLINE": "1"},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["samples"] == [record["samples"][k] for k in ("train", "valid", "test")]
+    assert result["after"] == result["before"] == record["files"], result["log"]
+    assert result["sizes"] == record["built"]
+    # Megatron's end-of-document id (from the tokenizer_config.json's eos_token) is ours
+    assert (
+        result["eod"] == json.loads(Path(prepared.tokenizer_files[0]).read_text())["<|endoftext|>"]
+    )

@@ -28,6 +28,7 @@ rule train_tokenizer:
         tokenizer="data/tokenizers/{tok}/tokenizer.json",
         vocab="data/tokenizers/{tok}/vocab.json",
         merges="data/tokenizers/{tok}/merges.txt",
+        hf_config="data/tokenizers/{tok}/tokenizer_config.json",
     log:
         "logs/train_tokenizer/{tok}.log",
     benchmark:

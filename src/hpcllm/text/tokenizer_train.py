@@ -1,12 +1,15 @@
 """Train a byte-level BPE tokenizer on a sample of the raw shards (``train_tokenizer``).
 
 Saved as ``tokenizer.json`` (for ``tokenizers``, gigatoken and Megatron's
-``HuggingFaceTokenizer``) and as GPT-2 style ``vocab.json`` + ``merges.txt`` (for
-Megatron's ``GPT2BPETokenizer``).
+``HuggingFaceTokenizer``) with a ``tokenizer_config.json`` that names the end-of-document
+token as ``eos_token`` (Megatron's HuggingFaceTokenizer takes its EOD id from it, and its
+datasets fail without one), and as GPT-2 style ``vocab.json`` + ``merges.txt`` (for
+Megatron's ``GPT2BPETokenizer`` and the torch engine).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -33,6 +36,16 @@ def sample_texts(shards: Sequence[str | os.PathLike], max_documents: int) -> Ite
                 taken += 1
             if n >= per_shard or taken >= max_documents:
                 break
+
+
+def hf_tokenizer_config(eod_token: str) -> dict:
+    """What transformers' AutoTokenizer reads next to tokenizer.json: the fast tokenizer
+    class, and the end-of-document token as its end-of-sequence token."""
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": eod_token,
+        "clean_up_tokenization_spaces": False,
+    }
 
 
 def train_bpe(
@@ -65,9 +78,11 @@ def train_bpe(
     tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    with atomic_paths(out / "vocab.json", out / "merges.txt", out / "tokenizer.json") as (
+    config = out / "tokenizer_config.json"
+    with atomic_paths(out / "vocab.json", out / "merges.txt", config, out / "tokenizer.json") as (
         vocab,
         merges,
+        tmp_config,
         tok_json,
     ):
         tmp_dir = out / ".model.incomplete"
@@ -76,6 +91,7 @@ def train_bpe(
         os.replace(v, vocab)
         os.replace(m, merges)
         tmp_dir.rmdir()
+        tmp_config.write_text(json.dumps(hf_tokenizer_config(special_tokens[0]), indent=2) + "\n")
         tok.save(str(tok_json))
     got = load_tokenizer(out / "tokenizer.json", eod_token=special_tokens[0])
     log.info("saved %s (%d tokens)", out, got.get_vocab_size())

@@ -8,9 +8,11 @@ experiment's blend, split, sequence length, seed and sample counts, into the fol
 segment passes as ``--data-cache-path``; the segments then only load them.
 
 Megatron Core names the cached files by an MD5 of the dataset's identity, which includes
-the tokenizer's ``unique_identifiers``: for the megatron engine that is Megatron-LM's
-GPT-2 BPE tokenizer with its vocab and merge file paths as the segment passes them, for
-the torch engine its own vocabulary key.
+the tokenizer's ``unique_identifiers``: for the megatron engine those of the tokenizer
+Megatron-LM's ``build_tokenizer`` makes from the segment's flags (at the pin, Megatron
+Core's text tokenizer with its path and keyword arguments), for the torch engine its own
+vocabulary key. A key that differs from Megatron's makes the GPU job build the index
+itself: tests/training/test_megatron_conformance.py checks it with Megatron-LM's own code.
 """
 
 from __future__ import annotations
@@ -24,14 +26,42 @@ from typing import Any
 
 from hpcllm.atomic import atomic_path
 
+# The class Megatron Core's MegatronTokenizer.from_pretrained picks for a text tokenizer
+# with no model_type in its metadata (what build_tokenizer passes).
+MEGATRON_TEXT_TOKENIZER = (
+    "megatron.core.tokenizers.text.models.default_tokenizer.DefaultTokenizerText"
+)
 
-class MegatronGPT2TokenizerKey:
-    """What Megatron Core reads of Megatron-LM's ``_GPT2BPETokenizer``: its identity
-    (``MegatronTokenizer.__init__(vocab_file, merge_file)``) and end-of-document id."""
 
-    def __init__(self, vocab_file: str, merge_file: str, vocab_size: int, eod: int):
+class MegatronTokenizerKey:
+    """What Megatron Core reads of the tokenizer pretrain_gpt.py builds from the segment's
+    flags (Megatron-LM's ``build_tokenizer`` at the pin, default values of the flags we do
+    not set): its identity, vocabulary size and end-of-document id.
+
+    ``tokenizer_model``: the folder given as ``--tokenizer-model`` to
+    ``HuggingFaceTokenizer``; None for ``GPT2BPETokenizer`` with ``--vocab-file`` and
+    ``--merge-file`` (see ``segment.megatron_tokenizer_model``)."""
+
+    def __init__(
+        self,
+        tokenizer_model: str | None,
+        vocab_file: str,
+        merge_file: str,
+        vocab_size: int,
+        eod: int,
+    ):
+        if tokenizer_model is not None:
+            path = tokenizer_model
+            kwargs = {"chat_template": None, "vocab_file": None, "merges_file": None,
+                      "additional_special_tokens": []}  # fmt: skip
+        else:
+            path = "GPT2BPETokenizer"
+            kwargs = {"additional_special_tokens": [], "vocab_file": vocab_file,
+                      "merges_file": merge_file}  # fmt: skip
+        kwargs.update(use_fast=True, trust_remote_code=False, include_special_tokens=True)
         self.unique_identifiers = OrderedDict(
-            [("class", "_GPT2BPETokenizer"), ("tokenizer_path", [vocab_file, merge_file])]
+            [("class", MEGATRON_TEXT_TOKENIZER), ("tokenizer_path", path)]
+            + [(k, str(v)) for k, v in kwargs.items()]
         )
         self.vocab_size = vocab_size
         self.eod = eod
@@ -55,7 +85,11 @@ def _one_process_group():
 def build_index_cache(prepared, folder: str | os.PathLike, manifest: str | os.PathLike) -> dict:
     """Build (or find complete) the index files of ``prepared``; write ``manifest``."""
     from hpcllm.training.data import build_datasets
-    from hpcllm.training.segment import check_segment_data, dataset_samples
+    from hpcllm.training.segment import (
+        check_segment_data,
+        dataset_samples,
+        megatron_tokenizer_model,
+    )
     from hpcllm.training.torch_engine import vocabulary
 
     check_segment_data(prepared)
@@ -69,7 +103,8 @@ def build_index_cache(prepared, folder: str | os.PathLike, manifest: str | os.Pa
     vocab_size, eod = vocabulary(_Args)
     tokenizer = None  # the torch engine's key
     if exp["engine"] == "megatron":
-        tokenizer = MegatronGPT2TokenizerKey(
+        tokenizer = MegatronTokenizerKey(
+            megatron_tokenizer_model(prepared.tokenizer_files),
             prepared.tokenizer_files[0],
             prepared.tokenizer_files[1],
             vocab_size,

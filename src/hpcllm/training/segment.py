@@ -117,6 +117,20 @@ def parse_slurm_time(text: str) -> float | None:
     return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
+def megatron_tokenizer_model(tokenizer_files: tuple[str, str]) -> str | None:
+    """The ``--tokenizer-model`` folder of Megatron's HuggingFaceTokenizer: the tokenizer's
+    folder where it holds a tokenizer.json and a tokenizer_config.json naming the
+    ``eos_token`` (Megatron's EOD; a trained tokenizer has both), read offline; else None
+    (GPT2BPETokenizer, which asks the hub for gpt2's configuration)."""
+    folder = Path(tokenizer_files[0]).parent
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    has_eos = isinstance(config, dict) and config.get("eos_token")
+    return str(folder) if has_eos and (folder / "tokenizer.json").exists() else None
+
+
 def engine_command(
     experiment: dict[str, Any],
     layout: Layout,
@@ -136,7 +150,6 @@ def engine_command(
     train_iters = total_iterations(experiment)
     split = experiment["data"]["split"]
     vocab, merges = tokenizer_files
-    tokenizer_dir = str(Path(vocab).parent)  # a trained tokenizer's folder holds tokenizer.json
     if experiment["engine"] == "megatron":
         return [
             "python",
@@ -155,10 +168,7 @@ def engine_command(
                 stop_iteration=stop,
                 exit_minutes=None if exit_minutes is None else int(exit_minutes),
                 transformer_impl=transformer_impl,
-                # read offline; GPT2BPETokenizer would ask the hub for gpt2's config
-                tokenizer_model=tokenizer_dir
-                if (Path(tokenizer_dir) / "tokenizer.json").exists()
-                else None,
+                tokenizer_model=megatron_tokenizer_model(tokenizer_files),
             ),
         ]
     model, optim = experiment["model"], experiment["optim"]

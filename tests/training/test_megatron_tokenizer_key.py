@@ -1,0 +1,69 @@
+"""The megatron engine's index cache key: the tokenizer identity Megatron Core computes.
+
+Megatron Core (the package this project installs) builds the tokenizer here as
+Megatron-LM's ``build_tokenizer`` does for the segment's flags; its ``unique_identifiers``
+are part of the cache files' names, and its EOD id comes from the folder's
+tokenizer_config.json. (The pinned Megatron-LM's own code runs the same check end to end
+in test_megatron_conformance.py, where a Megatron-LM tree is at hand.)
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hpcllm.text.tokenizer_train import train_bpe
+from hpcllm.training.cache import MegatronTokenizerKey
+from hpcllm.training.segment import megatron_tokenizer_model
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tok")
+    shard = folder / "shard.jsonl"
+    shard.write_text(
+        "".join(json.dumps({"text": f"the quick brown fox {i} jumps"}) + "\n" for i in range(50))
+    )
+    out = folder / "sample_bpe"
+    train_bpe([shard], out, vocab_size=300, special_tokens=["<|endoftext|>"])
+    return out
+
+
+def test_the_key_is_megatron_cores_own_identity_of_the_tokenizer(trained):
+    from megatron.core.tokenizers import MegatronTokenizer
+
+    files = (str(trained / "vocab.json"), str(trained / "merges.txt"))
+    folder = megatron_tokenizer_model(files)
+    assert folder == str(trained)  # tokenizer.json and an eos_token: HuggingFaceTokenizer
+    # what Megatron-LM's build_tokenizer passes for HuggingFaceTokenizer --tokenizer-model
+    real = MegatronTokenizer.from_pretrained(
+        tokenizer_path=folder,
+        metadata_path={"library": "huggingface"},
+        chat_template=None,
+        vocab_file=None,
+        merges_file=None,
+        additional_special_tokens=[],
+        use_fast=True,
+        trust_remote_code=False,
+        include_special_tokens=True,
+    )
+    vocab = json.loads((trained / "vocab.json").read_text())
+    key = MegatronTokenizerKey(folder, *files, len(vocab), vocab["<|endoftext|>"])
+    assert key.unique_identifiers == real.unique_identifiers
+    # Megatron's EOD (from tokenizer_config.json's eos_token) is the workflow's EOD
+    assert real.eod == key.eod == vocab["<|endoftext|>"]
+
+
+def test_without_an_eos_token_megatron_gets_the_gpt2_tokenizer(trained, tmp_path):
+    for name in ("vocab.json", "merges.txt", "tokenizer.json"):
+        (tmp_path / name).write_bytes((trained / name).read_bytes())
+    files = (str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"))
+    assert megatron_tokenizer_model(files) is None  # no tokenizer_config.json
+    (tmp_path / "tokenizer_config.json").write_text(
+        '{"tokenizer_class": "PreTrainedTokenizerFast"}'
+    )
+    assert megatron_tokenizer_model(files) is None  # one without eos_token
+    key = MegatronTokenizerKey(None, *files, 300, 0)
+    assert key.unique_identifiers["tokenizer_path"] == "GPT2BPETokenizer"
+    assert key.unique_identifiers["vocab_file"] == files[0]
