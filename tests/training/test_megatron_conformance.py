@@ -25,6 +25,7 @@ from support import REPO
 from hpcllm.bench.language import PRETRAIN_GPT, language_launch
 from hpcllm.bench.sweeps import expand_all, facts_of
 from hpcllm.clusters import known_clusters, load_cluster
+from hpcllm.text.tokenizer_train import hf_tokenizer_config
 from hpcllm.training.data import Blend
 from hpcllm.training.megatron_args import MEGATRON_ENV, MEGATRON_LM_COMMIT, transformer_impl_for
 from hpcllm.training.planner import PlanError, check_layout
@@ -51,8 +52,8 @@ def gpu_clusters():
 
 
 def gpt2_tokenizer_files(folder: Path) -> str:
-    """A small tokenizer folder as train_tokenizer writes it: tokenizer.json, vocab.json
-    and merges.txt."""
+    """A small tokenizer folder as train_tokenizer writes it: tokenizer.json,
+    tokenizer_config.json, vocab.json and merges.txt."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -62,6 +63,7 @@ def gpt2_tokenizer_files(folder: Path) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     tok.model.save(str(folder))
     tok.save(str(folder / "tokenizer.json"))  # as train_tokenizer writes it
+    (folder / "tokenizer_config.json").write_text(json.dumps(hf_tokenizer_config("<|endoftext|>")))
     return str(folder)
 
 
