@@ -66,7 +66,8 @@ class BadInputError(ValueError):
 def _files(folder: Path) -> list[Path]:
     """Regular files of ``folder`` in sorted order (hidden files included: they are input)."""
     with os.scandir(folder) as entries:
-        return sorted(Path(e.path) for e in entries if e.is_file(follow_symlinks=True))
+        names = sorted(e.name for e in entries if e.is_file(follow_symlinks=True))
+    return [folder / name for name in names]  # sorting names: Path comparisons cost 2x
 
 
 def _subdirs(folder: Path) -> list[str]:
@@ -112,8 +113,9 @@ def _class_folders(
             listing.problems.append(
                 Problem(str(folder), "empty_class", f"class folder of '{wnid}' holds no images")
             )
+        rel = str(folder.relative_to(root))  # once per folder: relative_to per file is slow
         for path in files:
-            listing.samples.append(Sample(path, str(path.relative_to(root)), index[wnid]))
+            listing.samples.append(Sample(path, f"{rel}/{path.name}", index[wnid]))
     return listing
 
 
