@@ -8,6 +8,7 @@ import json
 import math
 
 import numpy as np
+import pytest
 import yaml
 import zstandard
 from support import REPO
@@ -72,3 +73,42 @@ def test_language_point_trains_on_real_tokenized_data(tmp_path):
     assert abs(first - math.log(VOCAB)) < 0.7 and first < math.log(50257) - 2
     assert last < first
     assert any((run / "index-cache").rglob("*")), "Megatron's dataset index was not built"
+
+
+def test_megatron_reads_the_points_tokenizer_folder_with_its_end_of_document_token(tmp_path):
+    """The folder a megatron point passes as --tokenizer-model loads in Megatron Core's
+    tokenizer (as Megatron-LM builds HuggingFaceTokenizer) with EOD = the tokenizer's
+    <|endoftext|> id: without an eos_token, Megatron's GPT datasets fail at start-up."""
+    from megatron.core.tokenizers import MegatronTokenizer
+
+    from hpcllm.bench.language import tokenizer_files
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(
+        sample_texts(50), trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"])
+    )
+    tok.save(str(tmp_path / "tokenizer.json"))
+    vocab, _ = tokenizer_files({"tokenizer": str(tmp_path / "tokenizer.json")}, tmp_path / "run")
+    real = MegatronTokenizer.from_pretrained(
+        tokenizer_path=str(tmp_path / "run" / "tokenizer"),
+        metadata_path={"library": "huggingface"},
+        chat_template=None,
+        vocab_file=None,
+        merges_file=None,
+        additional_special_tokens=[],
+        use_fast=True,
+        trust_remote_code=False,
+        include_special_tokens=True,
+    )
+    assert (
+        real.eod
+        == tok.token_to_id("<|endoftext|>")
+        == json.loads(open(vocab).read())["<|endoftext|>"]
+    )
+
+    other = Tokenizer(models.BPE())
+    other.train_from_iterator(sample_texts(20), trainers.BpeTrainer(vocab_size=300))
+    other.save(str(tmp_path / "no_eod.json"))
+    with pytest.raises(ValueError, match=r"no_eod.json: has no end-of-document token"):
+        tokenizer_files({"tokenizer": str(tmp_path / "no_eod.json")}, tmp_path / "run2")

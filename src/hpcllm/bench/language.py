@@ -8,15 +8,18 @@ throughput logging, so every iteration is a Megatron-format line for the parser.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 from hpcllm.bench.runner import launch_for, run_launch
 from hpcllm.launch import python_for
+from hpcllm.text.tokenizer_train import hf_tokenizer_config
 from hpcllm.training.planner import Layout
 from hpcllm.training.presets import resolve_experiment
 
 PRETRAIN_GPT = "/opt/Megatron-LM/pretrain_gpt.py"
+EOD_TOKEN = "<|endoftext|>"  # both engines' default end-of-document token
 
 
 def experiment_of(point: dict) -> dict:
@@ -46,26 +49,35 @@ def experiment_of(point: dict) -> dict:
 def tokenizer_files(point: dict, run_dir: str | Path) -> tuple[str | None, str | None]:
     """GPT-2 style vocab.json and merges.txt of the point's ``tokenizer.json``, written
     from that very file into the run folder with a copy of it (never other files that lie
-    beside it); Megatron reads the folder, the torch engine the vocab file."""
+    beside it) and a tokenizer_config.json naming the end-of-document token; Megatron
+    reads the folder, the torch engine the vocab file."""
     if not point.get("tokenizer"):
         return None, None
     from tokenizers import Tokenizer, models
 
     source = point["tokenizer"]
     try:
-        model = Tokenizer.from_file(str(source)).model
+        tokenizer = Tokenizer.from_file(str(source))
     except Exception as exc:  # tokenizers raises plain Exceptions for unreadable files
         raise ValueError(f"{source}: not a readable tokenizer.json ({exc})") from None
+    model = tokenizer.model
     if not isinstance(model, models.BPE):
         raise ValueError(
             f"{source}: a {type(model).__name__} tokenizer; the benchmark engines read "
             "GPT-2 style BPE files, so name a byte-level BPE tokenizer.json"
         )
+    if tokenizer.token_to_id(EOD_TOKEN) is None:
+        raise ValueError(
+            f"{source}: has no end-of-document token {EOD_TOKEN!r}, which the benchmark's "
+            "engines append to documents; name a tokenizer that has it"
+        )
     out = Path(run_dir) / "tokenizer"
     out.mkdir(parents=True, exist_ok=True)
     vocab, merges = model.save(str(out))
-    # and the file itself, for Megatron's HuggingFaceTokenizer (--tokenizer-model out)
+    # and the file itself, for Megatron's HuggingFaceTokenizer (--tokenizer-model out),
+    # whose datasets need an eos_token (None without this config: a TypeError at start-up)
     shutil.copyfile(source, out / "tokenizer.json")
+    (out / "tokenizer_config.json").write_text(json.dumps(hf_tokenizer_config(EOD_TOKEN)))
     return str(Path(vocab).resolve()), str(Path(merges).resolve())
 
 
