@@ -53,3 +53,21 @@ def run_snakemake(
 
 def have(command: str) -> bool:
     return shutil.which(command) is not None
+
+
+def megatron_hf_tokenizer(folder: str | os.PathLike):
+    """Megatron Core's tokenizer of ``folder``, made as Megatron-LM's build_tokenizer makes
+    it for ``--tokenizer-type HuggingFaceTokenizer --tokenizer-model FOLDER``."""
+    from megatron.core.tokenizers import MegatronTokenizer
+
+    return MegatronTokenizer.from_pretrained(
+        tokenizer_path=str(folder),
+        metadata_path={"library": "huggingface"},
+        chat_template=None,
+        vocab_file=None,
+        merges_file=None,
+        additional_special_tokens=[],
+        use_fast=True,
+        trust_remote_code=False,
+        include_special_tokens=True,
+    )

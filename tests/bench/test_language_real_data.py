@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 import zstandard
-from support import REPO
+from support import REPO, megatron_hf_tokenizer
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from hpcllm.bench.language import run_language_point
@@ -79,8 +79,6 @@ def test_megatron_reads_the_points_tokenizer_folder_with_its_end_of_document_tok
     """The folder a megatron point passes as --tokenizer-model loads in Megatron Core's
     tokenizer (as Megatron-LM builds HuggingFaceTokenizer) with EOD = the tokenizer's
     <|endoftext|> id: without an eos_token, Megatron's GPT datasets fail at start-up."""
-    from megatron.core.tokenizers import MegatronTokenizer
-
     from hpcllm.bench.language import tokenizer_files
 
     tok = Tokenizer(models.BPE())
@@ -90,17 +88,7 @@ def test_megatron_reads_the_points_tokenizer_folder_with_its_end_of_document_tok
     )
     tok.save(str(tmp_path / "tokenizer.json"))
     vocab, _ = tokenizer_files({"tokenizer": str(tmp_path / "tokenizer.json")}, tmp_path / "run")
-    real = MegatronTokenizer.from_pretrained(
-        tokenizer_path=str(tmp_path / "run" / "tokenizer"),
-        metadata_path={"library": "huggingface"},
-        chat_template=None,
-        vocab_file=None,
-        merges_file=None,
-        additional_special_tokens=[],
-        use_fast=True,
-        trust_remote_code=False,
-        include_special_tokens=True,
-    )
+    real = megatron_hf_tokenizer(tmp_path / "run" / "tokenizer")
     assert (
         real.eod
         == tok.token_to_id("<|endoftext|>")

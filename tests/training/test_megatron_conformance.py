@@ -118,14 +118,10 @@ def bench_cases(tmp: Path) -> list[dict]:
     return cases
 
 
-def test_megatron_parses_every_generated_command_line(tmp_path):
-    cases = training_cases(tmp_path) + bench_cases(tmp_path)
-    assert len({c["name"].split()[1] for c in cases if c["name"].startswith("train")}) == len(
-        PRESETS
-    )
-    assert any(c["name"].startswith("bench") for c in cases)
+def run_parser(mode: str, cases):
+    """scripts/megatron_lm_parser.py MODE on the Megatron-LM tree; its JSON answer."""
     done = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "megatron_lm_parser.py"), "parse"],
+        [sys.executable, str(REPO / "scripts" / "megatron_lm_parser.py"), mode],
         input=json.dumps(cases),
         capture_output=True,
         text=True,
@@ -134,7 +130,16 @@ def test_megatron_parses_every_generated_command_line(tmp_path):
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_megatron_parses_every_generated_command_line(tmp_path):
+    cases = training_cases(tmp_path) + bench_cases(tmp_path)
+    assert len({c["name"].split()[1] for c in cases if c["name"].startswith("train")}) == len(
+        PRESETS
+    )
+    assert any(c["name"].startswith("bench") for c in cases)
+    results = run_parser("parse", cases)
     failed = [f"{r['name']}: {r['error']}" for r in results if not r["ok"]]
     assert not failed, f"{len(failed)} of {len(results)} refused:\n" + "\n".join(failed[:20])
     print(
@@ -169,16 +174,7 @@ def test_megatron_loads_the_index_cache_that_the_cpu_rule_built(text_workdir, mo
     )  # fmt: skip
     assert "--tokenizer-model" in argv  # the trained tokenizer's folder holds tokenizer.json
     case = {"argv": argv[2:], "world_size": prepared.layout.gpus, "env": MEGATRON_ENV}
-    done = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "megatron_lm_parser.py"), "datasets"],
-        input=json.dumps(case),
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": MEGATRON_LM_DIR, "HF_HUB_OFFLINE": "1"},
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = run_parser("datasets", case)
     assert result["samples"] == [record["samples"][k] for k in ("train", "valid", "test")]
     assert result["after"] == result["before"] == record["files"], result["log"]
     assert result["sizes"] == record["built"]

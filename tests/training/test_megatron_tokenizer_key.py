@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from support import megatron_hf_tokenizer
 
 from hpcllm.text.tokenizer_train import train_bpe
 from hpcllm.training.cache import MegatronTokenizerKey
@@ -31,23 +32,11 @@ def trained(tmp_path_factory):
 
 
 def test_the_key_is_megatron_cores_own_identity_of_the_tokenizer(trained):
-    from megatron.core.tokenizers import MegatronTokenizer
-
     files = (str(trained / "vocab.json"), str(trained / "merges.txt"))
     folder = megatron_tokenizer_model(files)
     assert folder == str(trained)  # tokenizer.json and an eos_token: HuggingFaceTokenizer
     # what Megatron-LM's build_tokenizer passes for HuggingFaceTokenizer --tokenizer-model
-    real = MegatronTokenizer.from_pretrained(
-        tokenizer_path=folder,
-        metadata_path={"library": "huggingface"},
-        chat_template=None,
-        vocab_file=None,
-        merges_file=None,
-        additional_special_tokens=[],
-        use_fast=True,
-        trust_remote_code=False,
-        include_special_tokens=True,
-    )
+    real = megatron_hf_tokenizer(folder)
     vocab = json.loads((trained / "vocab.json").read_text())
     key = MegatronTokenizerKey(folder, *files, len(vocab), vocab["<|endoftext|>"])
     assert key.unique_identifiers == real.unique_identifiers
