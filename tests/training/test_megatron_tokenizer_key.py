@@ -56,3 +56,20 @@ def test_without_an_eos_token_megatron_gets_the_gpt2_tokenizer(trained, tmp_path
     key = MegatronTokenizerKey(None, *files, 300, 0)
     assert key.unique_identifiers["tokenizer_path"] == "GPT2BPETokenizer"
     assert key.unique_identifiers["vocab_file"] == files[0]
+
+
+def test_a_given_tokenizer_that_would_need_the_hub_is_named_at_plan_time(trained, tmp_path):
+    from hpcllm.training.segment import hub_tokenizer_warning
+
+    for name in ("vocab.json", "merges.txt"):
+        (tmp_path / name).write_bytes((trained / name).read_bytes())
+    files = (str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"))
+    given = {"type": "files", "vocab_file": files[0], "merges_file": files[1]}
+    warning = hub_tokenizer_warning("exp", "megatron", given, files, "<|endoftext|>")
+    assert f"training.experiments.exp: {tmp_path} has no tokenizer.json" in warning
+    assert "HF_HUB_OFFLINE=1" in warning and '"eos_token": "<|endoftext|>"' in warning
+    assert hub_tokenizer_warning("exp", "torch", given, files, "<|endoftext|>") is None
+    assert hub_tokenizer_warning("exp", "megatron", {"type": "train"}, files, "x") is None
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # as the warning says
+        (tmp_path / name).write_bytes((trained / name).read_bytes())
+    assert hub_tokenizer_warning("exp", "megatron", given, files, "<|endoftext|>") is None

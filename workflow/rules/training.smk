@@ -10,6 +10,18 @@ for _name, _raw in TRAINING["experiments"].items():
         EXPERIMENTS[_name] = prepare_experiment(_name, _raw, TEXT, CLUSTER)
     except ValueError as e:
         raise _WorkflowError(str(e))
+from hpcllm.training.segment import hub_tokenizer_warning
+
+for _name, _prepared in EXPERIMENTS.items():
+    _warning = hub_tokenizer_warning(
+        _name,
+        _prepared.experiment["engine"],
+        TEXT["tokenizers"][_prepared.experiment["data"]["tokenizer"]],
+        _prepared.tokenizer_files,
+        _prepared.eod_token,
+    )
+    if _warning:
+        logger.warning(f"Warning: {_warning}")
 from hpcllm.training.megatron_args import container_commit_mismatch
 
 if any(p.experiment["engine"] == "megatron" for p in EXPERIMENTS.values()):

@@ -131,6 +131,27 @@ def megatron_tokenizer_model(tokenizer_files: tuple[str, str]) -> str | None:
     return str(folder) if has_eos and (folder / "tokenizer.json").exists() else None
 
 
+def hub_tokenizer_warning(
+    name: str, engine: str, tokenizer_cfg: dict, tokenizer_files: tuple[str, str], eod: str
+) -> str | None:
+    """At plan time: why a megatron experiment's given (``type: files``) tokenizer would
+    make the job reach for the hub at start-up, or None. A trained one gets its
+    tokenizer.json and tokenizer_config.json from train_tokenizer."""
+    if engine != "megatron" or tokenizer_cfg.get("type", "train") == "train":
+        return None
+    if megatron_tokenizer_model(tokenizer_files) is not None:
+        return None
+    return (
+        f"training.experiments.{name}: {Path(tokenizer_files[0]).parent} has no "
+        "tokenizer.json with a tokenizer_config.json naming an eos_token, so Megatron-LM "
+        "gets GPT2BPETokenizer, which loads gpt2's configuration from the Hugging Face hub "
+        "when the job starts; on compute nodes without internet the job fails there. Put "
+        f"both files beside {tokenizer_files[0]} (tokenizer_config.json: "
+        f'{{"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "{eod}"}}), or fill '
+        "HF_HOME with gpt2's configuration and set HF_HUB_OFFLINE=1 for the jobs."
+    )
+
+
 def engine_command(
     experiment: dict[str, Any],
     layout: Layout,
