@@ -4,7 +4,8 @@
 
 Generates (once) an ImageNet-style tree of real JPEGs of about 100 KB, then prints, as
 medians of --repeats runs:
-- packing: images/s and MB/s of pack_lmdb (listing, reading, checking, writing, fsync);
+- packing: images/s and MB/s of pack_lmdb (listing, reading, checking, writing, fsync),
+  and with --compare-read-ahead / --compare-writeback without those two levers;
 - the ceiling: ``tar -cf`` of the same folder to the same disk, alone and followed by
   ``sync`` (the durable equivalent of a pack, which ends with an fsync; the pack is
   timed with a ``sync`` after it too), and pack_lmdb's speed as a fraction of each,
@@ -33,6 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from hpcllm.vision import lmdb_pack  # noqa: E402
 from hpcllm.vision.lmdb_dataset import LMDBImageDataset  # noqa: E402
 from hpcllm.vision.lmdb_env import close_environment  # noqa: E402
 from hpcllm.vision.lmdb_pack import pack_lmdb  # noqa: E402
@@ -114,6 +116,12 @@ def main() -> None:
         help="also pack with the readers only threads x 4 chunks ahead (read_ahead_bytes=0; "
         "the default lets them read two transactions ahead while the writer commits)",
     )
+    parser.add_argument(
+        "--compare-writeback",
+        action="store_true",
+        help="also pack without starting the disk writes after each commit (everything is "
+        "then written by the fsync at the end)",
+    )
     args = parser.parse_args()
 
     tree = args.work / f"imagenet{args.images}"
@@ -129,7 +137,10 @@ def main() -> None:
     out = args.work / "out"
     out.mkdir(exist_ok=True)
 
-    def pack(read_ahead: int) -> None:
+    start_writeback = lmdb_pack._Writeback.start
+
+    def pack(read_ahead: int, writeback: bool) -> None:
+        lmdb_pack._Writeback.start = start_writeback if writeback else lambda self: None
         listing = list_split(tree, "imagenet", "train")
         pack_lmdb(
             listing,
@@ -140,17 +151,19 @@ def main() -> None:
         )
         sync()
 
-    # name -> pack_lmdb's read_ahead_bytes
-    variants = {"pack_lmdb": 128 << 20}
+    # name -> pack_lmdb's read_ahead_bytes, writeback after each commit
+    variants = {"pack_lmdb": (128 << 20, True)}
     if args.compare_read_ahead:
-        variants["pack, no read-ahead"] = 0
+        variants["pack, no read-ahead"] = (0, True)
+    if args.compare_writeback:
+        variants["pack, no writeback"] = (128 << 20, False)
     pack_s = {name: [] for name in variants}
     tar_s, tar_sync_s = [], []
     for _ in range(args.repeats):  # alternating, so that load on the machine hits all alike
-        for name, read_ahead in variants.items():
+        for name, variant in variants.items():
             shutil.rmtree(out / "train.lmdb", ignore_errors=True)
             sync()
-            pack_s[name].append(timed(lambda: pack(read_ahead)))  # noqa: B023
+            pack_s[name].append(timed(lambda: pack(*variant)))  # noqa: B023
         sync()
         tar_s.append(timed(lambda: tar(tree, out / "train.tar", durable=False)))
         sync()
@@ -159,13 +172,13 @@ def main() -> None:
     for name, runs in pack_s.items():
         p = statistics.median(runs)
         print(
-            f"{name:16} {count / p:8.0f} images/s {size / p / 1e6:7.0f} MB/s  (runs {_fmt(runs)} s)"
+            f"{name:19} {count / p:8.0f} images/s {size / p / 1e6:7.0f} MB/s  (runs {_fmt(runs)} s)"
         )
     print(
-        f"tar -cf          {count / t:8.0f} images/s {size / t / 1e6:7.0f} MB/s  (runs {_fmt(tar_s)} s)"
+        f"{'tar -cf':19} {count / t:8.0f} images/s {size / t / 1e6:7.0f} MB/s  (runs {_fmt(tar_s)} s)"
     )
     print(
-        f"tar -cf + sync   {count / ts:8.0f} images/s {size / ts / 1e6:7.0f} MB/s  (runs {_fmt(tar_sync_s)} s)"
+        f"{'tar -cf + sync':19} {count / ts:8.0f} images/s {size / ts / 1e6:7.0f} MB/s  (runs {_fmt(tar_sync_s)} s)"
     )
     for name, runs in pack_s.items():
         p = statistics.median(runs)

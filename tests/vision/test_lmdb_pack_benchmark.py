@@ -25,6 +25,7 @@ def test_lmdb_pack_benchmark_prints_the_ratio_to_tar_and_sync(tmp_path):
             "--work",
             str(tmp_path),
             "--compare-read-ahead",
+            "--compare-writeback",
         ],  # fmt: skip
         capture_output=True,
         text=True,
@@ -33,7 +34,7 @@ def test_lmdb_pack_benchmark_prints_the_ratio_to_tar_and_sync(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "tree: 24 images" in out
-    for name in ("pack_lmdb", "pack, no read-ahead"):
+    for name in ("pack_lmdb", "pack, no read-ahead", "pack, no writeback"):
         ratio = re.search(rf"ratio {re.escape(name)}/\(tar -cf \+ sync\): ([\d.]+)", out)
         assert ratio and float(ratio[1]) > 0, out
     assert len(re.findall(r"workers=\d: LMDB +\d+ +folder +\d+", out)) == 4, out

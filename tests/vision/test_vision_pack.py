@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 from vision_helpers import LABEL_FILES, expected_labels
 
+from hpcllm.vision import lmdb_pack
 from hpcllm.vision.lmdb_dataset import LMDBImageDataset, read_meta
 from hpcllm.vision.lmdb_pack import image_problem, pack_lmdb
 from hpcllm.vision.sample_data import write_sample_tree
@@ -83,6 +85,23 @@ def test_map_grows_in_small_transactions(imagenet_tree, tmp_path):
     assert_matches_tree(
         tmp_path / "train.lmdb", imagenet_tree, expected_labels(imagenet_tree, "imagenet", "train")
     )
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="sync_file_range is Linux's")
+def test_each_commit_starts_the_disk_writes(imagenet_tree, tmp_path, monkeypatch):
+    """The pack does not leave the whole LMDB to the final fsync: after every commit the
+    kernel is asked to start writing the file (sync_file_range returns 0: started)."""
+    started, start = [], lmdb_pack._Writeback.start
+
+    def spy(self):
+        started.append((Path(f"/proc/self/fd/{self.fd}").resolve().name, start(self)))
+        return started[-1][1]
+
+    monkeypatch.setattr(lmdb_pack._Writeback, "start", spy)
+    pack(imagenet_tree, tmp_path, "imagenet", "train", txn_bytes=1)
+    images = len(expected_labels(imagenet_tree, "imagenet", "train"))
+    assert len(started) >= images  # a commit per image here
+    assert set(started) == {("data.mdb", 0)}
 
 
 def test_image_problem_checks():
