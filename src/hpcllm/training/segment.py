@@ -141,13 +141,15 @@ def hub_tokenizer_warning(
         return None
     if megatron_tokenizer_model(tokenizer_files) is not None:
         return None
+    from hpcllm.text.tokenizer_train import hf_tokenizer_config  # only on this path
+
     return (
         f"training.experiments.{name}: {Path(tokenizer_files[0]).parent} has no "
         "tokenizer.json with a tokenizer_config.json naming an eos_token, so Megatron-LM "
         "gets GPT2BPETokenizer, which loads gpt2's configuration from the Hugging Face hub "
         "when the job starts; on compute nodes without internet the job fails there. Put "
         f"both files beside {tokenizer_files[0]} (tokenizer_config.json: "
-        f'{{"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "{eod}"}}), or fill '
+        f"{json.dumps(hf_tokenizer_config(eod))}), or fill "
         "HF_HOME with gpt2's configuration and set HF_HUB_OFFLINE=1 for the jobs."
     )
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import io
 import json
 import logging
@@ -235,8 +236,7 @@ class _Writeback:
     def __init__(self, path: Path) -> None:
         self.fd, self.call = -1, None
         with contextlib.suppress(OSError, AttributeError):
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-            call = libc.sync_file_range
+            call = _libc().sync_file_range
             call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
             self.fd, self.call = os.open(path, os.O_RDONLY), call
 
@@ -253,6 +253,12 @@ class _Writeback:
             self.fd = -1
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    """The C library, found once per process (OSError where there is none)."""
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+
+
 def _keep_freed_memory() -> None:
     """Ask glibc to keep freed memory for reuse instead of returning it to the kernel.
 
@@ -261,7 +267,7 @@ def _keep_freed_memory() -> None:
     page, which measured 2-4x slower packing here. No effect off glibc (macOS).
     """
     with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = _libc()
         libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
         libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)  # glibc's upper limit: images come from the heap
 
