@@ -2,10 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support import REPO, make_workdir
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_working_directory(tmp_path_factory) -> Iterator[None]:
+    """Session and module fixtures run outside the checkout too (see below)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path_factory.mktemp("session-cwd"))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _own_working_directory(tmp_path_factory, monkeypatch) -> None:
+    """Every test starts in an empty folder of its own, not in the checkout: what a
+    workflow run left there (data/, results/, logs/, checkpoints/, .snakemake/ after
+    `make run`) must not change a test's outcome, and a test must not write there.
+    Tests that need the checkout's files name them through ``REPO``."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
 
 
 @pytest.fixture

@@ -15,6 +15,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
+# Time limits in tests guard against hangs; they never check speed. Each call site states
+# what the step takes on a quiet 2-core machine; the limit is HANG_GUARD_FACTOR times that
+# (at least MIN_HANG_GUARD). A suite run beside 8 busy processes (load 10-17 on 2 cores)
+# took steps up to ~8 times longer than on a quiet machine, so 20 leaves a wide margin.
+HANG_GUARD_FACTOR = 20
+MIN_HANG_GUARD = 120.0
+
+
+def hang_guard(expected_seconds: float) -> float:
+    """The time limit of a step expected to take ``expected_seconds`` on a quiet machine."""
+    return max(MIN_HANG_GUARD, HANG_GUARD_FACTOR * expected_seconds)
+
 
 def snakemake_bin() -> str:
     path = BIN / "snakemake"
@@ -35,13 +47,21 @@ def run_snakemake(
     *args: str,
     check: bool = True,
     env: dict[str, str] | None = None,
-    timeout: int = 900,
+    timeout: float | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run the workflow's Snakefile in ``workdir``; output is captured and shown on failure."""
+    """Run the workflow's Snakefile in ``workdir``; output is captured and shown on failure.
+
+    ``timeout`` is a hang guard; by default that of a run of the built-in workflow (about
+    60 s on a quiet 2-core machine)."""
     cmd = [snakemake_bin(), "-s", str(REPO / "Snakefile"), "-d", str(workdir), *args]
     full_env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
     proc = subprocess.run(
-        cmd, cwd=workdir, capture_output=True, text=True, env=full_env, timeout=timeout
+        cmd,
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout or hang_guard(60),
     )
     if check and proc.returncode != 0:
         raise AssertionError(

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import hang_guard
 
 from hpcllm.clusters import load_cluster
 from hpcllm.launch import build_launch, shell_word
@@ -276,7 +277,12 @@ def test_local_launch_runs_two_real_ranks(tmp_path):
     bin_dir = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     proc = subprocess.run(
-        ["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        ["bash", str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=hang_guard(5),  # ~5 s
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)] == ["2 3.0", "2 3.0"]

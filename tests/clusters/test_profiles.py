@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from support import REPO, make_workdir, run_snakemake  # noqa: E402
+from support import REPO, hang_guard, make_workdir, run_snakemake  # noqa: E402
 
 from hpcllm.clusters import load_cluster
 
@@ -103,7 +103,7 @@ def dry_runs(tmp_path_factory, no_slurm, imagenet_root):
             # one --configfile with several files (a second --configfile replaces the first)
             sweeps = small_sweeps(workdir / "sweeps.yaml")
             args = ["-n", "--profile", f"profiles/{name}", "--configfile", *OPT_IN, sweeps]
-            proc = run_snakemake(workdir, *args, env=env, timeout=600)
+            proc = run_snakemake(workdir, *args, env=env, timeout=hang_guard(30))  # ~30 s
             done[name] = proc.stdout + proc.stderr
         return done[name]
 
@@ -264,7 +264,7 @@ def opt_in_training() -> dict:
 
 
 def _fails(workdir, *args, env) -> str:
-    proc = run_snakemake(workdir, *args, env=env, check=False, timeout=300)
+    proc = run_snakemake(workdir, *args, env=env, check=False, timeout=hang_guard(15))  # ~15 s
     assert proc.returncode != 0, proc.stdout[-2000:]
     return proc.stdout + proc.stderr
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support import make_workdir  # noqa: F401  (slurmruns.make_workdir in the tests)
+from support import hang_guard, make_workdir  # noqa: F401  (slurmruns.make_workdir in the tests)
 from testcluster import TestCluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,9 +46,12 @@ def run(
     *args: str,
     profile: str = "testcluster",
     check: bool = True,
-    timeout: float = 300,
+    timeout: float | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run Snakemake in ``workdir`` (on ``cluster`` unless it is None); fail with its output."""
+    """Run Snakemake in ``workdir`` (on ``cluster`` unless it is None); fail with its output.
+
+    ``timeout`` is a hang guard: by default that of the built-in workflow's run on the test
+    cluster (~120 s on a quiet machine; the local reference is faster)."""
     cmd = command(workdir, profile, *args)
     proc = subprocess.run(
         cmd,
@@ -56,7 +59,7 @@ def run(
         env=environment(cluster),
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=timeout or hang_guard(120),
     )
     if check and proc.returncode != 0:
         extra = f"\n--- cluster\n{cluster.log_tail()}" if cluster else ""

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import rehearsal_image
 import slurmruns
+from support import hang_guard
 
 from hpcllm.clusters import load_cluster
 
@@ -84,8 +85,11 @@ def rehearsal(slurm_cluster, image, tmp_path_factory):
         HPCLLM_REHEARSAL_RECORD=str(work / "apptainer.jsonl"),
         SCRATCH=str(work / "scratch"),  # as `jutil env activate` sets it on JUWELS
     )
-    proc = snakemake(work, slurm_cluster, env, "--", *TARGETS, timeout=900)
-    snakemake(work, slurm_cluster, env, "--report", "report.html", "--", *TARGETS, timeout=300)
+    # quiet: the run ~80 s, the report ~10 s (timeouts are hang guards, tests/support.py)
+    proc = snakemake(work, slurm_cluster, env, "--", *TARGETS, timeout=hang_guard(80))
+    snakemake(
+        work, slurm_cluster, env, "--report", "report.html", "--", *TARGETS, timeout=hang_guard(10)
+    )
     execs = [json.loads(line) for line in (work / "apptainer.jsonl").read_text().splitlines()]
     return work, proc.stdout + proc.stderr, execs
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 import slurmruns
+from support import hang_guard
 
 pytestmark = pytest.mark.slurm
 
@@ -54,16 +55,16 @@ def test_cancelled_tokenize_leaves_no_partial_output_and_rerun_gives_same_bytes(
     try:
         job = cluster.wait_job(
             lambda j: j["comment"].startswith("rule_tokenize") and j["state"] == "RUNNING",
-            timeout=240,
+            timeout=hang_guard(15),  # submitted and started: ~15 s quiet
         )
         partial = work / f"{SHARD}.bin.incomplete"
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + hang_guard(3)  # first bytes: ~3 s quiet
         while not (partial.exists() and partial.stat().st_size > 0):
             assert time.monotonic() < deadline, "tokenize never started writing its .bin"
             assert proc.poll() is None, log.read_text()[-3000:]
             time.sleep(0.1)
         cluster.run("scancel", job["id"])
-        returncode = proc.wait(timeout=180)
+        returncode = proc.wait(timeout=hang_guard(15))  # the plugin sees it: ~15 s quiet
     finally:
         if proc.poll() is None:
             proc.kill()

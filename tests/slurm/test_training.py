@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import slurmruns
 import torch
+from support import hang_guard
 
 pytestmark = pytest.mark.slurm
 
@@ -184,12 +185,13 @@ def test_two_nodes_train_like_one_process_with_the_same_global_batch(
         torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
-def wait_for_engine(cluster, proc, work: Path, segment: int, timeout: float = 900) -> str:
+def wait_for_engine(cluster, proc, work: Path, segment: int, timeout: float | None = None) -> str:
     """The Slurm job id of segment ``segment`` once its engine ranks run on both nodes
     and have trained the segment's first iteration (39 more to go)."""
     first = (segment - 1) * 40 + 1
     engine_log = work / f"logs/train_segment/{EXPERIMENT}/seg{segment}.engine.log"
-    deadline = time.monotonic() + timeout
+    # segment 1 starts after the data and the index cache: ~60 s on a quiet machine
+    deadline = time.monotonic() + (timeout or hang_guard(60))
     while time.monotonic() < deadline:
         assert proc.poll() is None, (work / "snakemake.out").read_text()[-4000:]
         running = [
@@ -222,7 +224,7 @@ def test_scancel_of_a_running_segment_is_reported_and_the_rerun_resumes(
     try:
         job_id = wait_for_engine(cluster, proc, work, segment=2)
         cluster.run("scancel", job_id)
-        assert proc.wait(timeout=180) != 0
+        assert proc.wait(timeout=hang_guard(15)) != 0  # noticed: ~15 s quiet
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -250,7 +252,7 @@ def test_a_node_dying_mid_segment_fails_the_job_and_the_rerun_completes(
     try:
         job_id = wait_for_engine(cluster, proc, work, segment=1)
         cluster.stop_node("n2")
-        returncode = proc.wait(timeout=240)
+        returncode = proc.wait(timeout=hang_guard(30))  # node DOWN, job failed: ~30 s quiet
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -289,7 +291,8 @@ def test_a_signalled_segment_continues_by_itself_to_the_end(
     try:
         job_id = wait_for_engine(cluster, proc, work, segment=1)
         cluster.run("scancel", "--signal=TERM", job_id)
-        assert proc.wait(timeout=300) == 0, (work / "snakemake.out").read_text()[-5000:]
+        # the signalled attempt and the resubmitted one to the end: ~60 s quiet
+        assert proc.wait(timeout=hang_guard(60)) == 0, (work / "snakemake.out").read_text()[-5000:]
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -321,7 +324,7 @@ def test_a_restarted_controller_starts_no_second_writer(
     )
     orphan = wait_for_engine(cluster, proc, work, segment=1)
     proc.send_signal(signal.SIGKILL)  # the controller dies; its job does not
-    proc.wait(timeout=30)
+    proc.wait(timeout=hang_guard(1))  # SIGKILLed: at once
     cluster.run("scontrol", "suspend", orphan)
     slurmruns.run(work, cluster, "--configfile", str(CONFIG), "--unlock")
     try:
@@ -337,7 +340,7 @@ def test_a_restarted_controller_starts_no_second_writer(
     assert f"scancel {orphan}" in seg1_log
     cluster.wait_job(
         lambda j: j["id"] == orphan and j["state"] not in ("RUNNING", "SUSPENDED", "COMPLETING"),
-        timeout=240,
+        timeout=hang_guard(30),  # the orphan resumed finishes its segment: ~30 s quiet
     )
 
     run_training(work, cluster)
@@ -379,7 +382,9 @@ def test_a_signal_during_start_up_or_training_ends_cleanly_and_attempts_follow(
         "--set-resources",
         "train_segment:runtime=3",
     )
-    proc = slurmruns.run(work, cluster, *args, "--", SEG1, check=False, timeout=600)
+    proc = slurmruns.run(
+        work, cluster, *args, "--", SEG1, check=False, timeout=hang_guard(200)
+    )  # a 3-minute job
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "Error in rule train_segment" in output
     assert not (work / SEG1).exists()

@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 from megatron.core.datasets.indexed_dataset import IndexedDataset
+from support import hang_guard
 
 from hpcllm.text.sample_corpus import write_jsonl_zst
 from hpcllm.text.tokenization import (
@@ -174,7 +175,7 @@ def test_killed_tokenize_leaves_no_complete_looking_output_and_rerun_is_identica
     args = [sys.executable, "-c", KILL_SCRIPT, str(trained_tokenizer), str(shard), str(out)]
     proc = subprocess.Popen(args)
     partial = out.parent / "0000_text_document.bin.incomplete"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + hang_guard(2)  # writing starts within ~2 s quiet
     while not (partial.exists() and partial.stat().st_size > 0) and time.monotonic() < deadline:
         time.sleep(0.01)
     os.kill(proc.pid, signal.SIGKILL)

@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+from support import hang_guard
 
 from hpcllm.bench.failures import classify_text, is_transient
 from hpcllm.training import attempts, lease
@@ -133,7 +134,7 @@ def test_lease_is_taken_renewed_and_released(tmp_path):
     with lease.held(save, renew_seconds=0.05) as mine:
         first = lease.read(save)
         assert first.pid == os.getpid() and first.host == socket.gethostname()
-        deadline = time.time() + 10
+        deadline = time.time() + hang_guard(0.1)  # renewed every 0.05 s
         while lease.read(save).renewed == first.renewed:
             assert time.time() < deadline, "lease never renewed"
             time.sleep(0.02)

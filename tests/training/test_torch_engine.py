@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from support import hang_guard
 
 from hpcllm.training import checkpoints
 from hpcllm.training.checkpoints import CheckpointError
@@ -113,12 +114,12 @@ def test_signal_saves_and_resume_is_exact(tmp_path, data_prefixes, vocab_file, l
     )
     with open(log, "w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.time() + 120
+        deadline = time.time() + hang_guard(10)  # iteration 3: ~10 s quiet
         while "iteration        3/" not in log.read_text():
             assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
             time.sleep(0.05)
         proc.send_signal(signal.SIGUSR1)
-        assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
+        assert proc.wait(timeout=hang_guard(10)) == 0, log.read_text()[-3000:]  # ~10 s quiet
     text = log.read_text()
     stopped = checkpoints.latest_iteration(save)
     assert 3 <= stopped < LONG, text[-2000:]
@@ -146,12 +147,12 @@ def test_signal_during_start_up_ends_cleanly(tmp_path, data_prefixes, vocab_file
         # The module's first statements install the handler; torch's import takes far
         # longer than this poll, but a signal before it would kill the process: wait
         # for the interpreter to have the handler (its signal mask shows it).
-        deadline = time.time() + 60
+        deadline = time.time() + hang_guard(1)  # the handler: ~1 s quiet
         while not _catches_sigterm(proc.pid):
             assert proc.poll() is None and time.time() < deadline, log.read_text()
             time.sleep(0.005)
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
+        assert proc.wait(timeout=hang_guard(10)) == 0, log.read_text()[-3000:]  # ~10 s quiet
     text = log.read_text()
     assert "exiting at iteration 2 (signal) before 12" in text, text[-2000:]
     assert "iteration        3/" not in text
@@ -219,7 +220,7 @@ def test_throughput_benchmark_runs_on_the_cpu(repo):
         [sys.executable, str(repo / "benchmarks/train_throughput.py"), "--cpu"],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=hang_guard(30),  # ~30 s quiet
     )
     assert out.returncode == 0, out.stderr[-2000:]
     tokens = float(re.search(r"tokens/s: ([\d.]+)", out.stdout)[1])

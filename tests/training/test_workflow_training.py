@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support import hang_guard
 from training_helpers import run_snakemake, snakemake_cmd
 
 from hpcllm.training.segment import parse_log_lines
@@ -57,8 +58,8 @@ def engine_pids(workdir: Path, save: str) -> list[int]:
     return pids
 
 
-def wait_for_log(proc, path: Path, text: str, timeout: float = 300) -> None:
-    deadline = time.time() + timeout
+def wait_for_log(proc, path: Path, text: str, timeout: float | None = None) -> None:
+    deadline = time.time() + (timeout or hang_guard(30))  # the engine's line: ~30 s quiet
     while not (path.exists() and text in path.read_text()):
         assert proc.poll() is None and time.time() < deadline, proc.stdout.read().decode()
         time.sleep(0.1)
@@ -82,7 +83,7 @@ def test_failed_segment_reruns_alone_and_resumes(text_workdir):
     assert pids
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
-    out = proc.communicate(timeout=300)[0].decode()
+    out = proc.communicate(timeout=hang_guard(10))[0].decode()  # fails: ~10 s quiet
     assert proc.returncode != 0, out
     from hpcllm.training.checkpoints import latest_iteration
 
@@ -126,7 +127,7 @@ def test_a_signalled_segment_is_resubmitted_and_continues_by_itself(text_workdir
     wait_for_log(proc, engine_log, "iteration        3/")
     for pid in engine_pids(work, "checkpoints/again"):
         os.kill(pid, signal.SIGTERM)
-    out = proc.communicate(timeout=300)[0].decode()
+    out = proc.communicate(timeout=hang_guard(40))[0].decode()  # retry to the end: ~40 s
     assert proc.returncode == 0, out[-5000:]
     assert "Trying to restart job" in out
     first, second = json.loads((work / "logs/train_segment/again/seg1.attempts.json").read_text())
@@ -257,7 +258,7 @@ def test_status_of_a_half_finished_campaign_and_of_one_never_started(text_workdi
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "hpcllm"), "status", "-d", str(work),
          "--configfile", str(path), "--profile", "profiles/local"],
-        capture_output=True, text=True, timeout=300, cwd=work,
+        capture_output=True, text=True, timeout=hang_guard(10), cwd=work,  # ~10 s quiet
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout

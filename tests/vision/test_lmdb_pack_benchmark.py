@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 
-from support import REPO
+from support import REPO, hang_guard
 
 
 def test_lmdb_pack_benchmark_prints_the_ratio_to_tar_and_sync(tmp_path):
@@ -29,7 +29,7 @@ def test_lmdb_pack_benchmark_prints_the_ratio_to_tar_and_sync(tmp_path):
         ],  # fmt: skip
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=hang_guard(30),  # ~30 s quiet
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout

@@ -6,13 +6,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support import REPO
+from support import REPO, hang_guard
 
 BIN = Path(sys.executable).parent
 
 
 def run(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        argv, cwd=REPO, capture_output=True, text=True, timeout=hang_guard(20)
+    )  # ~20 s
 
 
 def test_snakemake_lint_finds_nothing():
