@@ -50,6 +50,9 @@ BINARIES = (
 )
 NODE_VARIABLE = "HPCLLM_TEST_NODE"  # in the environment of a node's slurmd and slurmstepds
 DEFAULT_CONF_DIR = "/etc/slurm"  # where Slurm's clients look without SLURM_CONF
+# The time limits below guard against hangs, not speed: a client command takes well under
+# a second and nodes come up within ~5 s on a quiet machine; the limits are 20x and more,
+# since a loaded machine (load 10-17 on 2 cores) was seen to slow steps ~8x.
 
 
 def missing_requirements() -> str | None:
@@ -175,7 +178,7 @@ class TestCluster:
         """The environment for Slurm clients (and Snakemake) that talk to this cluster."""
         return {**os.environ, "SLURM_CONF": str(self.conf)}
 
-    def run(self, *cmd: str, check: bool = True, timeout: float = 30) -> str:
+    def run(self, *cmd: str, check: bool = True, timeout: float = 120) -> str:
         proc = subprocess.run(
             cmd, env=self.env, capture_output=True, text=True, timeout=timeout, check=False
         )
@@ -198,7 +201,7 @@ class TestCluster:
         out = self.run("sinfo", "-h", "-N", "-o", "%N %T")
         return dict(line.split() for line in out.splitlines() if line.strip())
 
-    def wait_nodes(self, state: str = "idle", nodes=None, timeout: float = 60) -> None:
+    def wait_nodes(self, state: str = "idle", nodes=None, timeout: float = 300) -> None:
         """Wait until every node in ``nodes`` is in ``state`` (as sinfo spells it)."""
         nodes = tuple(nodes or self.nodes)
         deadline = time.monotonic() + timeout
@@ -240,7 +243,7 @@ class TestCluster:
         pid = _read_pid(self.root / f"slurmd-{node}.pid")
         return pid is not None and _alive(pid)
 
-    def restore(self, timeout: float = 60) -> None:
+    def restore(self, timeout: float = 300) -> None:
         """No job left, every slurmd running, every node idle (after a test broke one)."""
         self.cancel_all()
         for node in self.nodes:
@@ -283,7 +286,7 @@ class TestCluster:
         keys = ("id", "state", "name", "comment", "nodes")
         return [dict(zip(keys, line.split("|"))) for line in out.splitlines() if line.strip()]
 
-    def wait_job(self, predicate, timeout: float = 120, interval: float = 0.3) -> dict[str, str]:
+    def wait_job(self, predicate, timeout: float = 600, interval: float = 0.3) -> dict[str, str]:
         """The first job for which ``predicate(job)`` is true, polling squeue."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -293,7 +296,7 @@ class TestCluster:
             time.sleep(interval)
         raise TimeoutError(f"no matching job after {timeout}s: {self.jobs()}")
 
-    def cancel_all(self, timeout: float = 30) -> None:
+    def cancel_all(self, timeout: float = 120) -> None:
         active = [j["id"] for j in self.jobs() if j["state"] in _ACTIVE]
         if active:
             self.run("scancel", *active, check=False)
@@ -328,7 +331,7 @@ class TestCluster:
 _ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED"}
 
 
-def start(root: Path, timeout: float = 60) -> TestCluster:
+def start(root: Path, timeout: float = 300) -> TestCluster:
     """Start munge, slurmctld and the slurmd of every node under ``root``; wait for idle."""
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o711)  # munged refuses a socket directory others may write to
