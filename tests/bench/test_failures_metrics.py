@@ -34,14 +34,14 @@ def test_slurm_state_wins_and_missing_logs_are_skipped(tmp_path):
 
 def test_halved_throughput_gives_half_efficiency():
     assert metrics.efficiency_from_throughput(50.0, 100.0) == 0.5
-    # strong scaling: twice the GPUs, the same time -> 0.5; half the time -> 1
-    assert metrics.efficiency_from_time(10.0, 8, 10.0, 4, "strong") == 0.5
-    assert metrics.efficiency_from_time(5.0, 8, 10.0, 4, "strong") == 1.0
-    # weak scaling: time doubled -> 0.5
-    assert metrics.efficiency_from_time(20.0, 8, 10.0, 4, "weak") == 0.5
+    # fixed total work (a vision epoch): twice the GPUs, the same time -> 0.5; half -> 1
+    assert metrics.efficiency_from_time(10.0, 8, 10.0, 4, "total") == 0.5
+    assert metrics.efficiency_from_time(5.0, 8, 10.0, 4, "total") == 1.0
+    # fixed work per GPU (a batch): time doubled -> 0.5
+    assert metrics.efficiency_from_time(20.0, 8, 10.0, 4, "per_gpu") == 0.5
     assert math.isnan(metrics.efficiency_from_throughput(1.0, math.nan))
-    with pytest.raises(ValueError, match="strong"):
-        metrics.efficiency_from_time(1, 1, 1, 1, "sideways")
+    with pytest.raises(ValueError, match="total"):
+        metrics.efficiency_from_time(1, 1, 1, 1, "weak")
 
 
 def test_language_metrics_exclude_warmup_and_use_dense_peak():

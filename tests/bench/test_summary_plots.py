@@ -146,7 +146,7 @@ def test_vision_run_from_records(tmp_path):
         "benchmark": "vision",
         "experiment": "v",
         "model": "resnet_tiny",
-        "scaling": "strong",
+        "scaling": "weak",
         "precision": "amp",
         "measured_epoch": 2,
         "peak_tflops": 100.0,
@@ -174,7 +174,9 @@ def test_vision_run_from_records(tmp_path):
     p1 = {**base, "id": "v.1", "nodes": 1, "gpus": 1}
     p2 = {**base, "id": "v.2", "nodes": 2, "gpus": 2}
     put_run(results, p1, log(8.0))
-    put_run(results, p2, log(4.0))  # half the time on twice the GPUs: perfect strong scaling
+    # the same epoch (EPICURE's weak scaling: fixed per-GPU batch, fixed dataset) in half
+    # the time on twice the GPUs: perfect scaling
+    put_run(results, p2, log(4.0))
     df = summarize([p1, p2], results).set_index("id")
     assert df.loc["v.2", "efficiency_train_time"] == 1.0
     assert df.loc["v.2", "efficiency_epoch_time"] == (9.0 * 1) / (5.0 * 2)

@@ -97,7 +97,7 @@ def test_clusters_not_named_get_no_points():
     assert expand_experiment("lang", language(), ClusterFacts("local", 0)) == []
 
 
-def test_vision_batch_by_gpu_memory_and_weak_repeat():
+def test_vision_batch_by_gpu_memory_and_epicure_weak_scaling():
     exp = yaml.safe_load((REPO / "config/experiments/vision.yaml").read_text())
     points = expand_experiment("vision", exp, JUWELS)
     assert {p.settings["batch_per_gpu"] for p in points} == {128}
@@ -109,11 +109,22 @@ def test_vision_batch_by_gpu_memory_and_weak_repeat():
         ]
         == 256
     )
-    weak8 = next(p for p in points if p.scaling == "weak" and p.nodes == 8)
-    strong8 = next(p for p in points if p.scaling == "strong" and p.nodes == 8)
-    assert weak8.settings["repeat"] == 8 and strong8.settings["repeat"] == 1
+    # EPICURE's weak scaling: the per-GPU batch fixed, the global batch growing with the
+    # GPUs, every point over the same dataset (no point repeats it to run as long as 1 node)
+    assert {p.scaling for p in points} == {"weak"}
+    assert all(p.settings["global_batch"] == 128 * p.gpus for p in points)
+    assert {p.settings["repeat"] for p in points} == {1}
     assert {p.precision for p in points} == {"fp32", "amp"}
-    assert len(points) == 7 * 2 * 2  # 1..64 nodes, two modes, two precisions
+    assert len(points) == 7 * 2  # 1..64 nodes, two precisions
+    # TinyImageNet's 13 reads per epoch stay 13 at every node count
+    tiny = expand_experiment("vision", {**exp, "repeat": 13}, JUWELS)
+    assert {p.settings["repeat"] for p in tiny} == {13}
+
+
+def test_vision_refuses_a_strong_mode():
+    exp = yaml.safe_load((REPO / "config/experiments/vision.yaml").read_text())
+    with pytest.raises(SweepError, match="experiment vision: scaling 'strong'.*weak"):
+        expand_experiment("vision", {**exp, "scaling": ["weak", "strong"]}, JUWELS)
 
 
 def test_schema_errors_name_the_file_and_key(tmp_path):
@@ -137,7 +148,10 @@ def test_full_juwels_sweeps_expand():
         root=REPO,
         schema=SCHEMA,
     )
-    assert len({p.id for p in points}) == len(points) > 40
+    assert len({p.id for p in points}) == len(points)
+    # language: 175B at 64-256 nodes and 860M at 1-128, strong and weak; vision: 1-64 nodes,
+    # EPICURE's weak scaling only, FP32 and AMP
+    assert len(points) == 2 * (3 + 8) + 7 * 2
 
 
 def test_unknown_key_in_an_inline_experiment_is_named():

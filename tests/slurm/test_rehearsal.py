@@ -34,7 +34,7 @@ STANDINS = HERE / "standins"
 SRC = str(slurmruns.REPO / "src")
 EXPERIMENT = "rehearsal_megatron"
 LANGUAGE = "rehearsal_language.tiny.strong.bf16.n0002"
-VISION = "rehearsal_vision.resnet_tiny.strong.fp32.n0002"
+VISION = "rehearsal_vision.resnet_tiny.weak.fp32.n0002"
 TARGETS = (
     f"results/train/{EXPERIMENT}/seg1.json",
     "results/bench/summary.csv",

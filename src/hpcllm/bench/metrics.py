@@ -5,11 +5,14 @@ Every efficiency here is defined so that 1 is perfect scaling and lower is worse
 
 - from a per-GPU throughput x (tokens/s/GPU, images/s/GPU): e(n) = x(n) / x(n_min).
   Ideal strong and weak scaling both keep the per-GPU throughput constant.
-- from a time t the run took:
-  strong scaling (fixed total work): e(n) = t(n_min) * n_min / (t(n) * n);
-  weak scaling (fixed work per GPU): e(n) = t(n_min) / t(n).
-- from the median time of one batch (fixed per-GPU batch in both modes):
-  e(n) = t(n_min) / t(n).
+- from a time t the run took, by what stays fixed as the GPUs grow:
+  a fixed total amount of work (a vision epoch: the same images at every node count):
+  e(n) = t(n_min) * n_min / (t(n) * n);
+  a fixed amount of work per GPU (one batch of a fixed per-GPU batch): e(n) = t(n_min) / t(n).
+
+The scaling modes are EPICURE's, which count the work *per batch* (its footnote 12): the
+vision benchmark's weak scaling keeps the per-GPU batch over the fixed dataset, so its
+epoch times are of fixed total work and its median batch time of fixed work per GPU.
 
 Vision timings are EPICURE's: ``t_ep`` the full epoch including validation, ``t_tr`` its
 training part, and the batch time from one batch's start (the training loop asks the
@@ -41,17 +44,21 @@ def efficiency_from_throughput(per_gpu: float, per_gpu_at_min: float) -> float:
     return per_gpu / per_gpu_at_min
 
 
+FIXED_WORK = ("total", "per_gpu")
+
+
 def efficiency_from_time(
-    time: float, gpus: int, time_at_min: float, gpus_at_min: int, scaling: str
+    time: float, gpus: int, time_at_min: float, gpus_at_min: int, fixed: str
 ) -> float:
-    """Efficiency from a duration; ``scaling`` is "strong" or "weak" (see the module doc)."""
+    """Efficiency from a duration; ``fixed`` says which work the duration is of, the same
+    at every node count: "total" or "per_gpu" (see the module doc)."""
+    if fixed not in FIXED_WORK:
+        raise ValueError(f"fixed must be 'total' or 'per_gpu', not {fixed!r}")
     if not time or math.isnan(time) or math.isnan(time_at_min):
         return math.nan
-    if scaling == "strong":
+    if fixed == "total":
         return time_at_min * gpus_at_min / (time * gpus)
-    if scaling == "weak":
-        return time_at_min / time
-    raise ValueError(f"scaling must be 'strong' or 'weak', not {scaling!r}")
+    return time_at_min / time
 
 
 def mfu(tflops_per_gpu: float, peak_tflops: float | None) -> float:

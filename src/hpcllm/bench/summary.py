@@ -128,12 +128,14 @@ def add_efficiencies(df: pd.DataFrame) -> pd.DataFrame:
                     run["tokens_per_s_per_gpu"], base["tokens_per_s_per_gpu"]
                 )
                 continue
+            # An epoch is the same images at every node count (EPICURE's weak scaling:
+            # fixed per-GPU batch, fixed dataset); a batch is the same images per GPU.
             for name, col in (("epoch", "epoch_time_s"), ("train", "train_time_s")):
                 df.loc[idx, f"efficiency_{name}_time"] = metrics.efficiency_from_time(
-                    run[col], run["gpus"], base[col], base["gpus"], run["scaling"]
+                    run[col], run["gpus"], base[col], base["gpus"], "total"
                 )
             df.loc[idx, "efficiency_batch_time"] = metrics.efficiency_from_time(
-                run["median_batch_time_s"], 1, base["median_batch_time_s"], 1, "weak"
+                run["median_batch_time_s"], 1, base["median_batch_time_s"], 1, "per_gpu"
             )
             df.loc[idx, "efficiency"] = metrics.efficiency_from_throughput(
                 run["images_per_s_per_gpu"], base["images_per_s_per_gpu"]

@@ -19,7 +19,13 @@ from pathlib import Path
 
 import yaml
 
+# Scaling modes as the EPICURE guide names them (docs/benchmarks.md). Language: strong
+# keeps the global batch, weak keeps the gradient-accumulation steps per replica (the global
+# batch grows with the replicas). Vision: weak only, a fixed per-GPU batch over the fixed
+# dataset (the global batch grows with the GPUs, an epoch is the same images at every
+# node count); fixing the global batch would shrink the per-GPU batch below what fills a GPU.
 SCALINGS = ("strong", "weak")
+VISION_SCALINGS = ("weak",)
 _NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
@@ -312,11 +318,17 @@ def _expand_vision(name: str, exp: dict, cluster: ClusterFacts) -> list[Point]:
     model = exp.get("model", "resnet50")
     points = []
     min_nodes = exp.get("min_nodes", 1)
+    scalings = exp.get("scaling", VISION_SCALINGS)
+    for scaling in scalings:
+        if scaling not in VISION_SCALINGS:
+            raise SweepError(
+                f"{where}: scaling '{scaling}' is not a vision mode; the vision benchmark "
+                "runs EPICURE's weak scaling only (a fixed per-GPU batch over the fixed "
+                "dataset): set `scaling: [weak]` (docs/benchmarks.md)"
+            )
+    repeat = exp.get("repeat", 1)
     for nodes in node_counts(min_nodes, max_nodes):
-        for scaling in exp.get("scaling", SCALINGS):
-            # Weak scaling: every GPU reads as many images per epoch as at the smallest
-            # point, so the dataset is repeated nodes/min_nodes times more.
-            repeat = exp.get("repeat", 1) * (nodes // min_nodes if scaling == "weak" else 1)
+        for scaling in scalings:
             for precision in exp.get("precision", ["fp32", "amp"]):
                 settings = {
                     "dataset": exp["dataset"],
@@ -333,6 +345,7 @@ def _expand_vision(name: str, exp: dict, cluster: ClusterFacts) -> list[Point]:
                     "max_batches_per_epoch": exp.get("max_batches_per_epoch"),
                     "stage_in": bool(exp.get("stage_in", True)),
                     "stage_in_method": exp.get("stage_in_method", "copy"),
+                    "stage_in_timeout_s": exp.get("stage_in_timeout_s"),
                     "val_split": exp.get("val_split", "val"),
                     "model_impl": exp.get("model_impl", "auto"),
                     "warmup_epochs": exp.get("warmup_epochs", 5),

@@ -96,7 +96,12 @@ def run(
 
             sources = [data] + ([val_data] if val_data else [])
             copies, staged, cleanup = stage_for_job(
-                sources, local_storage, settings.get("stage_in_method", "copy"), rank, local_rank
+                sources,
+                local_storage,
+                settings.get("stage_in_method", "copy"),
+                rank,
+                local_rank,
+                timeout_s=settings.get("stage_in_timeout_s"),
             )
             data, val_data = copies[0], (copies[1] if val_data else None)
         _train(settings, str(data), val_data and str(val_data), rank, world, device, staged)
