@@ -1,5 +1,12 @@
 """A real Slurm cluster on this host for the tests: munge, slurmctld and two slurmd nodes.
 
+Also a command to start, inspect and stop it by hand (root; docs/slurm-tests.md):
+
+    eval "$(python tests/slurm/testcluster.py up)"   # prints: export SLURM_CONF=...
+    sinfo; snakemake --profile profiles/testcluster; squeue
+    python tests/slurm/testcluster.py status
+    python tests/slurm/testcluster.py down
+
 Everything lives in one temporary directory: its own munge key and socket, its own
 slurm.conf (on free ports), state, spool and logs. Clients find it through ``SLURM_CONF``,
 which ``TestCluster.env`` sets; jobs inherit it, so a system-wide Slurm (if any) is left
@@ -22,6 +29,7 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -53,6 +61,11 @@ DEFAULT_CONF_DIR = "/etc/slurm"  # where Slurm's clients look without SLURM_CONF
 # The time limits below guard against hangs, not speed: a client command takes well under
 # a second and nodes come up within ~5 s on a quiet machine; the limits are 20x and more,
 # since a loaded machine (load 10-17 on 2 cores) was seen to slow steps ~8x.
+# The first line of every slurm.conf written here: marks a folder the command may reuse.
+CONF_MARKER = "# hpcllm test Slurm cluster (tests/slurm/testcluster.py)"
+DAEMONS = ("slurmctld", "slurmd", "slurmstepd")
+# Where the command keeps a cluster started by hand (--dir changes it).
+DEFAULT_DIR = Path("~/.cache/hpcllm/testcluster")
 
 
 def missing_requirements() -> str | None:
@@ -115,6 +128,7 @@ def gres_conf(root: Path) -> str:
 def slurm_conf(root: Path, name: str, ctld_port: int, node_ports: dict[str, int]) -> str:
     host = socket.gethostname().split(".")[0]
     lines = [
+        CONF_MARKER,
         f"ClusterName={name}",
         f"SlurmctldHost={host}",
         f"SlurmctldPort={ctld_port}",
@@ -172,6 +186,21 @@ class TestCluster:
     _stopped: bool = field(default=False, repr=False)
 
     __test__ = False  # not a pytest test class
+
+    @classmethod
+    def in_folder(cls, root: Path) -> TestCluster | None:
+        """The cluster that ``start`` set up in ``root`` (running or not), or None."""
+        conf = root / "etc" / "slurm.conf"
+        try:
+            text = conf.read_text()
+        except FileNotFoundError:
+            return None
+        if not text.startswith(CONF_MARKER):
+            return None
+        names = [
+            line.split("=", 1)[1] for line in text.splitlines() if line.startswith("ClusterName=")
+        ]
+        return cls(root=root, conf=conf, name=names[0]) if names else None
 
     @property
     def env(self) -> dict[str, str]:
@@ -264,12 +293,28 @@ class TestCluster:
         with contextlib.suppress(FileNotFoundError):
             (self.root / f"slurmd-{node}.pid").unlink()
 
-    def processes(self) -> list[int]:
-        """Processes of this cluster: daemons, and everything its jobs started."""
-        return sorted(
-            set(_pids_with_env("SLURM_CONF", str(self.conf)))
-            | set(_pids_with_env("SLURM_CLUSTER_NAME", self.name))
-        )
+    def processes(self, clients: bool = True) -> list[int]:
+        """Processes of this cluster: daemons, and everything its jobs started.
+
+        With ``clients`` also every other process that has this cluster's ``SLURM_CONF``
+        (Snakemake, sbatch and srun started by the tests); without, those are spared: by
+        hand they include the user's own shells and Snakemake.
+        """
+        with_conf = _pids_with_env("SLURM_CONF", str(self.conf))
+        if not clients:
+            with_conf = [pid for pid in with_conf if _command_name(pid) in DAEMONS]
+        return sorted(set(with_conf) | set(_pids_with_env("SLURM_CLUSTER_NAME", self.name)))
+
+    def controller_alive(self) -> bool:
+        """Whether this cluster's slurmctld runs (its pid file names a live slurmctld of ours)."""
+        pid = _read_pid(self.root / "slurmctld.pid")
+        return pid is not None and _alive(pid) and self._ours(pid)
+
+    def _ours(self, pid: int) -> bool:
+        """Whether ``pid`` is a daemon this cluster started (not a reused process id)."""
+        if f"SLURM_CONF={self.conf}" in _cmdline_and_env(pid):
+            return True  # slurmctld, slurmd, slurmstepd
+        return f"--socket={self.root}/munge.socket" in _cmdline_and_env(pid)  # munged
 
     @staticmethod
     def environ(pid: int) -> dict[str, str]:
@@ -305,27 +350,39 @@ class TestCluster:
             time.sleep(0.5)
 
     # Shutdown ------------------------------------------------------------------------
-    def stop(self) -> None:
-        """Stop everything this cluster started, leaving no process behind."""
+    def stop(self, clients: bool = True) -> None:
+        """Stop everything this cluster started, leaving no process behind.
+
+        ``clients``: also kill the other processes that use this cluster (see processes).
+        """
         if self._stopped:
             return
         self._stopped = True
-        with contextlib.suppress(Exception):
-            self.cancel_all()
-        with contextlib.suppress(Exception):
-            self.run("scontrol", "shutdown", check=False, timeout=10)
+        if self.controller_alive():
+            with contextlib.suppress(Exception):
+                self.cancel_all()
+            with contextlib.suppress(Exception):
+                self.run("scontrol", "shutdown", check=False, timeout=10)
+        # Pid files outlive a killed daemon: only a live process of this cluster counts.
         daemons = [
-            pid for pid in (_read_pid(p) for p in self.root.glob("slurm*.pid")) if pid is not None
+            pid
+            for pid in (_read_pid(p) for p in self.root.glob("slurm*.pid"))
+            if pid is not None and self._ours(pid)
         ]
         _wait_gone(daemons, 15)
         # Whatever this cluster started and still runs (daemons, job steps) ends here.
-        for pid in daemons + self.processes():
+        for pid in daemons + self.processes(clients):
             _kill(pid, signal.SIGKILL)
         munged = _read_pid(self.root / "munged.pid")
-        if munged:
+        if munged and self._ours(munged):
             _kill(munged, signal.SIGTERM)
             if not _wait_gone([munged], 10):
                 _kill(munged, signal.SIGKILL)
+        _wait_gone(self.processes(clients), 10)
+
+    def munged_alive(self) -> bool:
+        pid = _read_pid(self.root / "munged.pid")
+        return pid is not None and _alive(pid) and self._ours(pid)
 
 
 _ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED"}
@@ -402,6 +459,25 @@ def _wait_gone(pids: list[int], timeout: float) -> bool:
     return False
 
 
+def _command_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _cmdline_and_env(pid: int) -> list[str]:
+    """A process's arguments and environment entries (empty when it is gone)."""
+    found = []
+    for part in ("cmdline", "environ"):
+        try:
+            raw = Path(f"/proc/{pid}/{part}").read_bytes()
+        except OSError:
+            continue
+        found += [e.decode(errors="replace") for e in raw.split(b"\0") if e]
+    return found
+
+
 def _pids_with_env(name: str, value: str, also: tuple[str, str] | None = None) -> list[int]:
     """Processes whose environment has ``name=value`` (and ``also``, if given)."""
     wanted = [f"{name}={value}".encode()]
@@ -427,3 +503,149 @@ def running(root: Path) -> Iterator[TestCluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+# The command: the same cluster started by hand, kept in a folder until `down` -----------
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _export_line(cluster: TestCluster) -> str:
+    return f"export SLURM_CONF={shlex.quote(str(cluster.conf))}"
+
+
+def _show(cluster: TestCluster) -> None:
+    """Nodes and jobs as sinfo and squeue print them (to stderr, as every message)."""
+    _say(cluster.run("sinfo", "-N", "-o", "%N %P %T %G").rstrip())
+    _say(cluster.run("squeue", "--states=all", "-o", "%.8i %.10T %.20j %.8M %N").rstrip())
+
+
+def command_up(root: Path, timeout: float) -> int:
+    why = missing_requirements()
+    if why:
+        _say(f"cannot start the test cluster: {why}")
+        return 1
+    old = TestCluster.in_folder(root)
+    if old is not None and old.controller_alive():
+        _say(f"the test cluster {old.name} already runs in {root}:")
+        _show(old)
+        print(_export_line(old), flush=True)
+        return 0
+    if old is not None:
+        old.stop(clients=False)  # whatever a crashed or half-stopped run left
+        shutil.rmtree(root)  # a fresh state: slurmctld refuses another cluster's state
+    elif root.exists() and any(root.iterdir()):
+        _say(
+            f"{root} exists and holds no test cluster ({root}/etc/slurm.conf without the "
+            f"line {CONF_MARKER!r}): choose an empty or new folder with --dir"
+        )
+        return 1
+    _say(f"starting munged, slurmctld and slurmd {', '.join(NODES)} in {root} ...")
+    try:
+        cluster = start(root, timeout=timeout)
+    except (OSError, subprocess.CalledProcessError, TimeoutError, RuntimeError) as e:
+        _say(f"the test cluster did not start: {e}\n(logs in {root})")
+        return 1
+    _say(f"the test cluster {cluster.name} runs (logs in {root}):")
+    _show(cluster)
+    _say(
+        "Clients (sinfo, sbatch, snakemake --profile profiles/testcluster) need the line "
+        f'below in their shell (`eval "$({_self(root, "up")})"` runs it); '
+        f"`{_self(root, 'down')}` stops it."
+    )
+    print(_export_line(cluster), flush=True)
+    return 0
+
+
+def _self(root: Path, action: str) -> str:
+    """This command as the user would type it (from the checkout, relative)."""
+    here = Path(__file__).resolve()
+    with contextlib.suppress(ValueError):
+        here = here.relative_to(Path.cwd().resolve())
+    words = ["python", str(here), action]
+    if root != DEFAULT_DIR.expanduser().resolve():
+        words += ["--dir", str(root)]
+    return shlex.join(words)
+
+
+def command_status(root: Path) -> int:
+    cluster = TestCluster.in_folder(root)
+    if cluster is None:
+        _say(f"not running: no test cluster in {root}")
+        return 3
+    if cluster.controller_alive():
+        _say(f"the test cluster {cluster.name} runs in {root}; clients need:")
+        _say(_export_line(cluster))
+        _show(cluster)
+        return 0
+    left = cluster.processes(clients=False)
+    if cluster.munged_alive() or left:
+        _say(
+            f"not running: the controller of {cluster.name} in {root} is stopped, but "
+            f"processes remain (munged: {cluster.munged_alive()}, Slurm: {left}); "
+            "`down` stops them"
+        )
+    else:
+        _say(f"not running: the test cluster {cluster.name} in {root} is stopped")
+    return 3
+
+
+def command_down(root: Path) -> int:
+    cluster = TestCluster.in_folder(root)
+    if cluster is None:
+        _say(f"nothing to stop: no test cluster in {root}")
+        return 0
+    if not (cluster.controller_alive() or cluster.munged_alive() or cluster.processes(False)):
+        _say(f"nothing to stop: the test cluster {cluster.name} in {root} is stopped")
+        return 0
+    cluster.stop(clients=False)
+    left = cluster.processes(clients=False)
+    if left or cluster.munged_alive():
+        _say(f"processes of {cluster.name} still run: {left} (munged: {cluster.munged_alive()})")
+        return 1
+    _say(f"the test cluster {cluster.name} is stopped: no job, no daemon left (logs in {root})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python tests/slurm/testcluster.py",
+        description=(
+            "Start, inspect or stop the project's two-node test Slurm cluster (n1, n2 on "
+            "this host) by hand. Needs root, slurm-wlm and munge "
+            "(scripts/install-system-deps.sh). See docs/slurm-tests.md."
+        ),
+    )
+    parser.add_argument(
+        "action",
+        choices=("up", "status", "down"),
+        help="up: start it and print the `export SLURM_CONF=...` line (the only stdout); "
+        "status: nodes and jobs (exit status 3 when not running); "
+        "down: cancel the jobs and stop every daemon it started",
+    )
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=DEFAULT_DIR,
+        help=f"the cluster's folder: config, state, logs (default: {DEFAULT_DIR})",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=300,
+        help="up: seconds to wait for both nodes to be idle (default: 300; it takes a few "
+        "seconds on a quiet machine)",
+    )
+    args = parser.parse_args(argv)
+    root = args.dir.expanduser().resolve()
+    if args.action == "up":
+        return command_up(root, args.timeout)
+    if args.action == "status":
+        return command_status(root)
+    return command_down(root)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
