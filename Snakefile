@@ -4,6 +4,26 @@ from snakemake.utils import min_version
 
 min_version("9.0")
 
+# Command-line traps of the config options (a target read as a config file, a second
+# --configfile) and the built-in config's YAML syntax, named before the config is read and
+# checked (hpcllm/commandline.py).
+import os
+import sys
+
+sys.path.insert(0, os.path.join(workflow.basedir, "src"))
+from snakemake.exceptions import WorkflowError
+from hpcllm import commandline
+
+if workflow.is_main_process:
+    for _warning in commandline.target_like_configfiles(
+        workflow.overwrite_configfiles, os.getcwd()
+    ) + [commandline.repeated_configfile(sys.argv)]:
+        if _warning:
+            logger.warning(f"Warning: {_warning}")
+_problem = commandline.yaml_syntax_error("config/config.yaml")
+if _problem:
+    raise WorkflowError(_problem)
+
 
 configfile: "config/config.yaml"
 
@@ -20,3 +40,12 @@ rule all:
     default_target: True
     input:
         all_targets,
+
+
+# After a failed run: each failed job's reason line, its log, and the rerun that fixes a
+# damaged workflow file (Snakemake itself prints only "message: None ... check log").
+onerror:
+    from hpcllm.failures import failure_summary
+
+    for _line in failure_summary(log):
+        logger.error(_line)

@@ -89,9 +89,11 @@ def main(argv: list[str] | None = None) -> dict[str, float | bool]:
     """Prints the figures; returns them (seconds, and whether each start built an index)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--gb", type=float, default=2.0, help="dataset size in GB (uint16 tokens)")
-    p.add_argument("--doc-tokens", type=int, default=1000)
-    p.add_argument("--seq", type=int, default=1024)
-    p.add_argument("--global-batch", type=int, default=8)
+    p.add_argument("--doc-tokens", type=int, default=1000, help="mean document length in tokens")
+    p.add_argument("--seq", type=int, default=1024, help="sequence length of the training run")
+    p.add_argument(
+        "--global-batch", type=int, default=8, help="global batch size (sequences per iteration)"
+    )
     p.add_argument("--dir", default="index-cache-bench", help="scratch folder (deleted first)")
     args = p.parse_args(argv)
     import torch.distributed as dist

@@ -104,10 +104,15 @@ def read_rate(records: Records, workers: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--images", type=int, default=20000)
-    parser.add_argument("--classes", type=int, default=100)
-    parser.add_argument("--work", type=Path, default=Path("/tmp/hpcllm-lmdb-bench"))
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--images", type=int, default=20000, help="JPEGs in the generated tree")
+    parser.add_argument("--classes", type=int, default=100, help="class folders of the tree")
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=Path("/tmp/hpcllm-lmdb-bench"),
+        help="folder of the tree (kept between runs) and the packed LMDBs",
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="runs per figure (medians)")
     parser.add_argument("--threads", type=int, default=4, help="pack_lmdb reader threads")
     parser.add_argument("--reads", type=int, default=3000, help="random reads per measurement")
     parser.add_argument(

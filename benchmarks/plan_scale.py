@@ -223,10 +223,18 @@ def run(sizes: list[int], profile: str, repeat: int, root: Path) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shards", type=int, nargs="+", default=[1000, 10000, 50000])
-    ap.add_argument("--profile", default="juwels")
-    ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--workdir", type=Path)
+    ap.add_argument(
+        "--shards",
+        type=int,
+        nargs="+",
+        default=[1000, 10000, 50000],
+        help="sizes to plan: total shards over the two sources",
+    )
+    ap.add_argument("--profile", default="juwels", help="cluster profile of the dry runs")
+    ap.add_argument("--repeat", type=int, default=1, help="dry runs per size and Snakefile")
+    ap.add_argument(
+        "--workdir", type=Path, help="working folder (default: a temporary one, deleted)"
+    )
     args = ap.parse_args(argv)
     print(f"load: {os.getloadavg()[0]:.1f} (1 min), profile {args.profile}", flush=True)
     start = time.monotonic()

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> dict[str, list[dict[str, float]]]:
     """Prints the figures; returns method -> the runs' seconds per node."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mb", type=int, default=512, help="size of the LMDB")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="stage-ins per method")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="hpcllm-stage-bench-") as tmp:
         root = Path(tmp)

@@ -172,9 +172,14 @@ def count_documents(work: Path, shard: str) -> int:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gigabytes", type=float, default=2.0)
-    ap.add_argument("--shards", type=int, default=32)
-    ap.add_argument("--workdir", type=Path, default=Path("/tmp/hpcllm-text-volume"))
+    ap.add_argument("--gigabytes", type=float, default=2.0, help="text to generate, in GB")
+    ap.add_argument("--shards", type=int, default=32, help="shards (one JSONL.zst file each)")
+    ap.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path("/tmp/hpcllm-text-volume"),
+        help="working folder of the corpus and the workflow run",
+    )
     args = ap.parse_args(argv)
     import testcluster
 

@@ -62,10 +62,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--workdir", default="/tmp/hpcllm-tokenize-bench")
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
-    parser.add_argument("--vocab-size", type=int, default=32000)
+    parser.add_argument(
+        "--workdir",
+        default="/tmp/hpcllm-tokenize-bench",
+        help="folder of the corpus, tokenizer and outputs (kept between runs)",
+    )
+    parser.add_argument("--repeat", type=int, default=3, help="runs per figure (medians)")
+    parser.add_argument(
+        "--threads", type=int, default=os.cpu_count() or 2, help="encoder threads (all cores)"
+    )
+    parser.add_argument(
+        "--vocab-size", type=int, default=32000, help="vocabulary of the BPE trained for it"
+    )
     args = parser.parse_args()
     os.environ["RAYON_NUM_THREADS"] = str(args.threads)
     work = Path(args.workdir)

@@ -43,17 +43,24 @@ def gpu_peak() -> tuple[str, float | None]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--cpu", action="store_true", help="a small model on the CPU")
-    p.add_argument("--layers", type=int, default=16)
-    p.add_argument("--hidden", type=int, default=2048)
-    p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--seq", type=int, default=2048)
-    p.add_argument("--micro-batch", type=int, default=4)
-    p.add_argument("--grad-accum", type=int, default=1)
-    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--layers", type=int, default=16, help="transformer layers")
+    p.add_argument("--hidden", type=int, default=2048, help="hidden size")
+    p.add_argument("--heads", type=int, default=16, help="attention heads")
+    p.add_argument("--seq", type=int, default=2048, help="sequence length")
+    p.add_argument("--micro-batch", type=int, default=4, help="sequences per GPU per step")
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per iteration")
+    p.add_argument("--steps", type=int, default=30, help="iterations run (warm-up included)")
     p.add_argument("--warmup", type=int, default=5, help="iterations left out of the medians")
-    p.add_argument("--vocab", type=int, default=50257)
-    p.add_argument("--bf16", action="store_true")
-    p.add_argument("--peak-tflops", type=float, default=None)
+    p.add_argument(
+        "--vocab", type=int, default=50257, help="vocabulary size (padded as Megatron pads it)"
+    )
+    p.add_argument("--bf16", action="store_true", help="bf16 mixed precision (default fp32)")
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="the GPU's peak TFLOP/s for the MFU (default: from a table of known GPUs)",
+    )
     args = p.parse_args(argv)
     if args.cpu:
         args.layers, args.hidden, args.heads, args.seq = 2, 128, 4, 128

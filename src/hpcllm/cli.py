@@ -1,4 +1,4 @@
-"""``hpcllm`` / ``python -m hpcllm``: helpers for users next to the workflow."""
+"""hpcllm (or python -m hpcllm): helpers for users next to the workflow."""
 
 from __future__ import annotations
 
@@ -13,12 +13,28 @@ def main(argv: list[str] | None = None) -> int:
         "sample-corpus",
         help="rebuild the shipped sample corpus from the documentation on this machine",
     )
-    p.add_argument("out_dir", nargs="?", default="resources/sample_text")
-    p.add_argument("--english-bytes", type=int, default=1_500_000)
-    p.add_argument("--per-language-bytes", type=int, default=100_000)
+    p.add_argument(
+        "out_dir",
+        nargs="?",
+        default="resources/sample_text",
+        help="folder of the corpus files (default: %(default)s)",
+    )
+    p.add_argument(
+        "--english-bytes", type=int, default=1_500_000, help="bytes of English text (en.jsonl.zst)"
+    )
+    p.add_argument(
+        "--per-language-bytes",
+        type=int,
+        default=100_000,
+        help="bytes of text per other language (multilingual.jsonl.zst)",
+    )
     p = sub.add_parser("config-docs", help="write config/README.md from the config schemas")
-    p.add_argument("--schemas", default="workflow/schemas")
-    p.add_argument("--output", default="config/README.md")
+    p.add_argument(
+        "--schemas", default="workflow/schemas", help="folder of the schemas (default: %(default)s)"
+    )
+    p.add_argument(
+        "--output", default="config/README.md", help="file written (default: %(default)s)"
+    )
     p = sub.add_parser("inspect", help="print a summary of a Megatron .bin/.idx dataset")
     p.add_argument("prefix", help="path prefix without .bin/.idx")
     p = sub.add_parser(

@@ -265,9 +265,10 @@ def plan_errors(cluster: Cluster) -> list[str]:
     ]
 
 
+# What the value is, and the command that shows it (kept apart: one pair of backticks each).
 _VALUE_HINTS = {
-    "slurm_account": "your project's compute-time account (`sacctmgr show assoc user=$USER`)",
-    "slurm_partition": "the partition's name (`sinfo -s`)",
+    "slurm_account": ("your project's compute-time account", "sacctmgr show assoc user=$USER"),
+    "slurm_partition": ("the partition's name", "sinfo -s"),
 }
 
 
@@ -291,9 +292,10 @@ def profile_errors(
                 var = match.group(1) or match.group(2)
                 if environ.get(var, "").strip():
                     continue
-                hint = _VALUE_HINTS.get(name, "the value")
+                what, command = _VALUE_HINTS.get(name, ("the value", None))
+                find = f" (find it with `{command}`)" if command else ""
                 errors.append(
                     f"the profile's {where} takes {name} from ${var}, which is not set: "
-                    f"`export {var}=<{hint}>` before running snakemake"
+                    f"`export {var}=<{what}>` before running snakemake{find}"
                 )
     return errors

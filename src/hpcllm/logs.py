@@ -17,6 +17,13 @@ def setup(log_path: str | None = None, level: int = logging.INFO) -> None:
     root.setLevel(level)
 
     def excepthook(exc_type, exc, tb):
+        if issubclass(exc_type, KeyboardInterrupt):
+            # Ctrl-C (SIGINT from the terminal, which Snakemake also gets and reports):
+            # one line, no traceback; outputs are written under temporary names, so a
+            # rerun of the same command starts this job again from a clean state.
+            logging.getLogger("hpcllm").error("interrupted (Ctrl-C); a rerun starts this job again")
+            print("interrupted (Ctrl-C); a rerun starts this job again", file=sys.stderr)
+            return
         logging.getLogger("hpcllm").error(
             "%s: %s", exc_type.__name__, exc, exc_info=(exc_type, exc, tb)
         )

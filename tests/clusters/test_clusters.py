@@ -124,7 +124,11 @@ def test_profile_values_naming_unset_variables_are_reported():
     errors = profile_errors(resources, environ={"HPCLLM_ACCOUNT": ""})
     assert len(errors) == 2
     assert "default-resources takes slurm_account from $HPCLLM_ACCOUNT" in errors[0]
-    assert "export HPCLLM_ACCOUNT=" in errors[0]
+    # One command per pair of backticks (none nested in another).
+    assert errors[0].endswith(
+        "`export HPCLLM_ACCOUNT=<your project's compute-time account>` before running "
+        "snakemake (find it with `sacctmgr show assoc user=$USER`)"
+    )
     assert "rule train_segment takes slurm_partition from $PART" in errors[1]
     assert profile_errors(resources, environ={"HPCLLM_ACCOUNT": "a", "PART": "p"}) == []
 

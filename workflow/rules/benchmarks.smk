@@ -42,7 +42,7 @@ rule bench_vision:
     log:
         "logs/bench_vision/{point}.log",
     benchmark:
-        "benchmarks/bench_vision/{point}.tsv"
+        "results/timings/bench_vision/{point}.tsv"
     conda:
         "../../envs/workflow.yaml"
     threads: bench_threads
@@ -72,7 +72,7 @@ rule bench_language:
     log:
         "logs/bench_language/{point}.log",
     benchmark:
-        "benchmarks/bench_language/{point}.tsv"
+        "results/timings/bench_language/{point}.tsv"
     conda:
         "../../envs/workflow.yaml"
     threads: bench_threads

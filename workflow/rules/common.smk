@@ -9,7 +9,7 @@ from snakemake.utils import validate
 
 from hpcllm.configuration import SECTIONS, check_section
 from hpcllm.text.sources import resolve_local_files
-from hpcllm.text.tokenizers_config import tokenizer_files
+from hpcllm.text.tokenizers_config import retrain_warning, tokenizer_files
 
 check_section("", config, f"{workflow.basedir}/workflow/schemas/config.schema.yaml")
 validate(config, "../schemas/config.schema.yaml")
@@ -140,6 +140,14 @@ def tokenizer_training_shards(wildcards):
     return [
         path for source in cfg.get("sources") or SOURCES for path in raw_shards(source)
     ]
+
+
+# A trained tokenizer that a new source retrains says so, and how to pin it (plan time).
+if workflow.is_main_process:
+    for _name, _tok in TOKENIZERS.items():
+        _warning = retrain_warning(_name, _tok, SOURCES, raw_shards)
+        if _warning:
+            logger.warning(f"Warning: {_warning}")
 
 
 def tokenizer_inputs(wildcards):

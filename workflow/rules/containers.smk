@@ -26,7 +26,7 @@ rule build_container:
     log:
         "logs/build_container/{image}.log",
     benchmark:
-        "benchmarks/build_container/{image}.tsv"
+        "results/timings/build_container/{image}.tsv"
     wildcard_constraints:
         image="|".join(CONTAINERS["images"]) or "NONE",
     # Login node where the site allows builds there (config/clusters: container_build).

@@ -8,7 +8,7 @@ rule download_text:
     log:
         "logs/download_text/{source}/{shard}.log",
     benchmark:
-        "benchmarks/download_text/{source}/{shard}.tsv"
+        "results/timings/download_text/{source}/{shard}.tsv"
     # On the login node: compute nodes of most EuroHPC sites cannot reach the hub.
     localrule: True
     conda:
@@ -32,7 +32,7 @@ rule train_tokenizer:
     log:
         "logs/train_tokenizer/{tok}.log",
     benchmark:
-        "benchmarks/train_tokenizer/{tok}.tsv"
+        "results/timings/train_tokenizer/{tok}.tsv"
     conda:
         "../../envs/workflow.yaml"
     threads: 4
@@ -55,7 +55,7 @@ rule tokenize:
     log:
         "logs/tokenize/{tok}/{source}/{shard}.log",
     benchmark:
-        "benchmarks/tokenize/{tok}/{source}/{shard}.tsv"
+        "results/timings/tokenize/{tok}/{source}/{shard}.tsv"
     conda:
         "../../envs/workflow.yaml"
     threads: 4
@@ -79,7 +79,7 @@ rule merge_tokenized:
     log:
         "logs/merge_tokenized/{tok}/{source}.log",
     benchmark:
-        "benchmarks/merge_tokenized/{tok}/{source}.tsv"
+        "results/timings/merge_tokenized/{tok}/{source}.tsv"
     conda:
         "../../envs/workflow.yaml"
     resources:

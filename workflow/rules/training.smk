@@ -52,7 +52,7 @@ rule prepare_data_cache:
     log:
         "logs/prepare_data_cache/{experiment}.log",
     benchmark:
-        "benchmarks/prepare_data_cache/{experiment}.tsv"
+        "results/timings/prepare_data_cache/{experiment}.tsv"
     wildcard_constraints:
         experiment="|".join(EXPERIMENTS) or "NONE",
     conda:
@@ -80,7 +80,7 @@ rule train_segment:
     log:
         main="logs/train_segment/{experiment}/seg{k}.log",
     benchmark:
-        "benchmarks/train_segment/{experiment}/seg{k}.tsv"
+        "results/timings/train_segment/{experiment}/seg{k}.tsv"
     wildcard_constraints:
         experiment="|".join(EXPERIMENTS) or "NONE",
         k=r"[1-9]\d*",

@@ -36,7 +36,7 @@ rule pack_lmdb:
     log:
         "logs/pack_lmdb/{dataset}/{split}.log",
     benchmark:
-        "benchmarks/pack_lmdb/{dataset}/{split}.tsv"
+        "results/timings/pack_lmdb/{dataset}/{split}.tsv"
     wildcard_constraints:
         dataset="|".join(IMAGE_DATASETS) or "NONE",
         split="train|val",

@@ -286,6 +286,21 @@ def shard_documents(
         yield from _file_blocks(files, lambda path: path, cfg, shard, num_shards)
         return
     mirror_root = os.environ.get("HPCLLM_HF_MIRROR")
+    if hub_mirror(cfg, mirror_root):
+        yield from _hub_documents(name, cfg, shard, num_shards, mirror_root)
+        return
+    check_hub_reachable(name, cfg)
+    try:
+        yield from _hub_documents(name, cfg, shard, num_shards, mirror_root)
+    except Exception as e:
+        if not _is_connection_error(e):
+            raise
+        raise SourceError(hub_unreachable(name, cfg, f"{type(e).__name__}: {e}")) from None
+
+
+def _hub_documents(
+    name: str, cfg: dict[str, Any], shard: int, num_shards: int, mirror_root: str | None
+) -> Iterator[Document | BadRecord]:
     if reads_files_directly(cfg):
         repo = Repository(cfg, hub_mirror(cfg, mirror_root))
         try:
@@ -309,6 +324,56 @@ def shard_documents(
         total = sum(1 for _ in ds)
         stream = _datasets_records(ds, label, text_field, id_field)
         yield from itertools.islice(stream, *block(total, shard, num_shards))
+
+
+_TRUE = ("1", "on", "yes", "true")
+
+
+def hub_unreachable(name: str, cfg: dict[str, Any], detail: str) -> str:
+    """The error for a hub source read without a mirror where the hub cannot be reached."""
+    repo = cfg["dataset"]
+    return (
+        f"text.sources.{name}: cannot reach the Hugging Face hub for {repo} ({detail}). "
+        "Where there is no internet (compute nodes, offline machines), read a mirror: "
+        "download the repository once where there is internet (`hf download "
+        f"{repo} --repo-type dataset --local-dir <dir>/{repo}`, --include to take part of "
+        f"it), then set `mirror: <dir>/{repo}` on the source, or export "
+        "HPCLLM_HF_MIRROR=<dir> (the repository id is appended); see docs/text.md, "
+        "'Offline, from a mirror'"
+    )
+
+
+def _is_connection_error(e: BaseException) -> bool:
+    """An error of the network path to the hub (as datasets, huggingface_hub, requests
+    and httpx raise it), not of the data."""
+    names = {c.__name__ for c in type(e).__mro__}
+    return bool(
+        names & {"ConnectionError", "ConnectError", "ConnectTimeout", "LocalEntryNotFoundError"}
+    )
+
+
+def check_hub_reachable(name: str, cfg: dict[str, Any], timeout: float = 10.0) -> None:
+    """Fail at once, naming the mirror, when the hub's host cannot be connected to
+    (huggingface_hub retries for about 35 s before its bare ConnectionError). Skipped in
+    offline mode (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE: read from the local cache) and
+    behind a proxy (a direct connection says nothing there)."""
+    if any(
+        os.environ.get(v, "").lower() in _TRUE for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    ):
+        return
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return
+    import socket
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    url = urlsplit(constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=timeout).close()
+    except OSError as e:
+        raise SourceError(hub_unreachable(name, cfg, f"{constants.ENDPOINT}: {e}")) from None
 
 
 def _count_records(path: str, cfg: dict[str, Any]) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from hpcllm.text.tokenization import check_tokenizer, load_tokenizer, tokenizer_from_gpt2_files
@@ -14,6 +16,36 @@ def tokenizer_files(name: str, cfg: dict[str, Any]) -> list[str]:
     if cfg.get("tokenizer_json"):
         return [cfg["tokenizer_json"]]
     return [cfg["vocab_file"], cfg["merges_file"]]
+
+
+def retrain_warning(
+    name: str,
+    cfg: dict[str, Any],
+    sources: Iterable[str],
+    shards_of: Callable[[str], list[str]],
+    exists: Callable[[str], bool] = os.path.exists,
+) -> str | None:
+    """Why a trained tokenizer that trains on every source will be trained again: a source
+    with no shard yet (one just added) is new training data. Snakemake says only "Set of
+    input files has changed"; this names the sources and the pin that keeps the tokenizer.
+    """
+    if cfg["type"] != "train" or cfg.get("sources"):
+        return None
+    if not exists(f"data/tokenizers/{name}/tokenizer.json"):
+        return None
+    sources = list(sources)
+    new = [s for s in sources if not any(exists(p) for p in shards_of(s))]
+    if not new:
+        return None
+    old = [s for s in sources if s not in new]
+    return (
+        f"text.tokenizers.{name} trains on every source (it has no sources:), and "
+        f"{', '.join(new)} {'is' if len(new) == 1 else 'are'} new (no shard downloaded yet): "
+        f"{name} will be trained again, every dataset tokenized with it made again, and the "
+        "training runs and benchmarks that read them rerun. To keep the trained tokenizer, "
+        f"pin the sources it was trained on: text.tokenizers.{name}.sources: "
+        f"[{', '.join(old)}] (in your --configfile)"
+    )
 
 
 def gpt2_files(name: str, cfg: dict[str, Any]) -> tuple[str, str]:

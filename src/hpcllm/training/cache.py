@@ -130,7 +130,7 @@ def build_index_cache(prepared, folder: str | os.PathLike, manifest: str | os.Pa
         "built": [len(d) if d is not None else 0 for d in datasets],
         "files": files,
     }
-    # No timings here (benchmarks/prepare_data_cache/ has them): the manifest is data,
+    # No timings here (results/timings/prepare_data_cache/ has them): the manifest is data,
     # identical between identical runs.
     with atomic_path(manifest) as tmp:
         tmp.write_text(json.dumps(record, indent=2) + "\n")

@@ -555,7 +555,11 @@ def prepare_experiment(name: str, raw: dict[str, Any], text: dict[str, Any], clu
     exp.setdefault("save_interval", exp["iterations_per_segment"])
     exp.setdefault("eval_interval", exp["iterations_per_segment"])
     exp.setdefault("eval_iters", 1)
-    if exp["eval_iters"] and parse_split(data["split"])[1] == 0:
+    try:  # at plan time, whatever eval_iters is: a job would fail on it later
+        split = parse_split(data["split"])
+    except ValueError as e:
+        raise ValueError(f"training.experiments.{name}.data.split: {e}") from None
+    if exp["eval_iters"] and split[1] == 0:
         raise ValueError(
             f"training.experiments.{name}: eval_iters is {exp['eval_iters']} but data.split "
             f"'{data['split']}' gives the validation split no share; give it one (e.g. "

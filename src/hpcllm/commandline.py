@@ -1,0 +1,102 @@
+"""Command-line traps of Snakemake's config options, caught before the config is checked.
+
+- ``--configfile`` takes every word up to the next option, so a target written after it
+  is read as a config file (``snakemake --configfile my.yaml results/x.json``);
+- a second ``--configfile`` replaces the first (argparse keeps the last list);
+- a YAML syntax error in the built-in config file is reported by Snakemake without file or
+  line (a ``--configfile``'s is too, but Snakemake reads those before the Snakefile).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+# Folders the workflow writes its outputs to: a file there is a target, not a config.
+OUTPUT_FOLDERS = ("data", "results", "logs", "checkpoints", "containers", "plots")
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+_CONFIGFILE_OPTIONS = ("--configfile", "--configfiles")
+
+
+def _shown(path: Path, workdir: Path) -> str:
+    try:
+        return os.path.relpath(path, workdir) if path.is_absolute() else str(path)
+    except ValueError:
+        return str(path)
+
+
+def target_like_configfiles(
+    configfiles: Iterable[str | os.PathLike], workdir: str | os.PathLike
+) -> list[str]:
+    """A warning for each config file that looks like a target of the workflow."""
+    workdir = Path(workdir).absolute()
+    warnings = []
+    for raw in configfiles:
+        path = Path(raw)
+        shown = _shown(path if path.is_absolute() else workdir / path, workdir)
+        parts = Path(shown).parts
+        if parts and parts[0] in OUTPUT_FOLDERS:
+            why = f"it is under {parts[0]}/, where the workflow writes its outputs"
+        elif path.suffix.lower() not in CONFIG_SUFFIXES:
+            why = f"its name does not end in {', '.join(CONFIG_SUFFIXES)}"
+        else:
+            continue
+        warnings.append(
+            f"--configfile {shown}: this looks like a target, not a config file ({why}). "
+            "Every word after --configfile up to the next option is read as a config file: "
+            f"name targets first (snakemake {shown} --configfile my.yaml) or end the list "
+            "with -- (snakemake --configfile my.yaml -- " + shown + ")"
+        )
+    return warnings
+
+
+def repeated_configfile(argv: Sequence[str]) -> str | None:
+    """A warning when ``--configfile`` is given more than once (only the last one counts)."""
+    groups: list[list[str]] = []
+    words = iter(argv[1:])
+    current: list[str] | None = None
+    for word in words:
+        option, eq, value = word.partition("=")
+        if option in _CONFIGFILE_OPTIONS:
+            current = [value] if eq else []
+            groups.append(current)
+        elif word.startswith("-"):
+            current = None
+        elif current is not None:
+            current.append(word)
+    if len(groups) < 2:
+        return None
+    dropped = [f for group in groups[:-1] for f in group]
+    every = [f for group in groups for f in group]
+    return (
+        f"--configfile is given {len(groups)} times: Snakemake reads only the last one's "
+        f"files ({' '.join(groups[-1]) or 'none'}) and ignores {' '.join(dropped) or 'the others'}. "
+        f"Give every file after one --configfile: --configfile {' '.join(every)}"
+    )
+
+
+def yaml_syntax_error(path: str | os.PathLike) -> str | None:
+    """``file:line:column: problem`` for a YAML file that does not parse, else None."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            yaml.safe_load(f)
+    except OSError:
+        return None  # Snakemake says the file is missing
+    except yaml.MarkedYAMLError as e:
+        # Where the construct that is not closed began (e.g. a "[" without "]"), else
+        # where the parser stopped; the latter is added when both are known.
+        mark = e.context_mark or e.problem_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = " ".join(p for p in (e.context, e.problem) if p)
+        found = ""
+        if e.context_mark and e.problem_mark:
+            found = (
+                f" (found at line {e.problem_mark.line + 1}, column {e.problem_mark.column + 1})"
+            )
+        return f"{where}: YAML syntax error: {problem}{found}"
+    except yaml.YAMLError as e:
+        return f"{path}: YAML syntax error: {e}"
+    return None

@@ -1,0 +1,154 @@
+"""Plan-time messages about the config and the command line: they say why, and what to do."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from support import REPO, run_snakemake
+
+from hpcllm.commandline import repeated_configfile, target_like_configfiles, yaml_syntax_error
+from hpcllm.text.tokenizers_config import retrain_warning
+
+BUILT_IN = ("sample_en", "sample_multilingual", "fineweb")
+
+
+def shards_of(source):
+    return [f"data/raw/{source}/{k:04d}.jsonl.zst" for k in range(2)]
+
+
+def test_a_tokenizer_a_new_source_retrains_says_why_and_how_to_pin_it():
+    cfg = {"type": "train", "vocab_size": 8000}
+    made = {"data/tokenizers/bpe/tokenizer.json", *shards_of("en"), *shards_of("de")}
+    warning = retrain_warning("bpe", cfg, ["en", "de", "web"], shards_of, made.__contains__)
+    assert "text.tokenizers.bpe trains on every source (it has no sources:)" in warning
+    assert "web is new (no shard downloaded yet): bpe will be trained again" in warning
+    assert warning.endswith("text.tokenizers.bpe.sources: [en, de] (in your --configfile)")
+    # Nothing to say: not trained yet, pinned, nothing new, or a tokenizer from files.
+    assert (
+        retrain_warning("bpe", cfg, ["en", "web"], shards_of, set(shards_of("en")).__contains__)
+        is None
+    )
+    pinned = {**cfg, "sources": ["en", "de"]}
+    assert retrain_warning("bpe", pinned, ["en", "de", "web"], shards_of, made.__contains__) is None
+    assert retrain_warning("bpe", cfg, ["en", "de"], shards_of, made.__contains__) is None
+    files = {"type": "files", "tokenizer_json": "t.json"}
+    assert retrain_warning("bpe", files, ["en", "web"], shards_of, made.__contains__) is None
+
+
+def test_a_target_passed_as_a_config_file_is_named(tmp_path):
+    warnings = target_like_configfiles(
+        [tmp_path / "my.yaml", tmp_path / "results/train/x/seg1.json", tmp_path / "notes.txt"],
+        tmp_path,
+    )
+    assert len(warnings) == 2
+    assert warnings[0].startswith(
+        "--configfile results/train/x/seg1.json: this looks like a target, not a config file "
+        "(it is under results/, where the workflow writes its outputs)"
+    )
+    assert "snakemake results/train/x/seg1.json --configfile my.yaml" in warnings[0]
+    assert "(its name does not end in .yaml, .yml, .json)" in warnings[1]
+
+
+def test_a_second_configfile_option_is_named_with_what_it_drops():
+    argv = ["snakemake", "-n", "--configfile", "a.yaml", "b.yaml", "--cores", "2"]
+    assert repeated_configfile(argv) is None
+    warning = repeated_configfile([*argv, "--configfile=c.yaml", "-p"])
+    assert warning == (
+        "--configfile is given 2 times: Snakemake reads only the last one's files (c.yaml) "
+        "and ignores a.yaml b.yaml. Give every file after one --configfile: --configfile "
+        "a.yaml b.yaml c.yaml"
+    )
+
+
+def test_a_yaml_syntax_error_names_file_line_and_column(tmp_path):
+    path = tmp_path / "my.yaml"
+    path.write_text("text:\n  tokenize:\n    encoder: hf\n  sources: [a, b\nvision: {}\n")
+    error = yaml_syntax_error(path)
+    assert error.startswith(f"{path}:4:12: YAML syntax error: while parsing a flow sequence")
+    assert error.endswith("(found at line 5, column 7)")
+    assert "YAML syntax error" in error and "flow sequence" in error
+    path.write_text("text:\n  tokenize: {}\n")
+    assert yaml_syntax_error(path) is None
+
+
+@pytest.mark.workflow
+def test_a_dry_run_says_why_a_new_source_retrains_the_tokenizer(workdir):
+    # As after a run of the built-in config: the tokenizer and every source's shards exist.
+    for path in [
+        "data/tokenizers/sample_bpe/tokenizer.json",
+        *(p for s in BUILT_IN for p in shards_of(s)),
+    ]:
+        (workdir / path).parent.mkdir(parents=True, exist_ok=True)
+        (workdir / path).write_text("")
+    (workdir / "extra.jsonl").write_text('{"text": "one more source"}\n')
+    (workdir / "extra.yaml").write_text(
+        "text:\n  sources:\n    extra:\n      type: local\n      files: extra.jsonl\n      shards: 1\n"
+    )
+    proc = run_snakemake(
+        workdir,
+        "-n",
+        "data/tokenized/sample_bpe/extra_text_document.bin",
+        "--configfile",
+        "extra.yaml",
+    )
+    out = proc.stdout + proc.stderr
+    assert (
+        "Warning: text.tokenizers.sample_bpe trains on every source (it has no sources:), and "
+        "extra is new (no shard downloaded yet)" in out
+    ), out[-3000:]
+    assert (
+        "text.tokenizers.sample_bpe.sources: [sample_en, sample_multilingual, fineweb]"
+        in out
+    )
+
+
+@pytest.mark.workflow
+def test_a_dry_run_names_config_traps_of_the_command_line(workdir):
+    (workdir / "a.yaml").write_text("max_gpu_hours: 10\n")
+    (workdir / "results/train/x").mkdir(parents=True)
+    (workdir / "results/train/x/seg1.json").write_text('{"iterations": 10}\n')
+    proc = run_snakemake(
+        workdir,
+        "-n",
+        "--configfile",
+        "a.yaml",
+        "--configfile",
+        "a.yaml",
+        "results/train/x/seg1.json",
+        check=False,
+    )
+    out = proc.stdout + proc.stderr
+    assert "Warning: --configfile results/train/x/seg1.json: this looks like a target" in out
+    assert "Warning: --configfile is given 2 times" in out
+
+
+@pytest.mark.workflow
+def test_a_bad_training_split_names_its_key_at_plan_time(workdir):
+    (workdir / "split.yaml").write_text(
+        "training:\n  experiments:\n    tiny_local:\n      data:\n        split: '98;2'\n"
+    )
+    proc = run_snakemake(workdir, "-n", "--configfile", "split.yaml", check=False)
+    assert proc.returncode != 0
+    assert (
+        "training.experiments.tiny_local.data.split: split '98;2': not a comma-separated list"
+        in proc.stdout + proc.stderr
+    )
+
+
+@pytest.mark.workflow
+def test_a_yaml_syntax_error_in_the_built_in_config_names_its_line(tmp_path):
+    work = tmp_path / "work"
+    shutil.copytree(REPO / "config", work / "config")
+    for name in ("resources", "profiles"):
+        (work / name).symlink_to(REPO / name)
+    text = (work / "config/config.yaml").read_text()
+    (work / "config/config.yaml").write_text(text.replace("shards: 2", "shards: [2", 1))
+    line = text[: text.index("shards: 2")].count("\n") + 1
+    proc = run_snakemake(work, "-n", check=False)
+    assert proc.returncode != 0
+    col = text.splitlines()[line - 1].index("shards") + len("shards: [")
+    assert f"config/config.yaml:{line}:{col}: YAML syntax error: while parsing a flow sequence" in (
+        proc.stdout + proc.stderr
+    ), (proc.stdout + proc.stderr)[-3000:]
+    assert "YAML syntax error" in proc.stdout + proc.stderr
