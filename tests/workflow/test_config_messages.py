@@ -97,10 +97,7 @@ def test_a_dry_run_says_why_a_new_source_retrains_the_tokenizer(workdir):
         "Warning: text.tokenizers.sample_bpe trains on every source (it has no sources:), and "
         "extra is new (no shard downloaded yet)" in out
     ), out[-3000:]
-    assert (
-        "text.tokenizers.sample_bpe.sources: [sample_en, sample_multilingual, fineweb]"
-        in out
-    )
+    assert "text.tokenizers.sample_bpe.sources: [sample_en, sample_multilingual, fineweb]" in out
 
 
 @pytest.mark.workflow
