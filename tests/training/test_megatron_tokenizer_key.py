@@ -73,3 +73,24 @@ def test_a_given_tokenizer_that_would_need_the_hub_is_named_at_plan_time(trained
     for name in ("tokenizer.json", "tokenizer_config.json"):  # as the warning says
         (tmp_path / name).write_bytes((trained / name).read_bytes())
     assert hub_tokenizer_warning("exp", "megatron", given, files, "<|endoftext|>") is None
+
+
+def test_the_key_was_verified_at_the_pinned_megatron_lm():
+    """Megatron-LM's tokenizer identity changes between commits (at its newest commit
+    when this was written: another class name and a use_gigatoken entry): a pin moved
+    without re-verifying the key would make every GPU job rebuild the index silently."""
+    from hpcllm.training.cache import MEGATRON_TOKENIZER_KEY_VERIFIED, tokenizer_key_format_digest
+    from hpcllm.training.megatron_args import MEGATRON_LM_COMMIT
+
+    verified, digest = MEGATRON_TOKENIZER_KEY_VERIFIED
+    now = (MEGATRON_LM_COMMIT, tokenizer_key_format_digest())
+    assert (verified, digest) == now, (
+        f"hpcllm.training.cache.MegatronTokenizerKey was verified at Megatron-LM "
+        f"{verified[:12]} (key format {digest}); now the pin is {MEGATRON_LM_COMMIT[:12]} and "
+        f"the key format {now[1]}. Re-verify the key against the pinned Megatron-LM: "
+        f"git -C Megatron-LM archive {MEGATRON_LM_COMMIT} | tar -x -C DIR; then "
+        "MEGATRON_LM_DIR=DIR pytest tests/training/test_megatron_conformance.py -k index_cache "
+        "(scripts/megatron_lm_parser.py datasets loads the cache prepare_data_cache built and "
+        "must build nothing); change MegatronTokenizerKey until it passes, then record "
+        f"MEGATRON_TOKENIZER_KEY_VERIFIED = {now!r} in hpcllm/training/cache.py"
+    )

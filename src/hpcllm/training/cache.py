@@ -18,6 +18,7 @@ itself: tests/training/test_megatron_conformance.py checks it with Megatron-LM's
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 from collections import OrderedDict
@@ -31,6 +32,16 @@ from hpcllm.atomic import atomic_path
 MEGATRON_TEXT_TOKENIZER = (
     "megatron.core.tokenizers.text.models.default_tokenizer.DefaultTokenizerText"
 )
+
+
+# The Megatron-LM commit MegatronTokenizerKey was last verified against, and the digest of
+# the key's format then (tokenizer_key_format_digest). Moving the pin (megatron_args.
+# MEGATRON_LM_COMMIT) or changing the key fails tests/training/test_megatron_tokenizer_key.py
+# until both are re-verified together: Megatron-LM's newest commit at the time of writing
+# (d98e8a64, 2026-08-22) names the class megatron.core.tokenizers.text.text_tokenizer.
+# MegatronTokenizerText (its #6622 dropped DefaultTokenizerText) and adds use_gigatoken
+# (#6514), so with this key its GPU jobs would rebuild every index instead of loading it.
+MEGATRON_TOKENIZER_KEY_VERIFIED = ("5be9626709af2722333bf54797c954c09edeada3", "757172ee36db67b0")
 
 
 class MegatronTokenizerKey:
@@ -66,6 +77,18 @@ class MegatronTokenizerKey:
         self.vocab_size = vocab_size
         self.eod = eod
         self.special_tokens_dict: dict = {}
+
+
+def tokenizer_key_format_digest() -> str:
+    """A digest of MegatronTokenizerKey's identities (names, order, values) for a fixed
+    tokenizer folder and a fixed pair of vocab and merges files: what Megatron Core's
+    cache file names hash (its MD5 of the dataset's unique identifiers, in order)."""
+    keys = [
+        MegatronTokenizerKey("TOKENIZER_FOLDER", "VOCAB", "MERGES", 0, 0),
+        MegatronTokenizerKey(None, "VOCAB", "MERGES", 0, 0),
+    ]
+    text = json.dumps([list(k.unique_identifiers.items()) for k in keys])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @contextlib.contextmanager
