@@ -36,6 +36,14 @@ CACHE_DIRS = {
     "HPCLLM_DATA_CACHE": "dataset_index",  # Megatron's --data-cache-path
 }
 
+# How a site makes the container images (docs/clusters.md, "Containers"):
+# definition: the runtime builds envs/<image>.def (`apptainer build [--fakeroot]`);
+# cotainr: cotainr builds a conda environment (envs/<image>.cotainr.yml plus
+#   envs/requirements.txt) on the site's base image, where the runtime cannot build;
+# copy: the site builds nothing; the image is built elsewhere and copied to
+#   containers/<image>.sif, where the workflow takes it as it is.
+BUILD_METHODS = ("definition", "cotainr", "copy")
+
 _STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
 _STRING_LIST = {"type": "array", "items": {"type": "string"}}
 _PARTITION = {"type": ["string", "null"]}
@@ -84,9 +92,17 @@ SCHEMA: dict[str, Any] = {
             "type": "object",
             "additionalProperties": False,
             "properties": {
+                "method": {"enum": list(BUILD_METHODS)},
                 "fakeroot": {"type": "boolean"},
                 "on_compute_node": {"type": "boolean"},
+                "base_image": {"type": "string"},
             },
+        },
+        "internet": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["login", "compute"],
+            "properties": {"login": {"type": "boolean"}, "compute": {"type": "boolean"}},
         },
         "container_binds": _STRING_LIST,
         "local_storage": {"type": "string"},
@@ -119,8 +135,18 @@ class Partitions:
 
 @dataclass(frozen=True)
 class ContainerBuild:
+    method: str = "definition"  # one of BUILD_METHODS
     fakeroot: bool = False  # `build --fakeroot`: sites without root builds need it
     on_compute_node: bool = False  # the site forbids builds on login nodes
+    base_image: str = ""  # cotainr's --base-image (the site's own image with ROCm/CUDA)
+
+
+@dataclass(frozen=True)
+class Internet:
+    """Which nodes reach the internet (hub downloads, registries, pip)."""
+
+    login: bool = True  # where Snakemake runs: downloads and most image builds
+    compute: bool = False  # where the jobs run
 
 
 @dataclass(frozen=True)
@@ -135,6 +161,7 @@ class Cluster:
     partitions: Partitions
     container_runtime: str  # "apptainer", "singularity" or "none" (a bare-metal venv)
     container_build: ContainerBuild
+    internet: Internet
     container_binds: tuple[str, ...]
     local_storage: str  # node-local directory; may contain $VARS expanded in the job
     scratch: str  # the project's scratch space; may contain $VARS expanded in the job
@@ -217,6 +244,12 @@ def load_cluster(
         raise ClusterError(
             f"{path} is not a valid cluster file (see docs/clusters.md):\n" + "\n".join(lines)
         )
+    build = raw.get("container_build", {})
+    if build.get("method") == "cotainr" and not build.get("base_image"):
+        raise ClusterError(
+            f"{path}: container_build.method is cotainr, which needs container_build.base_image "
+            "(the site's base image with its GPU stack, a path or docker://...)"
+        )
     gpus = raw["gpus_per_node"]
     if gpus > 0 and not raw.get("gpu"):
         raise ClusterError(f"{path}: gpus_per_node is {gpus} but `gpu:` (type, memory) is missing")
@@ -240,7 +273,8 @@ def load_cluster(
         cpu_arch=raw.get("cpu_arch", "x86_64"),
         partitions=Partitions(**partitions),
         container_runtime=raw["container_runtime"],
-        container_build=ContainerBuild(**raw.get("container_build", {})),
+        container_build=ContainerBuild(**build),
+        internet=Internet(**raw.get("internet", {})),
         container_binds=tuple(raw.get("container_binds", ())),
         local_storage=raw["local_storage"],
         scratch=raw["scratch"],

@@ -1,8 +1,15 @@
-"""Container images: which one a step uses, and building it with Apptainer/Singularity.
+"""Container images: which one a step uses, and building it the site's way.
 
-An image is built from ``envs/<image>.def`` into ``containers/<image>.sif`` next to a
-digest file (sha256 of the image and of its definition, the runtime's version), so a
-run's results can name the exact software they came from.
+Per site (``container_build.method`` in config/clusters/<name>.yaml):
+- ``definition``: Apptainer/Singularity builds ``envs/<image>.def``;
+- ``cotainr``: cotainr builds a conda environment, ``envs/<image>.cotainr.yml`` with the
+  packages of ``envs/requirements.txt`` added to its pip list, on the site's base image
+  (LUMI: no fakeroot, no user namespaces, so no ``%post`` with apt-get);
+- ``copy``: nothing is built there; the image is built elsewhere and copied to
+  ``containers/<image>.sif`` (:func:`image_plan_error` says so at plan time).
+A build writes ``containers/<image>.sif`` next to a digest file (sha256 of the image and of
+its recipe, the tool's version), so a run's results can name the exact software they came
+from.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from hpcllm.atomic import atomic_paths
 from hpcllm.clusters import Cluster
@@ -61,6 +70,136 @@ def runtime_executable(cluster: Cluster, which=shutil.which) -> str:
             "none there to run the steps in a bare-metal virtual environment."
         )
     return path
+
+
+def build_executable(cluster: Cluster, which=shutil.which) -> str:
+    """The path of the tool that builds the cluster's images (its runtime, or cotainr)."""
+    if cluster.container_build.method != "cotainr":
+        return runtime_executable(cluster, which)
+    path = which("cotainr")
+    if path is None:
+        raise ContainerRuntimeError(
+            f"'cotainr' is not on the PATH of this machine, but {cluster.path} builds images "
+            "with it (container_build.method: cotainr). Load it as the site documents "
+            "(LUMI: `module load CrayEnv cotainr`) and plan again."
+        )
+    return path
+
+
+def cotainr_recipe(definition: str | os.PathLike) -> Path:
+    """The conda environment template of an image: ``envs/<image>.cotainr.yml`` beside
+    its ``envs/<image>.def``."""
+    definition = Path(definition)
+    return definition.with_name(definition.stem + ".cotainr.yml")
+
+
+def recipe_path(cluster: Cluster, definition: str | os.PathLike) -> Path:
+    """What the cluster's build method reads: the definition, or its cotainr template."""
+    if cluster.container_build.method == "cotainr":
+        return cotainr_recipe(definition)
+    return Path(definition)
+
+
+_REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+def requirement_lines(path: str | os.PathLike) -> list[str]:
+    """The requirement lines of a pip requirements file (comments and blanks left out)."""
+    lines = []
+    for line in Path(path).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            lines.append(line)
+    return lines
+
+
+def cotainr_env(template: Mapping[str, Any], requirements: Sequence[str]) -> dict[str, Any]:
+    """The conda environment cotainr installs: ``template`` (python, the site's GPU build of
+    PyTorch, Megatron-LM at the pin) with ``requirements`` appended to its pip list; a
+    package the template already names keeps the template's line."""
+    env = json.loads(json.dumps(dict(template)))  # a deep copy of plain YAML data
+    deps = env.setdefault("dependencies", [])
+    pip = next((d["pip"] for d in deps if isinstance(d, dict) and "pip" in d), None)
+    if pip is None:
+        pip = []
+        deps.append({"pip": pip})
+    if not any(isinstance(d, str) and re.match(r"pip\b", d) for d in deps):
+        deps.insert(0, "pip")
+
+    def name(line: str) -> str | None:
+        m = _REQUIREMENT_NAME.match(line)
+        return m[1].lower().replace("_", "-") if m and not line.startswith("-") else None
+
+    named = {name(line) for line in pip} - {None}
+    pip += [line for line in requirements if name(line) not in named]
+    return env
+
+
+def missing_index(env: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> str | None:
+    """A message when the environment asks for local-version wheels (``torch==2.6.0+rocm6.2.4``)
+    but pip is given no extra index to find them in."""
+    pip = next((d["pip"] for d in env.get("dependencies", []) if isinstance(d, dict)), [])
+    local = [line for line in pip if re.search(r"==[^ ;]*\+", line)]
+    if not local or environ.get("PIP_EXTRA_INDEX_URL") or any("index-url" in x for x in pip):
+        return None
+    return (
+        f"{', '.join(local)} are builds that only their project's own wheel index serves "
+        "(PyTorch's for the ROCm version, pytorch.org 'Get started'): export "
+        "PIP_EXTRA_INDEX_URL=<that index> and build again"
+    )
+
+
+def cotainr_command(
+    executable: str | os.PathLike, sif: Path, base_image: str, conda_env: Path
+) -> list[str]:
+    return [
+        str(executable),
+        "build",
+        str(sif),
+        f"--base-image={base_image}",
+        f"--conda-env={conda_env}",
+        "--accept-licenses",  # Miniforge's licence: the build runs without a terminal
+    ]
+
+
+def image_plan_error(
+    cluster: Cluster, image: str, sif: str | os.PathLike, definition: str | os.PathLike
+) -> str | None:
+    """Why ``sif`` can be neither found nor built for ``cluster`` (None when it can).
+
+    An image in place is taken as it is where the site builds nothing (``copy``). Else the
+    build needs the internet (the base image, packages) where it runs: the login node, or
+    a compute node where the site builds there.
+    """
+    build = cluster.container_build
+    where = f"{cluster.path}: container_build"
+    stage = (
+        f"Build it on a machine with internet and root or fakeroot (`apptainer build "
+        f"--fakeroot {image}.sif {image}.def` in envs/, for the GPU nodes' {cluster.cpu_arch}) "
+        f"and copy it to {os.path.abspath(sif)}"
+    )
+    if Path(sif).is_file():
+        return None
+    if build.method == "copy":
+        return (
+            f"containers/{image}.sif is missing: {cluster.description} builds no images "
+            f"({where}.method: copy). {stage}; it is then used as it is, never rebuilt."
+        )
+    nodes = "compute" if build.on_compute_node else "login"
+    if not getattr(cluster.internet, nodes):
+        return (
+            f"containers/{image}.sif is missing and cannot be built here: building it "
+            f"downloads its base image and packages, but the {nodes} nodes of "
+            f"{cluster.description} have no internet ({cluster.path}: internet.{nodes}). "
+            f"{stage}, and set {where}.method: copy."
+        )
+    if build.method == "cotainr" and not cotainr_recipe(definition).is_file():
+        return (
+            f"{cotainr_recipe(definition)} is missing: {cluster.description} builds "
+            f"{image} with cotainr ({where}.method), from that conda environment file "
+            "(python, the site's PyTorch build, Megatron-LM; envs/requirements.txt is added)."
+        )
+    return None
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
@@ -162,6 +301,75 @@ def build_image(
             "runtime": version,
             "arch": platform.machine(),
             "command": cmd,
+        }
+        tmp_digest.write_text(json.dumps(record, indent=2) + "\n")
+    log.info("built %s, sha256 %s", sif, record["sha256"])
+    return record
+
+
+def build_image_cotainr(
+    executable: str | os.PathLike,
+    template: str | os.PathLike,
+    sif: str | os.PathLike,
+    digest: str | os.PathLike,
+    *,
+    base_image: str,
+    requirements: str | os.PathLike | None = None,
+    cpu_arch: str | None = None,
+    scratch: str | None = None,
+    environ: Mapping[str, str] = os.environ,
+) -> dict[str, Any]:
+    """Build ``sif`` with cotainr from the conda environment ``template`` plus the lines of
+    ``requirements`` (default: ``requirements.txt`` beside the template) on
+    ``base_image``; write ``digest`` (JSON, the environment included); return the digest.
+
+    Both outputs appear only when the build succeeded; the environment file cotainr read
+    stays beside the image (``<image>.conda-env.yml``) for the record.
+    """
+    check_build_arch(cpu_arch)
+    template = Path(template).resolve()
+    sif = Path(sif).resolve()
+    requirements = Path(requirements or template.with_name("requirements.txt"))
+    env = cotainr_env(yaml.safe_load(template.read_text()) or {}, requirement_lines(requirements))
+    index_error = missing_index(env, environ)
+    if index_error:
+        raise RuntimeError(f"{template}: {index_error}")
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    if environ.get("PIP_EXTRA_INDEX_URL") and not any("index-url" in x for x in pip):
+        # in the file, not only in the environment: cotainr's build may not pass it on,
+        # and the record then says where the wheels came from
+        pip.insert(0, f"--extra-index-url {environ['PIP_EXTRA_INDEX_URL']}")
+    env_text = yaml.safe_dump(env, sort_keys=False)
+    env_file = sif.with_name(sif.name.removesuffix(".sif") + ".conda-env.yml")
+    version = subprocess.run(
+        [str(executable), "--version"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    with atomic_paths(sif, env_file, digest) as (tmp_sif, tmp_env, tmp_digest):
+        tmp_env.write_text(env_text)
+        cmd = cotainr_command(executable, tmp_sif, base_image, tmp_env)
+        log.info("building %s: %s", sif.name, " ".join(cmd))
+        proc = subprocess.run(
+            cmd, cwd=template.parent, capture_output=True, text=True, env=build_env(scratch)
+        )
+        for line in (proc.stdout + proc.stderr).splitlines():
+            log.info("%s", line)
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"building {sif.name} with cotainr from {template} failed (exit "
+                f"{proc.returncode}); the build output is in this log above"
+            )
+        record = {
+            "image": sif.name,
+            "sha256": sha256_file(tmp_sif),
+            "method": "cotainr",
+            "base_image": base_image,
+            "recipe": str(template),
+            "recipe_sha256": sha256_file(template),
+            "requirements_sha256": sha256_file(requirements),
+            "conda_env": env,
+            "runtime": version,
+            "arch": platform.machine(),
+            "command": cotainr_command(executable, sif, base_image, env_file),
         }
         tmp_digest.write_text(json.dumps(record, indent=2) + "\n")
     log.info("built %s, sha256 %s", sif, record["sha256"])

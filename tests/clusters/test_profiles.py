@@ -91,6 +91,16 @@ def small_sweeps(path) -> str:
     return str(path)
 
 
+def copy_images_in(name: str, workdir) -> None:
+    """Where the site builds no images (container_build.method: copy), the user copies
+    them in first, as the plan says (tests/clusters/test_site_containers_offline.py)."""
+    cluster = load_cluster(name, REPO / "config" / "clusters", environ=USER_ENV)
+    if cluster.container_build.method == "copy":
+        (workdir / "containers").mkdir(exist_ok=True)
+        for image in ("megatron-nvidia", "vision-nvidia", "megatron-rocm"):
+            (workdir / "containers" / f"{image}.sif").write_bytes(b"an image built elsewhere")
+
+
 @pytest.fixture(scope="module")
 def dry_runs(tmp_path_factory, no_slurm, imagenet_root):
     """The dry run of a profile with the opt-in files (each profile planned once)."""
@@ -99,6 +109,7 @@ def dry_runs(tmp_path_factory, no_slurm, imagenet_root):
     def plan(name: str) -> str:
         if name not in done:
             workdir = make_workdir(tmp_path_factory.mktemp(name))
+            copy_images_in(name, workdir)
             env = {**no_slurm, **USER_ENV, "HPCLLM_IMAGENET_ROOT": imagenet_root}
             # one --configfile with several files (a second --configfile replaces the first)
             sweeps = small_sweeps(workdir / "sweeps.yaml")
@@ -130,7 +141,8 @@ def test_dry_run_per_profile(name, dry_runs):
         assert resources["slurm_account"] == "proj0042", (rule, resources)
         expected = cluster.partitions.gpu if rule in GPU_RULES else cpu_partition
         assert resources["slurm_partition"] == expected, (rule, resources)
-    assert "build_container" in rules  # GPU steps run in the cluster's image
+    # GPU steps run in the cluster's image, built here unless the site builds none
+    assert ("build_container" in rules) == (cluster.container_build.method != "copy"), rules
     # the cost of what it would queue, before anything is queued, and the limit
     assert re.search(rf"Cost on {name} .*\n(  \w+: .*GPU-hours\n)+  total: ", out), out[-3000:]
     exp = opt_in_training()
@@ -151,6 +163,7 @@ def test_dag_per_profile(name, tmp_path, no_slurm, imagenet_root):
     if shutil.which("dot") is None:
         pytest.skip("Graphviz dot missing")
     workdir = make_workdir(tmp_path / "work")
+    copy_images_in(name, workdir)
     env = {**no_slurm, **USER_ENV, "HPCLLM_IMAGENET_ROOT": imagenet_root}
     dag = run_snakemake(workdir, "--dag", "--profile", f"profiles/{name}", env=env)
     svg = subprocess.run(

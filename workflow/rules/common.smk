@@ -8,7 +8,7 @@ sys.path.insert(0, os.path.join(workflow.basedir, "src"))
 from snakemake.utils import validate
 
 from hpcllm.configuration import SECTIONS, check_section
-from hpcllm.text.sources import resolve_local_files
+from hpcllm.text.sources import offline_source_error, resolve_local_files
 from hpcllm.text.tokenizers_config import retrain_warning, tokenizer_files
 
 check_section("", config, f"{workflow.basedir}/workflow/schemas/config.schema.yaml")
@@ -117,6 +117,22 @@ def source_min_documents(wildcards):
 
 def source_config(wildcards):
     return SOURCES[wildcards.source]
+
+
+def hub_source_reachable(wildcards):
+    """No input; stops the plan when the source is on the hub and downloads run where
+    there is no internet (config/clusters: internet.login), saying what to stage."""
+    problem = offline_source_error(
+        wildcards.source,
+        SOURCES[wildcards.source],
+        os.environ.get("HPCLLM_HF_MIRROR"),
+        online=CLUSTER.internet.login,
+        site=CLUSTER.description,
+        facts=CLUSTER.path,
+    )
+    if problem:
+        raise _WorkflowError(problem)
+    return []
 
 
 def source_num_shards(wildcards):
@@ -268,28 +284,41 @@ def containers_targets():
     return []  # built when a GPU step needs one (container_image)
 
 
-def container_image(purpose):
+def container_image(purpose, check=True):
     """[containers/<image>.sif] for a GPU step of ``purpose`` ("train", "vision"); [] without.
 
-    GPU rules list it as an input, so the image is built before them.
+    GPU rules list it as an input, so the image is built before them. With ``check``, an
+    image that can be neither found nor built here (a site without internet or builds)
+    stops the plan, saying where to put it.
     """
     image = image_for(CLUSTER, purpose, CONTAINERS["use"])
-    return [] if image is None else [f"containers/{image}.sif"]
+    if image is None:
+        return []
+    sif = f"containers/{image}.sif"
+    problem = check and image_plan_error(CLUSTER, image, sif, image_definition(image))
+    if problem:
+        raise WorkflowError(problem)
+    return [sif]
 
 
-def container_definition(wildcards):
-    """The image's definition file. Also where a missing runtime is caught: while the DAG
-    is built for a real run (a dry run or --dag only warns: it builds nothing)."""
-    path = CONTAINERS["images"][wildcards.image]
+def image_definition(image):
+    path = CONTAINERS["images"][image]
     if not os.path.isabs(path) and not os.path.exists(path):
         path = os.path.join(workflow.basedir, path)
+    return path
+
+
+def container_recipe(wildcards):
+    """What the site's build method reads: the definition file, or its cotainr conda
+    environment. Also where a missing build tool is caught: while the DAG is built for a
+    real run (a dry run or --dag only warns: it builds nothing)."""
     try:
-        runtime_executable(CLUSTER)
+        build_executable(CLUSTER)
     except ContainerRuntimeError as e:
         if workflow.executor_plugin is not None and not workflow.dryrun:
             raise WorkflowError(str(e))
         logger.warning(f"Warning: {e}")
-    return path
+    return str(recipe_path(CLUSTER, image_definition(wildcards.image)))
 
 
 # ---- training (the globals these use are set in training.smk)
@@ -402,13 +431,12 @@ def bench_point(wildcards):
     return BENCH_POINTS[wildcards.point]
 
 
-def bench_container(benchmark):
-    image = image_for(
-        CLUSTER,
-        "train" if benchmark == "language" else "vision",
-        config["containers"].get("use", {}),
-    )
-    return f"containers/{image}.sif" if image else None
+def bench_container(benchmark, check=False):
+    """The point's image (None without); ``check``: as an input, stop the plan when it
+    can be neither found nor built (container_image)."""
+    purpose = "train" if benchmark == "language" else "vision"
+    images = container_image(purpose, check)
+    return images[0] if images else None
 
 
 def bench_vision_inputs(wildcards):
@@ -417,7 +445,7 @@ def bench_vision_inputs(wildcards):
     if point.get("val_split"):
         inputs["val"] = f"data/vision/{point['dataset']}/{point['val_split']}.lmdb"
     if bench_container("vision"):
-        inputs["container"] = bench_container("vision")
+        inputs["container"] = bench_container("vision", check=True)
     return inputs
 
 
@@ -429,7 +457,7 @@ def bench_language_inputs(wildcards):
     if point.get("tokenizer"):
         inputs["tokenizer"] = point["tokenizer"]
     if bench_container("language"):
-        inputs["container"] = bench_container("language")
+        inputs["container"] = bench_container("language", check=True)
     return inputs
 
 

@@ -2,6 +2,8 @@
 
 
 rule download_text:
+    input:
+        hub_source_reachable,
     output:
         jsonl="data/raw/{source}/{shard}.jsonl.zst",
         manifest="data/raw/{source}/{shard}.manifest.json",

@@ -205,6 +205,40 @@ def _local_file_records(path: str, cfg: dict[str, Any]) -> Iterator[Document | B
         raise SourceError(f"{path}: unknown format '{fmt}' (one of {', '.join(LOCAL_FORMATS)})")
 
 
+def offline_source_error(
+    name: str,
+    cfg: dict[str, Any],
+    mirror_root: str | None,
+    *,
+    online: bool,
+    site: str,
+    facts: str,
+) -> str | None:
+    """Why the hub source ``name`` cannot be downloaded where downloads run (None when it
+    can): no internet there (``online`` false: the cluster's ``internet.login``) and no
+    mirror, or a mirror folder that is not there. ``site`` and ``facts`` name the cluster
+    and its facts file in the message."""
+    if cfg.get("type") != "hub" or (online and not (cfg.get("mirror") or mirror_root)):
+        return None
+    dataset = cfg["dataset"]
+    mirror = cfg.get("mirror") or (os.path.join(mirror_root, dataset) if mirror_root else None)
+    if mirror and os.path.isdir(mirror):
+        return None
+    stage = (
+        f"Download it where there is internet (`hf download --repo-type dataset {dataset} "
+        f"--local-dir <dir>`, `--include '<pattern>'` for a part), copy <dir> to the cluster "
+        f"and set text.sources.{name}.mirror: <dir>, or export HPCLLM_HF_MIRROR=<folder> "
+        f"with the copy at <folder>/{dataset}."
+    )
+    if mirror:
+        return f"text.sources.{name}: the hub mirror {mirror} of {dataset} does not exist. {stage}"
+    return (
+        f"text.sources.{name} downloads {dataset} from the Hugging Face hub, but the login "
+        f"nodes of {site}, where downloads run, have no internet ({facts}: internet.login). "
+        f"{stage}"
+    )
+
+
 def hub_mirror(cfg: dict[str, Any], mirror_root: str | None) -> str | None:
     """The local mirror of a hub source (``mirror``, or ``$HPCLLM_HF_MIRROR/<repo id>``)."""
     mirror = cfg.get("mirror") or (
