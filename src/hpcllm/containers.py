@@ -149,6 +149,48 @@ def missing_index(env: Mapping[str, Any], environ: Mapping[str, str] = os.enviro
     )
 
 
+_MEGATRON_PIP = re.compile(r"git\+(https://\S+/Megatron-LM\.git)@([0-9a-f]{40})")
+
+
+def megatron_pin(env: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(repository, commit) of the Megatron-LM a conda environment installs from git."""
+    for dep in env.get("dependencies", []):
+        for line in dep.get("pip", []) if isinstance(dep, dict) else []:
+            found = _MEGATRON_PIP.search(line)
+            if found:
+                return found[1], found[2]
+    return None
+
+
+def megatron_checkout_dir(scratch: str, commit: str) -> str:
+    """Where a cotainr image's Megatron-LM scripts live on the host, bound into the
+    container at /opt/Megatron-LM (config/clusters/lumi.yaml: container_binds)."""
+    return f"{scratch.rstrip('/')}/hpcllm-cache/Megatron-LM-{commit}"
+
+
+def checkout_megatron(dest: str | os.PathLike, repo: str, commit: str) -> Path:
+    """A checkout of ``repo`` at ``commit`` in ``dest`` (kept when it is there already):
+    Megatron-LM's pip package lacks the scripts at the repository's top (pretrain_gpt.py,
+    gpt_builders.py, model_provider.py) that the jobs run from /opt/Megatron-LM."""
+    dest = Path(dest)
+    if (dest / "pretrain_gpt.py").is_file():
+        return dest
+    with atomic_paths(dest) as (tmp,):
+        for cmd in (
+            ["git", "clone", "--quiet", "--filter=blob:none", "--no-checkout", repo, str(tmp)],
+            ["git", "-C", str(tmp), "checkout", "--quiet", "--detach", commit],
+        ):
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr.strip()}")
+        head = subprocess.run(
+            ["git", "-C", str(tmp), "rev-parse", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        if head != commit or not (tmp / "pretrain_gpt.py").is_file():
+            raise RuntimeError(f"{repo} at {commit}: got {head or 'nothing'}, no pretrain_gpt.py")
+    return dest
+
+
 def cotainr_command(
     executable: str | os.PathLike, sif: Path, base_image: str, conda_env: Path
 ) -> list[str]:
@@ -227,6 +269,11 @@ def build_command(
         str(sif),
         str(definition),
     ]
+
+
+def _expand(text: str, environ: Mapping[str, str]) -> str:
+    """``$NAME``/``${NAME}`` from ``environ``; unknown ones stay as written."""
+    return re.sub(r"\$\{?(\w+)\}?", lambda m: environ.get(m[1], m[0]), text)
 
 
 def build_env(scratch: str | None, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
@@ -318,13 +365,17 @@ def build_image_cotainr(
     cpu_arch: str | None = None,
     scratch: str | None = None,
     environ: Mapping[str, str] = os.environ,
+    megatron_root: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Build ``sif`` with cotainr from the conda environment ``template`` plus the lines of
     ``requirements`` (default: ``requirements.txt`` beside the template) on
     ``base_image``; write ``digest`` (JSON, the environment included); return the digest.
 
     Both outputs appear only when the build succeeded; the environment file cotainr read
-    stays beside the image (``<image>.conda-env.yml``) for the record.
+    stays beside the image (``<image>.conda-env.yml``) for the record. Where the
+    environment installs Megatron-LM from git, a checkout at that commit is made under
+    ``megatron_root`` (default: ``scratch``; :func:`megatron_checkout_dir`) for the scripts
+    the package lacks.
     """
     check_build_arch(cpu_arch)
     template = Path(template).resolve()
@@ -371,6 +422,17 @@ def build_image_cotainr(
             "arch": platform.machine(),
             "command": cotainr_command(executable, sif, base_image, env_file),
         }
+        pin = megatron_pin(env)
+        root = megatron_root or _expand(scratch or "", environ)
+        if pin and root and "$" not in str(root):
+            checkout = checkout_megatron(megatron_checkout_dir(str(root), pin[1]), *pin)
+            record["megatron_checkout"] = str(checkout)
+        elif pin:
+            log.warning(
+                "no scratch folder to put the Megatron-LM checkout in (%s): bind one at "
+                "the pin to /opt/Megatron-LM yourself",
+                scratch,
+            )
         tmp_digest.write_text(json.dumps(record, indent=2) + "\n")
     log.info("built %s, sha256 %s", sif, record["sha256"])
     return record

@@ -54,7 +54,7 @@ PINNED = {
         " torchrun --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
     ),
     "lumi": (
-        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none singularity exec --rocm --bind /var/spool/slurmd,/opt/cray,/usr/lib64/libcxi.so.1,/usr/lib64/libjansson.so.4,$HPCLLM_SCRATCH c.sif"
+        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none singularity exec --rocm --bind /var/spool/slurmd,/opt/cray,/usr/lib64/libcxi.so.1,/usr/lib64/libjansson.so.4,$HPCLLM_SCRATCH,$HPCLLM_SCRATCH/hpcllm-cache/Megatron-LM-5be9626709af2722333bf54797c954c09edeada3:/opt/Megatron-LM c.sif"
         " torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
     ),
     "meluxina": (

@@ -18,9 +18,12 @@ from support import REPO, make_workdir, run_snakemake
 from hpcllm.clusters import Internet, known_clusters, load_cluster
 from hpcllm.containers import (
     build_image_cotainr,
+    checkout_megatron,
     cotainr_env,
     cotainr_recipe,
     image_plan_error,
+    megatron_checkout_dir,
+    megatron_pin,
     missing_index,
     requirement_lines,
 )
@@ -236,6 +239,11 @@ def test_build_container_rule_builds_with_cotainr_on_lumi(tmp_path):
         "PIP_EXTRA_INDEX_URL": "file:///wheels",
         "HPCLLM_SCRATCH": str(tmp_path / "scratch"),
     }
+    # the Megatron-LM checkout the build makes (from the hub of code, which is not
+    # reachable here; checkout_megatron is tested on a local repository below)
+    checkout = Path(megatron_checkout_dir(env["HPCLLM_SCRATCH"], MEGATRON_LM_COMMIT))
+    checkout.mkdir(parents=True)
+    (checkout / "pretrain_gpt.py").write_text("# at the pin\n")
     target = "containers/megatron-rocm.sif"
     run_snakemake(workdir, "-c1", target, "--config", "cluster=lumi", env=env)
     made = json.loads((workdir / target).read_text())
@@ -243,7 +251,44 @@ def test_build_container_rule_builds_with_cotainr_on_lumi(tmp_path):
     assert made["argv"][0] == "build" and f"--base-image={base}" in made["argv"]
     assert "megatron-core @ git+" in made["env"] and "lmdb" in made["env"]
     digest = json.loads((workdir / "containers" / "megatron-rocm.digest.json").read_text())
-    assert digest["method"] == "cotainr"
+    assert digest["method"] == "cotainr" and digest["megatron_checkout"] == str(checkout)
+
+
+def test_lumi_binds_the_megatron_checkout_the_build_makes():
+    lumi = load_cluster("lumi", ROOT)
+    checkout = megatron_checkout_dir(lumi.scratch, MEGATRON_LM_COMMIT)
+    assert f"{checkout}:/opt/Megatron-LM" in lumi.container_binds
+    template = yaml.safe_load(cotainr_recipe(REPO / "envs" / "megatron-rocm.def").read_text())
+    assert megatron_pin(template)[1] == MEGATRON_LM_COMMIT
+
+
+def test_megatron_checkout_at_the_pin(tmp_path):
+    import subprocess
+
+    repo = tmp_path / "Megatron-LM"
+    repo.mkdir()
+
+    def git(*args):
+        return subprocess.run(
+            ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+
+    git("init", "-q")
+    (repo / "pretrain_gpt.py").write_text("v1\n")
+    git("add", ".")
+    git("commit", "-q", "-m", "one")
+    pinned = git("rev-parse", "HEAD")
+    (repo / "pretrain_gpt.py").write_text("v2\n")
+    git("commit", "-q", "-am", "two")
+    dest = tmp_path / "cache" / f"Megatron-LM-{pinned}"
+    assert checkout_megatron(dest, str(repo), pinned) == dest
+    assert (dest / "pretrain_gpt.py").read_text() == "v1\n"
+    with pytest.raises(RuntimeError, match="checkout"):
+        checkout_megatron(tmp_path / "other", str(repo), "0" * 40)
+    assert not (tmp_path / "other").exists() and not list(tmp_path.glob("*.incomplete"))
 
 
 @pytest.mark.parametrize(
