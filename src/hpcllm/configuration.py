@@ -89,3 +89,24 @@ def config_reference(schema_dir: str | Path) -> str:
         if isinstance(extra, dict) and extra:
             _describe("<name>", extra, defs, 0, out)
     return "\n".join(out) + "\n"
+
+
+def vision_split_errors(experiments: dict[str, Any], image_datasets: dict[str, Any]) -> list[str]:
+    """A vision benchmark's ``split`` / ``val_split`` that its dataset does not pack, named
+    by key (Snakemake would only report a missing ``data/vision/<dataset>/<split>.lmdb``)."""
+    errors = []
+    for name, exp in experiments.items():
+        if exp.get("benchmark") != "vision" or exp.get("dataset") not in image_datasets:
+            continue
+        splits = image_datasets[exp["dataset"]].get("splits") or ["train", "val"]
+        for key, value in (
+            ("split", exp.get("split", "train")),
+            ("val_split", exp.get("val_split", "val")),
+        ):
+            if value is not None and value not in splits:
+                errors.append(
+                    f"benchmarks.experiments.{name}.{key}: '{value}' is not a split of vision "
+                    f"dataset {exp['dataset']} (it packs {', '.join(splits)}; "
+                    f"vision.datasets.{exp['dataset']}.splits)"
+                )
+    return errors

@@ -8,6 +8,7 @@ import pytest
 from support import REPO, run_snakemake
 
 from hpcllm.commandline import repeated_configfile, target_like_configfiles, yaml_syntax_error
+from hpcllm.configuration import vision_split_errors
 from hpcllm.text.tokenizers_config import retrain_warning
 
 BUILT_IN = ("sample_en", "sample_multilingual", "fineweb")
@@ -149,3 +150,32 @@ def test_a_yaml_syntax_error_in_the_built_in_config_names_its_line(tmp_path):
         proc.stdout + proc.stderr
     ), (proc.stdout + proc.stderr)[-3000:]
     assert "YAML syntax error" in proc.stdout + proc.stderr
+
+
+def test_a_vision_benchmark_split_its_dataset_does_not_pack_is_named_by_key():
+    datasets = {"imgs": {"splits": ["train"]}, "other": {}}
+    experiments = {
+        "v": {"benchmark": "vision", "dataset": "imgs", "split": "train", "val_split": None},
+        "w": {"benchmark": "vision", "dataset": "imgs", "split": "trian"},
+        "x": {"benchmark": "vision", "dataset": "other"},
+        "lang": {"benchmark": "language", "split": "anything"},
+    }
+    assert vision_split_errors(experiments, datasets) == [
+        "benchmarks.experiments.w.split: 'trian' is not a split of vision dataset imgs (it "
+        "packs train; vision.datasets.imgs.splits)",
+        "benchmarks.experiments.w.val_split: 'val' is not a split of vision dataset imgs (it "
+        "packs train; vision.datasets.imgs.splits)",
+    ]
+
+
+@pytest.mark.workflow
+def test_a_bad_vision_split_names_its_key_at_plan_time(workdir):
+    (workdir / "vs.yaml").write_text(
+        "benchmarks:\n  experiments:\n    vision_tiny:\n      split: trian\n"
+    )
+    proc = run_snakemake(workdir, "-n", "--configfile", "vs.yaml", check=False)
+    assert proc.returncode != 0
+    assert (
+        "benchmarks.experiments.vision_tiny.split: 'trian' is not a split of vision dataset "
+        "imagenet_sample" in proc.stdout + proc.stderr
+    )

@@ -25,6 +25,11 @@ except SweepError as e:
     raise WorkflowError(f"benchmarks: {e}")
 for _message in _dropped:
     logger.warning(f"Warning: benchmarks: {_message}")
+from hpcllm.configuration import vision_split_errors
+
+_split_errors = vision_split_errors(BENCH["experiments"], config["vision"]["datasets"])
+if _split_errors:
+    raise WorkflowError("\n".join(_split_errors))
 BENCH_PLOTS = ("efficiency", "throughput", "batch_time_cdf", "loss")
 
 
