@@ -44,6 +44,13 @@ CACHE_DIRS = {
 #   containers/<image>.sif, where the workflow takes it as it is.
 BUILD_METHODS = ("definition", "cotainr", "copy")
 
+# Every compute job runs without the Hugging Face hub: a stray lookup (a tokenizer's
+# configuration, a dataset script) then fails at once with a clear error instead of after
+# minutes of network timeouts on nodes without internet. Only the login-node download
+# rules reach the hub. Part of every cluster's job environment (a cluster file's `env`
+# may override one); CPU jobs set them with ``hpcllm.launch.go_offline``.
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
 _STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
 _STRING_LIST = {"type": "array", "items": {"type": "string"}}
 _PARTITION = {"type": ["string", "null"]}
@@ -80,6 +87,11 @@ SCHEMA: dict[str, Any] = {
             },
         },
         "cpus_per_node": {"type": "integer", "minimum": 1},
+        "threads_per_core": {"type": "integer", "minimum": 1},
+        "gpu_cpu_masks": {
+            "type": "array",
+            "items": {"type": "string", "pattern": "^0x[0-9a-fA-F]+$"},
+        },
         "cpu_arch": {"enum": ["x86_64", "aarch64"]},
         "partitions": {
             "type": "object",
@@ -109,6 +121,7 @@ SCHEMA: dict[str, Any] = {
         "scratch": {"type": "string"},
         "env": _STRING_MAP,
         "env_outside_container": _STRING_MAP,
+        "env_globs": _STRING_MAP,
         "launcher": {"enum": ["torchrun", "torchrun_jsc"]},
         "rendezvous_suffix": {"type": "string"},
         "srun_args": _STRING_LIST,
@@ -156,7 +169,7 @@ class Cluster:
     scheduler: str  # "slurm" or "none"
     gpus_per_node: int
     gpu: Gpu | None
-    cpus_per_node: int
+    cpus_per_node: int  # cores (not hardware threads) usable by jobs
     cpu_arch: str
     partitions: Partitions
     container_runtime: str  # "apptainer", "singularity" or "none" (a bare-metal venv)
@@ -172,6 +185,15 @@ class Cluster:
     srun_args: tuple[str, ...]
     modules: tuple[str, ...]
     path: str = ""
+    # Hardware threads per core that Slurm counts as CPUs: > 1 where a site's Slurm counts
+    # them (JSC), so jobs ask --threads-per-core=1 to get cores for their --cpus-per-task.
+    threads_per_core: int = 1
+    # Per GPU (local rank), the CPU cores nearest to it as a hexadecimal mask: each rank is
+    # bound to its GPU's cores (LUMI), the srun task to all of them.
+    gpu_cpu_masks: tuple[str, ...] = ()
+    # Variables the job script sets at start to the newest path matching a glob, for
+    # version folders that change with system updates (LUMI's Cray libfabric).
+    env_globs: dict[str, str] = field(default_factory=dict)
     # (key, variable) of site facts that name an environment variable that is not set.
     unset: tuple[tuple[str, str], ...] = field(default=())
 
@@ -182,6 +204,11 @@ class Cluster:
     @property
     def uses_containers(self) -> bool:
         return self.container_runtime != "none"
+
+    @property
+    def cores_per_gpu(self) -> int:
+        """Cores per GPU of a node: each rank's share (OMP_NUM_THREADS), at least 1."""
+        return max(1, self.cpus_per_node // self.gpus_per_node) if self.gpus_per_node else 1
 
 
 class ClusterError(ValueError):
@@ -262,7 +289,20 @@ def load_cluster(
         if var:
             unset.append((f"partitions.{kind}", var))
 
-    env = {**cache_env(raw["scratch"]), **raw.get("env", {})}
+    masks = tuple(raw.get("gpu_cpu_masks", ()))
+    if masks:
+        _check_masks(path, masks, gpus, raw["cpus_per_node"], raw.get("srun_args", ()))
+    globs = dict(raw.get("env_globs", {}))
+    for var, pattern in globs.items():
+        if not re.fullmatch(r"/[A-Za-z0-9_./*?-]+", pattern):
+            raise ClusterError(
+                f"{path}: env_globs.{var} is {pattern!r}; write an absolute path of letters, "
+                "digits, _ . / - and the wildcards * ?"
+            )
+    clash = sorted(set(globs) & set(raw.get("env", {})))
+    if clash:
+        raise ClusterError(f"{path}: {', '.join(clash)} in both env_globs and env; keep one")
+    env = {**cache_env(raw["scratch"]), **OFFLINE_ENV, **raw.get("env", {})}
     return Cluster(
         name=name,
         description=raw["description"],
@@ -286,7 +326,40 @@ def load_cluster(
         modules=tuple(raw.get("modules", ())),
         path=str(path),
         unset=tuple(unset),
+        threads_per_core=raw.get("threads_per_core", 1),
+        gpu_cpu_masks=masks,
+        env_globs=globs,
     )
+
+
+def _check_masks(path, masks, gpus: int, cpus: int, srun_args) -> None:
+    """One mask per GPU, disjoint, each with the node's cores per GPU; srun gets their
+    union as its binding, so srun_args must not bind too."""
+    where = f"{path}: gpu_cpu_masks"
+    if len(masks) != gpus:
+        raise ClusterError(f"{where} has {len(masks)} masks for {gpus} GPUs per node: one per GPU")
+    values = [int(m, 16) for m in masks]
+    per_gpu = cpus // gpus
+    for mask, value in zip(masks, values, strict=True):
+        if value.bit_count() != per_gpu:
+            raise ClusterError(
+                f"{where}: {mask} holds {value.bit_count()} cores, but cpus_per_node / "
+                f"gpus_per_node is {per_gpu}"
+            )
+    if sum(values) != _union(values):
+        raise ClusterError(f"{where}: masks overlap; each core belongs to one GPU")
+    if any(a.startswith(("--cpu-bind", "--cpu_bind")) for a in srun_args):
+        raise ClusterError(
+            f"{path}: srun_args binds CPUs and gpu_cpu_masks are given; drop the --cpu-bind "
+            "of srun_args (the launch binds the task to the masks' cores)"
+        )
+
+
+def _union(values) -> int:
+    out = 0
+    for v in values:
+        out |= v
+    return out
 
 
 def plan_errors(cluster: Cluster) -> list[str]:

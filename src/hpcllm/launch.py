@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpcllm.clusters import OFFLINE_ENV, Cluster
 from hpcllm.clusters import VARIABLE as _VARIABLE
-from hpcllm.clusters import Cluster
 
 # Set by Slurm or by the script itself: never checked for being set before use.
 _RUNTIME_VARIABLE = re.compile(r"^(SLURM_\w*|SRUN_\w*|MASTER_ADDR|MASTER_PORT)$")
@@ -33,6 +33,14 @@ _FROM_JOB_RECORD = {"SLURM_CPUS_PER_TASK": "CPUs/Task"}
 
 RUNTIME_EXEC = {"apptainer": "apptainer", "singularity": "singularity"}
 GPU_FLAG = {"nvidia": "--nv", "amd": "--rocm"}
+
+
+def go_offline(environ: dict | None = None) -> None:
+    """Set the Hugging Face offline variables (``OFFLINE_ENV``) in this process: the first
+    thing a compute job's script does (never a login-node download rule's)."""
+    import os
+
+    (os.environ if environ is None else environ).update(OFFLINE_ENV)
 
 
 def shell_word(text: str) -> str:
@@ -67,6 +75,8 @@ class Launch:
     modules: tuple[str, ...] = ()
     source: str = ""  # where the environment comes from, for error messages
     unset_in_container: tuple[str, ...] = field(default=())
+    # Variables set at the start of the script to the newest path matching a glob.
+    globs: dict[str, str] = field(default_factory=dict)
 
     def shell(self) -> str:
         lines = ["#!/bin/bash", "set -eo pipefail"]
@@ -79,12 +89,23 @@ class Launch:
                 var
                 for value in self.env.values()
                 for var in referenced_variables(value)
-                if not _RUNTIME_VARIABLE.match(var) and var not in self.env
+                if not _RUNTIME_VARIABLE.match(var)
+                and var not in self.env
+                and var not in self.globs
             }
         )
         for var in needed:
             message = shlex.quote(f"{var} is not set; the job environment ({self.source}) needs it")
             lines.append(f'if [ -z "${{{var}-}}" ]; then echo {message} >&2; exit 1; fi')
+        for var, pattern in self.globs.items():
+            # The newest version folder (sort -V); the pattern unquoted, so that it expands
+            # (clusters.py allows only path characters and wildcards in it).
+            message = shlex.quote(f"no path matches {pattern} ({self.source}: env_globs.{var})")
+            lines += [
+                f'{var}="$(ls -d {pattern} 2>/dev/null | sort -V | tail -n 1 || true)"',
+                f'if [ -z "${var}" ]; then echo {message} >&2; exit 1; fi',
+                f"export {var}",
+            ]
         if self.rendezvous_suffix is not None:  # a Slurm job
             lines += _restore_job_variables(self.env.values())
         for name, value in self.env.items():
@@ -210,7 +231,7 @@ def build_launch(
             f"{procs_per_node} processes per node, but a {cluster.name} node has "
             f"{cluster.gpus_per_node} GPUs ({cluster.path}): use at most one process per GPU"
         )
-    job_env = {**cluster.env, **(env or {})}
+    job_env = {**_threads_env(cluster), **cluster.env, **(env or {})}
     unset_inside: tuple[str, ...] = ()
     if container is not None:
         job_env.update(cluster.env_outside_container)
@@ -236,7 +257,11 @@ def build_launch(
         )
         argv = (container_exec(cluster, container, binds) if container else []) + inner
         return Launch(
-            argv=argv, env=job_env, modules=cluster.modules, source=cluster.path or cluster.name
+            argv=argv,
+            env=job_env,
+            modules=cluster.modules,
+            source=cluster.path or cluster.name,
+            globs=cluster.env_globs,
         )
 
     job_env["MASTER_PORT"] = str(master_port)
@@ -251,6 +276,13 @@ def build_launch(
         "--kill-on-bad-exit=1",
         *cluster.srun_args,
     ]
+    if cluster.gpu_cpu_masks:
+        # The one task per node gets the cores of all GPUs; each rank its GPU's own below.
+        union = 0
+        for mask in cluster.gpu_cpu_masks:
+            union |= int(mask, 16)
+        srun.append(f"--cpu-bind=mask_cpu:{union:#x}")
+        command = bind_rank_to_gpu_cores(cluster, command)
     inside = container_exec(cluster, container, binds, unset_inside) if container else []
     launcher = [
         bare_metal_tool(cluster.launcher) if container is None else cluster.launcher,
@@ -273,4 +305,37 @@ def build_launch(
         modules=cluster.modules,
         source=cluster.path or cluster.name,
         unset_in_container=unset_inside,
+        globs=cluster.env_globs,
     )
+
+
+def _threads_env(cluster: Cluster) -> dict[str, str]:
+    """OMP_NUM_THREADS per rank: the node's cores per GPU (a cluster's env may override
+    it). Without it each rank inherits the job's thread count (Snakemake sets the rule's
+    threads, up to a whole node's cores per rank) and the ranks oversubscribe the node."""
+    if not cluster.gpus_per_node:
+        return {}
+    return {"OMP_NUM_THREADS": str(cluster.cores_per_gpu)}
+
+
+# Run by the launcher for each rank: bind the process to the cores of its GPU (the
+# LOCAL_RANK-th mask), then replace it with the rank's command. Python, not a shell, so
+# that nothing in it is a $ reference for the job script to expand.
+_BIND_CODE = (
+    "import os,sys;m=int(sys.argv[1].split(',')[int(os.environ['LOCAL_RANK'])],16);"
+    "os.sched_setaffinity(0,[c for c in range(m.bit_length()) if m>>c&1]);"
+    "os.execvp(sys.argv[2],sys.argv[2:])"
+)
+
+
+def bind_rank_to_gpu_cores(cluster: Cluster, command: Sequence[str]) -> list[str]:
+    """``command`` run with each rank bound to the CPU cores nearest its GPU.
+
+    torchrun starts the ranks of a node inside one srun task, so srun's per-task masks
+    cannot place them; LUMI's AI guide binds each rank by its local rank instead (CPU-GPU
+    binding with torchrun), which this does before the rank's program starts. The same
+    interpreter runs it: the image's ``python`` in a container, this one outside.
+    """
+    first = Path(command[0]).name
+    python = command[0] if first.startswith("python") else "python3"
+    return [python, "-c", _BIND_CODE, ",".join(cluster.gpu_cpu_masks), *command]

@@ -219,3 +219,34 @@ def test_megatron_benchmark_point_starts_without_files_warm_up_or_checkpoint(tmp
     assert "--mock-data" in argv and value["--tokenizer-type"] == "NullTokenizer"
     assert int(value["--lr-warmup-iters"]) < int(value["--train-iters"]) == point["iterations"]
     assert "--save" not in argv and "--load" not in argv
+
+
+def test_fp16_is_the_epicure_comparable_precision(tmp_path):
+    """Issue 21: EPICURE's language benchmark ran fp16; a point of that precision runs
+    Megatron's --fp16 with its dynamic loss scaling (no --loss-scale), the torch engine's
+    --fp16, and counts against the half-precision peak."""
+    from hpcllm.bench.language import engine_command
+
+    points = expand_experiment("lang", language(precision=["fp16"]), JUWELS)
+    point = next(p.row() for p in points if p.model == "gpt3_860m")
+    assert point["id"].endswith(".fp16.n0001") and point["peak_tflops"] == 312.0
+    argv = engine_command(point, tmp_path / "run", "python")
+    assert "--fp16" in argv and "--bf16" not in argv
+    assert not {"--loss-scale", "--initial-loss-scale"} & set(argv)
+    torch_argv = engine_command({**point, "engine": "torch"}, tmp_path / "run", "python")
+    assert "--fp16" in torch_argv and "--bf16" not in torch_argv
+
+
+def test_karolina_gets_points_of_both_benchmarks():
+    """EPICURE ran both benchmarks on Karolina (8 A100 per node); 16 nodes is the largest
+    job of its qgpu queue (config/experiments/*.yaml say how to go further)."""
+    karolina = facts_of(load_cluster("karolina", REPO / "config/clusters", environ={}))
+    experiments = {
+        "language": str(REPO / "config/experiments/language.yaml"),
+        "vision": str(REPO / "config/experiments/vision.yaml"),
+    }
+    points = expand_all(experiments, karolina, schema=SCHEMA)
+    nodes = {(p.benchmark, p.nodes) for p in points}
+    for benchmark in ("language", "vision"):
+        assert {n for b, n in nodes if b == benchmark} == {1, 2, 4, 8, 16}, nodes
+    assert all(p.procs_per_node == 8 for p in points)

@@ -19,6 +19,12 @@ REPO = Path(__file__).resolve().parents[2]
 ROOT = REPO / "config" / "clusters"
 ENV = {"HPCLLM_GPU_PARTITION": "g", "HPCLLM_CPU_PARTITION": "c", "HPCLLM_DEVEL_PARTITION": "d"}
 
+# What each rank runs first on LUMI: bind to its GCD's cores, then exec the command.
+LUMI_BIND_CODE = (
+    "import os,sys;m=int(sys.argv[1].split(',')[int(os.environ['LOCAL_RANK'])],16);"
+    "os.sched_setaffinity(0,[c for c in range(m.bit_length()) if m>>c&1]);"
+    "os.execvp(sys.argv[2],sys.argv[2:])"
+)
 # What the batch job runs on 2 nodes, all GPUs of a node, in the image c.sif.
 PINNED = {
     "deucalion": (
@@ -53,9 +59,14 @@ PINNED = {
         "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none singularity exec --nv --bind $CINECA_SCRATCH,$TMPDIR c.sif"
         " torchrun --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
     ),
+    # The task bound to the 56 cores of LUMI's documented GCD masks, each rank to its GCD's.
     "lumi": (
-        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none singularity exec --rocm --bind /var/spool/slurmd,/opt/cray,/usr/lib64/libcxi.so.1,/usr/lib64/libjansson.so.4,$HPCLLM_SCRATCH,$HPCLLM_SCRATCH/hpcllm-cache/Megatron-LM-5be9626709af2722333bf54797c954c09edeada3:/opt/Megatron-LM c.sif"
-        " torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
+        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=mask_cpu:0xfefefefefefefefe singularity exec --rocm --bind /var/spool/slurmd,/opt/cray,/usr/lib64/libcxi.so.1,/usr/lib64/libjansson.so.4,$HPCLLM_SCRATCH,$HPCLLM_SCRATCH/hpcllm-cache/Megatron-LM-5be9626709af2722333bf54797c954c09edeada3:/opt/Megatron-LM c.sif"
+        " torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python"
+        " python -c "
+        + LUMI_BIND_CODE
+        + " 0x00fe000000000000,0xfe00000000000000,0x0000000000fe0000,0x00000000fe000000,0x00000000000000fe,0x000000000000fe00,0x000000fe00000000,0x0000fe0000000000"
+        " python train.py"
     ),
     "meluxina": (
         "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv --bind $HPCLLM_SCRATCH c.sif"
@@ -456,3 +467,157 @@ def test_torch_engine_segment_in_a_container_runs_the_images_python_on_the_check
     assert f"PYTHONPATH={env['PYTHONPATH']}" in launch.shell()
     # Outside a container: this environment's interpreter, nothing bound.
     assert python_for(None) == sys.executable and package_in_container(None) == ([], {})
+
+
+# ---- issue 21: what a job gets from the site facts (offline hub, threads, CPU binding)
+
+GPU_CLUSTERS = sorted(PINNED)
+
+
+@pytest.mark.parametrize("name", GPU_CLUSTERS)
+def test_every_rank_gets_the_cores_of_one_gpu_and_no_hub(name):
+    from hpcllm.clusters import OFFLINE_ENV
+
+    cluster = load_cluster(name, ROOT, environ=ENV)
+    launch = build_launch(
+        cluster, nodes=2, procs_per_node=cluster.gpus_per_node, command=["python", "t.py"]
+    )
+    per_gpu = cluster.cpus_per_node // cluster.gpus_per_node
+    assert launch.env["OMP_NUM_THREADS"] == str(per_gpu)
+    assert {k: launch.env[k] for k in OFFLINE_ENV} == OFFLINE_ENV
+    script = launch.shell()
+    assert f"export OMP_NUM_THREADS={per_gpu}\n" in script
+    assert all(f"export {k}=1\n" in script for k in OFFLINE_ENV)
+
+
+def test_the_ranks_thread_count_is_not_the_jobs(tmp_path):
+    """Snakemake exports OMP_NUM_THREADS = the rule's threads (a whole node's 48 cores on
+    JUWELS) to the job; the script sets each rank's share of the node instead."""
+    fake_tools(tmp_path / "bin")
+    launch = build_launch(
+        load_cluster("juwels", ROOT), nodes=2, procs_per_node=4, command=["python", "t.py"]
+    )
+    script = tmp_path / "job.sh"
+    script.write_text(launch.shell())
+    record = tmp_path / "record.json"
+    env = {
+        "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+        "RECORD": str(record),
+        "SLURM_JOB_NODELIST": "jwb[0042-0043]",
+        "SLURM_JOB_ID": "4711",
+        "SCRATCH": "/p/scratch/proj",
+        "OMP_NUM_THREADS": "48",
+        "HF_HUB_OFFLINE": "0",
+    }
+    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(record.read_text())["env"]
+    assert got["OMP_NUM_THREADS"] == "12"  # 48 cores / 4 GPUs
+    assert got["HF_HUB_OFFLINE"] == got["TRANSFORMERS_OFFLINE"] == "1"
+    assert got["HF_DATASETS_OFFLINE"] == "1"
+
+
+def test_a_cluster_files_thread_count_wins(tmp_path):
+    local = build_launch(load_cluster("local", ROOT), nodes=1, procs_per_node=2, command=["x"])
+    assert local.env["OMP_NUM_THREADS"] == "1"  # config/clusters/local.yaml's, no GPUs
+    root = write_cluster(tmp_path / "c", "site", env={"OMP_NUM_THREADS": "3"})
+    launch = build_launch(load_cluster("site", root), nodes=1, procs_per_node=4, command=["x"])
+    assert launch.env["OMP_NUM_THREADS"] == "3"
+
+
+def test_go_offline_sets_the_hub_variables_in_this_process():
+    from hpcllm.launch import go_offline
+
+    environ = {"HF_HUB_OFFLINE": "0", "PATH": "/bin"}
+    go_offline(environ)
+    assert environ == {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "PATH": "/bin",
+    }
+
+
+def write_cluster(root: Path, name: str, **facts) -> Path:
+    """A cluster file in ``root``: JUWELS' facts with ``facts`` replaced."""
+    import yaml
+
+    raw = yaml.safe_load((ROOT / "juwels.yaml").read_text())
+    raw.update(facts)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / f"{name}.yaml").write_text(yaml.safe_dump(raw))
+    return root
+
+
+def test_each_rank_is_bound_to_the_cores_of_its_gpu(tmp_path):
+    """The wrapper LUMI's ranks run: the LOCAL_RANK-th mask, then the command itself."""
+    from hpcllm.launch import bind_rank_to_gpu_cores
+
+    if not {0, 1} <= os.sched_getaffinity(0):
+        pytest.skip("needs cores 0 and 1")
+    root = write_cluster(
+        tmp_path / "c", "two", gpus_per_node=2, cpus_per_node=2, gpu_cpu_masks=["0x1", "0x2"],
+        srun_args=[],
+    )  # fmt: skip
+    cluster = load_cluster("two", root)
+    probe = [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]
+    argv = bind_rank_to_gpu_cores(cluster, probe)
+    assert argv[0] == sys.executable  # the command's own interpreter runs the wrapper
+    for rank, cores in (("0", "[0]"), ("1", "[1]")):
+        out = subprocess.run(
+            argv, env={**os.environ, "LOCAL_RANK": rank}, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == cores
+    launch = build_launch(cluster, nodes=2, procs_per_node=2, command=probe)
+    assert "--cpu-bind=mask_cpu:0x3" in launch.argv and "--cpu-bind=none" not in launch.argv
+    assert launch.argv[-len(argv) :] == argv
+
+
+@pytest.mark.parametrize(
+    "facts, message",
+    [
+        ({"gpu_cpu_masks": ["0x1"]}, "1 masks for 4 GPUs"),
+        ({"gpu_cpu_masks": ["0x3", "0xc", "0x30", "0xc0"]}, "holds 2 cores, but"),
+        ({"cpus_per_node": 8, "gpu_cpu_masks": ["0x3", "0x3", "0x30", "0xc0"]}, "overlap"),
+        ({"cpus_per_node": 8, "gpu_cpu_masks": ["0x3", "0xc", "0x30", "0xc0"]}, "drop the"),
+        ({"env_globs": {"LIB": "/opt/x/*/lib; rm"}}, "env_globs.LIB"),
+    ],
+)
+def test_binding_and_glob_facts_are_checked(tmp_path, facts, message):
+    from hpcllm.clusters import ClusterError
+
+    root = write_cluster(tmp_path / "c", "bad", **facts)
+    with pytest.raises(ClusterError, match=message):
+        load_cluster("bad", root)
+
+
+def test_a_version_folder_is_found_when_the_job_starts(tmp_path):
+    """LUMI's libfabric version is not written in the facts: the newest folder that
+    matches the glob, or a stop naming the pattern."""
+    fake_tools(tmp_path / "bin")
+    lib = tmp_path / "libfabric"
+    pattern = f"{lib}/*/lib64"
+    root = write_cluster(
+        tmp_path / "c", "site", env={"LIBS": "/plugin:$FABRIC:/usr/lib64"},
+        env_globs={"FABRIC": pattern},
+    )  # fmt: skip
+    launch = build_launch(load_cluster("site", root), nodes=1, procs_per_node=1, command=["x"])
+    script = tmp_path / "job.sh"
+    script.write_text(launch.shell())
+    record = tmp_path / "record.json"
+    env = {
+        "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+        "RECORD": str(record),
+        "SLURM_JOB_NODELIST": "n[1-2]",
+        "SLURM_JOB_ID": "4711",
+        "SCRATCH": "/s",
+    }
+    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert proc.returncode == 1 and f"no path matches {pattern}" in proc.stderr
+    assert not record.exists()
+    for version in ("1.15.2.0", "1.22.0", "1.9.1"):
+        (lib / version / "lib64").mkdir(parents=True)
+    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(record.read_text())["env"]["LIBS"] == f"/plugin:{lib}/1.22.0/lib64:/usr/lib64"

@@ -9,6 +9,7 @@ import re
 import shutil
 import stat
 import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -219,15 +220,33 @@ def _value(raw):
         return text
 
 
+def submit_command(rule: str, resources: dict) -> str:
+    """The Slurm plugin's own sbatch line for a planned job's resources."""
+    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+    from snakemake_executor_plugin_slurm.validation import validate_slurm_extra
+
+    res = _Resources(resources)
+    job = SimpleNamespace(resources=res, threads=1, name=rule, is_group=lambda: False)
+    validate_slurm_extra(job)
+    return get_submit_command(
+        job,
+        {
+            "run_uuid": "u",
+            "slurm_logfile": "l",
+            "comment_str": rule,
+            "account": f"-A {res['slurm_account']}",
+            "partition": f"-p {res['slurm_partition']}",
+            "workdir": "/w",
+        },
+    ) + set_gres_string(job)
+
+
 @pytest.mark.workflow
 @pytest.mark.parametrize("name", PROFILES)
 def test_sbatch_line_of_the_gpu_rules(name, dry_runs):
     """The Slurm plugin's own submit string for every GPU job the dry run plans, from the
     resources the workflow and the profile give it (nothing copied into this test)."""
-    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
-    from snakemake_executor_plugin_slurm.utils import set_gres_string
-    from snakemake_executor_plugin_slurm.validation import validate_slurm_extra
-
     cfg = profile(name)
     cluster = load_cluster(name, REPO / "config" / "clusters", environ=USER_ENV)
     assert cfg["executor"] == "slurm" and cfg["config"]["cluster"] == name
@@ -239,20 +258,8 @@ def test_sbatch_line_of_the_gpu_rules(name, dry_runs):
         if rule not in GPU_RULES:
             continue
         seen.add(rule)
-        res = _Resources(job_resources(planned))
-        job = SimpleNamespace(resources=res, threads=1, name=rule, is_group=lambda: False)
-        validate_slurm_extra(job)
-        call = get_submit_command(
-            job,
-            {
-                "run_uuid": "u",
-                "slurm_logfile": "l",
-                "comment_str": rule,
-                "account": f"-A {res['slurm_account']}",
-                "partition": f"-p {res['slurm_partition']}",
-                "workdir": "/w",
-            },
-        ) + set_gres_string(job)
+        res = job_resources(planned)
+        call = submit_command(rule, res)
         assert f"-p {cluster.partitions.gpu}" in call and "-A proj0042" in call
         assert f"--nodes={res['nodes']}" in call
         # one task per node: torchrun starts one process per GPU inside it
@@ -302,3 +309,121 @@ def test_plan_time_errors_say_what_to_set(tmp_path, no_slurm):
     out = _fails(workdir, "--profile", "profiles/juwels", "containers/megatron-nvidia.sif", env=env)
     assert "'apptainer' is not on the PATH" in out and "container_runtime: none" in out
     assert not (workdir / "containers" / "megatron-nvidia.sif").exists()
+
+
+# ---- issue 21: the geometry of every GPU job against the site facts
+
+LOCAL_IMPL_FLAGS = ("--no-rope-fusion", "--no-gradient-accumulation-fusion")
+
+
+def planned_blocks(output: str) -> list[tuple[str, dict[str, str]]]:
+    """(rule, {input, wildcards, resources}) of every job a dry run lists."""
+    jobs = []
+    for block in re.split(r"\n(?=\s*(?:local)?rule \w+:)", output):
+        head = re.match(r"\s*(?:local)?rule (\w+):", block)
+        if head:
+            fields = dict(re.findall(r"^\s+(input|wildcards|resources): (.*)$", block, re.M))
+            jobs.append((head.group(1), fields))
+    return jobs
+
+
+def the_jobs_launch(rule: str, fields: dict[str, str], cluster, tmp_path):
+    """The launch the planned job's script builds, from what the dry run planned: the
+    point or segment of its wildcards, the image of its input."""
+    from hpcllm.bench.language import language_launch
+    from hpcllm.bench.runner import vision_launch
+    from hpcllm.bench.sweeps import expand_all, facts_of
+    from hpcllm.launch import python_for
+    from hpcllm.training.megatron_args import transformer_impl_for
+    from hpcllm.training.segment import (
+        Paths,
+        engine_command,
+        prepare_experiment,
+        segment_launch,
+    )
+
+    wildcards = dict(item.split("=", 1) for item in fields["wildcards"].split(", "))
+    (container,) = [f for f in fields["input"].split(", ") if f.endswith(".sif")]
+    if rule == "train_segment":
+        name = wildcards["experiment"]
+        spec = yaml.safe_load((REPO / OPT_IN[0]).read_text())["training"]["experiments"][name]
+        text = {
+            "tokenizers": {"sample_bpe": {"vocab_size": 8000}},
+            "tokenize": {"tokenizers": ["sample_bpe"]},
+            "sources": {"fineweb": {}},
+        }
+        prepared = prepare_experiment(name, spec, text, cluster)
+        save = str(tmp_path / "ckpt")
+        paths = Paths(save, "r.json", "e.log", f"{save}/cache", f"{save}/tb")
+        command = engine_command(
+            prepared.experiment,
+            prepared.layout,
+            prepared.blend,
+            prepared.tokenizer_files,
+            paths,
+            int(wildcards["k"]),
+            1425,
+            eod_token=prepared.eod_token,
+            transformer_impl=transformer_impl_for(cluster),
+            python=python_for(container),
+        )
+        return segment_launch(prepared.experiment, command, cluster, container)
+    sweeps = yaml.safe_load(Path(small_sweeps(tmp_path / "sweeps.yaml")).read_text())
+    points = {
+        p.id: p.row() for p in expand_all(sweeps["benchmarks"]["experiments"], facts_of(cluster))
+    }
+    point = points[wildcards["point"]]
+    if rule == "bench_language":
+        return language_launch(point, tmp_path / "run", cluster, container)
+    return vision_launch(point, "train.lmdb", str(tmp_path / "s.json"), cluster, container)
+
+
+@pytest.mark.workflow
+@pytest.mark.parametrize("name", PROFILES)
+def test_site_geometry_of_every_gpu_job(name, dry_runs, tmp_path):
+    """For every GPU job the dry run plans, its sbatch line (the plugin's) and its launch
+    script against the cluster's facts: GPUs and one task per node, cores per task within
+    the node's, cores rather than hardware threads where Slurm counts those, the CPU
+    binding, OMP_NUM_THREADS = cores per GPU, the Hugging Face offline variables, and
+    Megatron without the fusions that need Transformer Engine where it is missing."""
+    from hpcllm.clusters import OFFLINE_ENV
+    from hpcllm.training.megatron_args import transformer_impl_for
+
+    cluster = load_cluster(name, REPO / "config" / "clusters", environ=USER_ENV)
+    gpus = cluster.gpus_per_node
+    seen = set()
+    for rule, fields in planned_blocks(dry_runs(name)):
+        if rule not in GPU_RULES:
+            continue
+        seen.add(rule)
+        resources = dict(item.split("=", 1) for item in fields["resources"].split(", "))
+        sbatch = submit_command(rule, job_resources(resources))
+        assert f"--gres=gpu:{gpus}" in sbatch and "--ntasks-per-node=1" in sbatch, sbatch
+        cpus = int(re.search(r"--cpus-per-task=(\d+)", sbatch).group(1))
+        assert cpus <= cluster.cpus_per_node, sbatch  # cores; one task per node
+        # where Slurm's CPUs are hardware threads, 48 "CPUs" would be 24 cores
+        assert ("--threads-per-core=1" in sbatch) == (cluster.threads_per_core > 1), sbatch
+
+        launch = the_jobs_launch(rule, fields, cluster, tmp_path)
+        argv, script = launch.argv, launch.shell()
+        srun = argv[: argv.index(next(a for a in argv if a in ("apptainer", "singularity")))]
+        assert srun[srun.index("--ntasks-per-node") + 1] == "1"
+        assert int(argv[argv.index("--nproc_per_node") + 1]) <= gpus  # ranks per node
+        if cluster.gpu_cpu_masks:  # LUMI: bound as the site documents, not unbound
+            union = 0
+            for mask in cluster.gpu_cpu_masks:
+                union |= int(mask, 16)
+            assert f"--cpu-bind=mask_cpu:{union:#x}" in srun and "--cpu-bind=none" not in srun
+            masks = ",".join(cluster.gpu_cpu_masks)
+            assert argv[argv.index("--no-python") + 4] == masks  # python -c CODE masks
+        else:
+            assert all(a in srun for a in cluster.srun_args)
+        assert not re.search(r"libfabric/\d", script)  # no version written in a path
+        # each rank's share of the task's cores: cores per GPU
+        assert f"\nexport OMP_NUM_THREADS={cpus // gpus}\n" in script, script
+        assert cpus // gpus == cluster.cores_per_gpu
+        assert all(f"\nexport {k}={v}\n" in script for k, v in OFFLINE_ENV.items())
+        if "pretrain_gpt.py" in " ".join(argv):
+            local = transformer_impl_for(cluster) == "local"  # no Transformer Engine
+            assert all((flag in argv) == local for flag in LOCAL_IMPL_FLAGS), (name, rule)
+    assert seen == set(GPU_RULES), seen

@@ -182,3 +182,19 @@ def test_shipped_container_recipes_build_the_pinned_commit():
     for name in ("megatron-nvidia.def", "megatron-rocm.def"):
         path = REPO / "envs" / name
         assert container_commit_mismatch(path.read_text(), str(path)) is None
+
+
+LOCAL_ONLY = ("--no-rope-fusion", "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion")
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_without_transformer_engine_the_fusions_that_need_it_are_off(preset):
+    """Issue 21, LUMI: at the pin RoPE fusion is on by default and needs Transformer
+    Engine ("apply_rope_fusion is not available"), gradient accumulation fusion apex's
+    fused_weight_gradient_mlp_cuda, the masked-softmax fusion Megatron's compiled kernel
+    (fp16): the ROCm image has none of them."""
+    local = args_for(preset, transformer_impl="local")
+    assert all(flag in local for flag in LOCAL_ONLY), local
+    assert set(LOCAL_ONLY) <= megatron_flags()  # the pin's own names
+    # Transformer Engine provides them: the NVIDIA command lines keep Megatron's defaults
+    assert not set(LOCAL_ONLY) & set(args_for(preset))

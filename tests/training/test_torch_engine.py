@@ -225,3 +225,19 @@ def test_throughput_benchmark_runs_on_the_cpu(repo):
     assert out.returncode == 0, out.stderr[-2000:]
     tokens = float(re.search(r"tokens/s: ([\d.]+)", out.stdout)[1])
     assert tokens > 0 and "TFLOP/s per GPU:" in out.stdout
+
+
+def test_fp16_trains_with_dynamic_loss_scaling(tmp_path, data_prefixes, vocab_file, capsys):
+    """The language benchmark's fp16 (EPICURE's precision) on the torch engine: fp16
+    autocast, the loss scaled up and steps with inf/nan gradients skipped, as Megatron's
+    --fp16 without --loss-scale does; the log shows the scale."""
+    argv = engine_argv(
+        tmp_path / "ckpt", data_prefixes, vocab_file, "--fp16", "--exit-interval", "4"
+    )
+    summary = run_in_process(argv)
+    assert summary["last_iteration"] == 4 and 0 < summary["loss"] < 20
+    lines = [x for x in capsys.readouterr().out.splitlines() if "loss scale:" in x]
+    scales = [float(re.search(r"loss scale: ([\d.]+) \|", x)[1]) for x in lines]
+    assert len(scales) == 4 and all(s > 1.0 for s in scales), lines  # 65536 and down
+    with pytest.raises(SystemExit, match="exclude each other"):
+        run_in_process(engine_argv(tmp_path / "c2", data_prefixes, vocab_file, "--fp16", "--bf16"))

@@ -41,3 +41,45 @@ def test_the_checkout_wins_over_an_installed_copy_already_imported(tmp_path):
         str(REPO / "src" / "hpcllm" / "__init__.py"),
         str(REPO / "src" / "hpcllm" / "text" / "shards.py"),
     ]
+
+
+def rule_scripts() -> dict[str, tuple[str, bool]]:
+    """rule -> (its script's file name, whether it runs on the login node), from the rule
+    files themselves."""
+    import re
+
+    rules = {}
+    for smk in sorted((REPO / "workflow" / "rules").glob("*.smk")):
+        for block in re.split(r"\n(?=rule \w+:)", smk.read_text()):
+            head = re.match(r"rule (\w+):", block)
+            script = re.search(r'script:\s*\n\s*"\.\./scripts/([\w.]+)"', block)
+            if head and script:
+                local = re.search(r"^\s+localrule: (.*)$", block, re.M)
+                rules[head.group(1)] = (script.group(1), local is not None and local.group(1))
+    return rules
+
+
+def calls_go_offline(path) -> bool:
+    tree = ast.parse(path.read_text())
+    return any(
+        isinstance(n, ast.Expr)
+        and isinstance(n.value, ast.Call)
+        and getattr(n.value.func, "id", None) == "go_offline"
+        for n in tree.body
+    )
+
+
+def test_compute_jobs_run_without_the_hub_and_login_node_rules_with_it():
+    """Issue 21: every compute job sets the Hugging Face offline variables (a stray hub
+    lookup fails at once instead of after network timeouts); the login-node rules, which
+    download, do not. A container build (a login-node rule except where the site builds
+    on compute nodes) needs the network and never the hub: left alone."""
+    rules = rule_scripts()
+    assert {"tokenize", "train_segment", "bench_language", "download_text"} <= set(rules)
+    for rule, (script, local) in rules.items():
+        offline = calls_go_offline(SCRIPTS / script)
+        if rule == "build_container" or local == "True":
+            assert not offline, f"{rule} ({script}) runs on the login node: no go_offline()"
+        else:
+            assert local is False, (rule, local)
+            assert offline, f"{rule} is a compute job: {script} must call go_offline() first"

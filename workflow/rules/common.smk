@@ -417,7 +417,12 @@ def segment_nodes(wildcards, attempt):
 def segment_slurm_extra(wildcards):
     """Slurm signals the job steps (srun -> torchrun -> the engine) before the time limit."""
     seconds = EXPERIMENTS[wildcards.experiment].experiment["time"]["signal_seconds"]
-    return f"--ntasks-per-node=1 --signal=TERM@{seconds}"
+    return f"--ntasks-per-node=1 --signal=TERM@{seconds}{threads_per_core_flag()}"
+
+
+def threads_per_core_flag():
+    """Cores, not hardware threads, where the site's Slurm counts those as CPUs (JSC)."""
+    return " --threads-per-core=1" if CLUSTER.threads_per_core > 1 else ""
 
 
 # ---- benchmarks (the globals these use are set in benchmarks.smk)

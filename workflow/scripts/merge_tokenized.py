@@ -2,6 +2,10 @@ import logging
 
 import hpcllm_checkout  # noqa: F401  (hpcllm from the checkout that planned the run)
 
+from hpcllm.launch import go_offline
+
+go_offline()  # a compute job: no Hugging Face hub lookups (docs/clusters.md)
+
 from hpcllm import logs
 from hpcllm.text.indexed_dataset import merge_datasets
 from hpcllm.text.shards import check_source_size

@@ -2,6 +2,10 @@ import os
 
 import hpcllm_checkout  # noqa: F401  (hpcllm from the checkout that planned the run)
 
+from hpcllm.launch import go_offline
+
+go_offline()  # a compute job: no Hugging Face hub lookups (docs/clusters.md)
+
 os.environ["RAYON_NUM_THREADS"] = str(snakemake.threads)  # before tokenizers starts its pool
 
 from hpcllm import logs

@@ -1,5 +1,9 @@
 import hpcllm_checkout  # noqa: F401  (hpcllm from the checkout that planned the run)
 
+from hpcllm.launch import go_offline
+
+go_offline()  # a compute job: no Hugging Face hub lookups (docs/clusters.md)
+
 from hpcllm import logs
 from hpcllm.training.segment import Paths, run_segment
 

@@ -108,8 +108,8 @@ def engine_command(
         ]  # fmt: skip
         if model.get("ffn_hidden_size"):
             cmd += ["--ffn-hidden-size", str(model["ffn_hidden_size"])]
-        if point["precision"] == "bf16":
-            cmd.append("--bf16")
+        if point["precision"] in ("bf16", "fp16"):
+            cmd.append(f"--{point['precision']}")
         if mock:
             cmd += ["--mock-data", "--vocab-size", str(model.get("vocab_size") or 50257)]
         else:

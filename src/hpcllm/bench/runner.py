@@ -124,6 +124,19 @@ def run_vision_point(
     settings = {**point, "model": point["model"], "precision": point["precision"]}
     with atomic_paths(settings_path) as (tmp,):
         Path(tmp).write_text(json.dumps(settings, indent=1) + "\n")
+    launch = vision_launch(point, lmdb, settings_path, cluster, container, val_lmdb)
+    return run_launch(launch, point, log_path, record_path, time_limit_s)
+
+
+def vision_launch(
+    point: dict,
+    lmdb: str,
+    settings_path: str,
+    cluster,
+    container: str | None = None,
+    val_lmdb: str | None = None,
+) -> Launch:
+    """The launch of the point's vision training on its nodes, as its job runs it."""
     command = [
         python_for(container),
         "-m",
@@ -137,5 +150,4 @@ def run_vision_point(
         command += ["--val-data", str(Path(val_lmdb).resolve())]
     if point.get("stage_in"):
         command += ["--local-storage", cluster.local_storage]
-    launch = launch_for(point, cluster, command, container)
-    return run_launch(launch, point, log_path, record_path, time_limit_s)
+    return launch_for(point, cluster, command, container)

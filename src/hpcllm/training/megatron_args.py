@@ -42,6 +42,9 @@ FLAGS: dict[str, dict[str, str]] = {
         "position_embedding_type": "--position-embedding-type",
         "make_vocab_size_divisible_by": "--make-vocab-size-divisible-by",
         "transformer_impl": "--transformer-impl",
+        "no_rope_fusion": "--no-rope-fusion",
+        "no_gradient_accumulation_fusion": "--no-gradient-accumulation-fusion",
+        "no_masked_softmax_fusion": "--no-masked-softmax-fusion",
         "attention_backend": "--attention-backend",
         "tensor_model_parallel_size": "--tensor-model-parallel-size",
         "pipeline_model_parallel_size": "--pipeline-model-parallel-size",
@@ -201,6 +204,17 @@ def pretrain_gpt_args(
     add("position_embedding_type", model.get("position_embedding", "rope"))
     add("make_vocab_size_divisible_by", 128)
     add("transformer_impl", transformer_impl)
+    if transformer_impl == "local":
+        # Fusions that are on by default at the pin but need kernels the ROCm image lacks:
+        # RoPE fusion needs Transformer Engine ("apply_rope_fusion is not available" at the
+        # first forward), gradient accumulation fusion apex's fused_weight_gradient_mlp_cuda
+        # (ColumnParallelLinear raises), the masked-softmax fusion Megatron's compiled
+        # scaled_masked_softmax_cuda (imported on fp16 runs). The bias-dropout/GELU/SwiGLU
+        # fusions are TorchScript and the persistent layer norm exists only in apex's
+        # FusedLayerNorm, which Megatron replaces by torch's norm without apex: kept.
+        add("no_rope_fusion")
+        add("no_gradient_accumulation_fusion")
+        add("no_masked_softmax_fusion")
     add("tensor_model_parallel_size", layout.tp)
     add("pipeline_model_parallel_size", layout.pp)
     add("sequence_parallel", bool(lay.get("sequence_parallel")))

@@ -386,6 +386,27 @@ def _log_takeover(stale: lease.Holder) -> None:
     log.warning("took over the stale lease of %s (no longer running)", stale.describe())
 
 
+def segment_launch(experiment: dict[str, Any], command: list[str], cluster, container: str | None):
+    """The launch of a segment's engine ``command`` on the experiment's nodes."""
+    from hpcllm.launch import build_launch, package_in_container
+
+    if experiment["engine"] == "megatron":
+        # Megatron-LM refuses sequence parallelism without it (one CUDA work queue).
+        binds, env = [], dict(MEGATRON_ENV)
+    else:  # the torch engine is hpcllm: in an image it needs the checkout's src/
+        binds, env = package_in_container(container)
+    lay = experiment["layout"]
+    return build_launch(
+        cluster,
+        nodes=lay.get("nodes", 1),
+        procs_per_node=lay.get("procs_per_node", 1),
+        command=command,
+        container=container,
+        binds=binds,
+        env=env,
+    )
+
+
 def _train_segment(
     name: str,
     prepared: Prepared,
@@ -395,7 +416,7 @@ def _train_segment(
     container: str | None,
     signals: Signals,
 ) -> dict[str, Any]:
-    from hpcllm.launch import build_launch, package_in_container, python_for
+    from hpcllm.launch import python_for
 
     experiment, layout = prepared.experiment, prepared.layout
     check_segment_data(prepared)
@@ -405,7 +426,6 @@ def _train_segment(
     engine_log = Path(paths.engine_log)
     log_offset = engine_log.stat().st_size if engine_log.exists() else 0
     if start_iteration < stop and signals.received is None:
-        lay = experiment["layout"]
         command = engine_command(
             experiment,
             layout,
@@ -418,20 +438,7 @@ def _train_segment(
             transformer_impl=transformer_impl_for(cluster),
             python=python_for(container),
         )
-        if experiment["engine"] == "megatron":
-            # Megatron-LM refuses sequence parallelism without it (one CUDA work queue).
-            binds, env = [], dict(MEGATRON_ENV)
-        else:  # the torch engine is hpcllm: in an image it needs the checkout's src/
-            binds, env = package_in_container(container)
-        launch = build_launch(
-            cluster,
-            nodes=lay.get("nodes", 1),
-            procs_per_node=lay.get("procs_per_node", 1),
-            command=command,
-            container=container,
-            binds=binds,
-            env=env,
-        )
+        launch = segment_launch(experiment, command, cluster, container)
         log.info("segment %d of %s: iterations %d..%d", segment, name, start_iteration + 1, stop)
         script = engine_log.with_suffix(".sh")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -546,8 +553,9 @@ def prepare_experiment(name: str, raw: dict[str, Any], text: dict[str, Any], clu
         )
     if exp["engine"] == "torch" and exp["precision"] == "fp16":
         raise ValueError(
-            f"training.experiments.{name}.precision: fp16 needs loss scaling, which the "
-            "torch engine does not do; use bf16 or fp32"
+            f"training.experiments.{name}.precision: the torch engine's fp16 (for benchmark "
+            "runs) keeps no loss scale in its checkpoints, so segments cannot resume it; "
+            "use bf16 or fp32, or engine: megatron"
         )
     vocab = exp["model"].get("vocab_size") or text["tokenizers"][tok].get("vocab_size") or 50257
     gpu_gb = cluster.gpu.memory_gb if cluster.gpu is not None else None

@@ -78,6 +78,11 @@ def parser() -> argparse.ArgumentParser:
     a("--exit-duration-in-mins", type=float, default=None)
     a("--exit-signal-handler", action="store_true", help="save and exit on SIGTERM/SIGUSR1")
     a("--bf16", action="store_true", help="bf16 autocast (weights and optimizer in fp32)")
+    a(
+        "--fp16",
+        action="store_true",
+        help="fp16 autocast with dynamic loss scaling (Megatron's --fp16 default)",
+    )
     a("--adam-beta1", type=float, default=0.9)
     a("--adam-beta2", type=float, default=0.999)
     a("--adam-eps", type=float, default=1e-8)
@@ -351,7 +356,17 @@ def blend_from(data_path: list[str]) -> Blend:
 
 
 def log_line(
-    iteration, args, consumed, elapsed_ms, tflops, lr, loss, grad_norm, throughput: bool
+    iteration,
+    args,
+    consumed,
+    elapsed_ms,
+    tflops,
+    lr,
+    loss,
+    grad_norm,
+    throughput: bool,
+    loss_scale: float = 1.0,
+    skipped: int = 0,
 ) -> str:
     """One line in the format of Megatron-LM's ``training_log`` (megatron/training/training.py;
     the pinned commit prints the time without microseconds)."""
@@ -364,9 +379,9 @@ def log_line(
     s += f" learning rate: {lr:.6E} |"
     s += f" global batch size: {args.global_batch_size:5d} |"
     s += f" lm loss: {loss:.6E} |"
-    s += " loss scale: 1.0 |"
+    s += f" loss scale: {loss_scale:.1f} |"
     s += f" grad norm: {grad_norm:.3f} |"
-    s += " number of skipped iterations:   0 |"
+    s += f" number of skipped iterations: {skipped:3d} |"
     s += " number of nan iterations:   0 |"
     return s
 
@@ -520,7 +535,14 @@ def train(args: argparse.Namespace) -> dict:
         ids = [d.local_rank] if d.device.type == "cuda" else None
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
     model.train()
-    autocast = torch.autocast(d.device.type, dtype=torch.bfloat16) if args.bf16 else nullcontext()
+    if args.bf16 and args.fp16:
+        raise SystemExit("torch engine: --bf16 and --fp16 exclude each other")
+    half = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else None
+    autocast = torch.autocast(d.device.type, dtype=half) if half else nullcontext()
+    # fp16: the loss is scaled up before backward and the gradients down before clipping;
+    # steps with inf/nan gradients are skipped and the scale lowered (dynamic loss scaling,
+    # as Megatron's --fp16 without --loss-scale). A no-op otherwise.
+    scaler = torch.amp.GradScaler(d.device.type, enabled=args.fp16)
     flops = flops_per_iteration(args, padded)
     first = iteration + 1
     summary = {"first_iteration": first, "last_iteration": iteration, "loss": None}
@@ -532,6 +554,7 @@ def train(args: argparse.Namespace) -> dict:
             flush=True,
         )
     interval_loss, interval_iters, interval_start = 0.0, 0, time.time()
+    interval_skipped = 0
     board = Board(args.tensorboard_dir) if d.rank == 0 else Board(None)
     stopped = "signal" if stop_flag.signal is not None else None
     if stopped and d.rank == 0:  # during the start-up: train nothing, save nothing
@@ -556,10 +579,15 @@ def train(args: argparse.Namespace) -> dict:
             )
             loss = (losses * mask.view(-1)).sum() / mask.sum()
             with model.no_sync() if not sync else nullcontext():
-                (loss / micro_steps).backward()
+                scaler.scale(loss / micro_steps).backward()
             loss_sum += loss.detach()
+        scaler.unscale_(optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad)
-        optimizer.step()
+        scale = scaler.get_scale() if args.fp16 else 1.0
+        scaler.step(optimizer)
+        scaler.update()
+        if args.fp16 and scaler.get_scale() < scale:  # inf/nan gradients: step skipped
+            interval_skipped += 1
         optimizer.zero_grad(set_to_none=True)
         iteration += 1
         # One all-reduce carries the loss and whether any rank must stop.
@@ -593,6 +621,8 @@ def train(args: argparse.Namespace) -> dict:
                     interval_loss / interval_iters,
                     float(grad_norm),
                     args.log_throughput,
+                    loss_scale=scaler.get_scale() if args.fp16 else 1.0,
+                    skipped=interval_skipped,
                 )
                 print(line, flush=True)
                 tokens = iteration * args.global_batch_size * args.seq_length
@@ -609,6 +639,7 @@ def train(args: argparse.Namespace) -> dict:
                 )
             summary["loss"] = interval_loss / interval_iters
             interval_loss, interval_iters, interval_start = 0.0, 0, time.time()
+            interval_skipped = 0
         if stats[2]:
             stopped = "signal" if stats[1] else "time"
         if eval_iters and (iteration % args.eval_interval == 0 or iteration == args.train_iters):
