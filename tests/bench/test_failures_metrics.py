@@ -29,6 +29,13 @@ def test_slurm_state_wins_and_missing_logs_are_skipped(tmp_path):
     assert classify_text("NCCL error in: x", "NODE_FAIL") == "node_failure"
     assert classify_text("", "CANCELLED by 1234") == "cancelled"
     assert classify_text("", "TIMEOUT") == "time_limit"
+    # Slurm's other states that name a cause (squeue/sacct state codes): a node that failed
+    # to boot is a node failure (transient), a deadline a time limit
+    assert classify_text("", "BOOT_FAIL") == "node_failure"
+    assert classify_text("", "DEADLINE") == "time_limit"
+    assert classify_text("", "OUT_OF_MEMORY") == "out_of_memory"
+    assert classify_text("", "PREEMPTED") == "preempted"
+    assert classify_text("Traceback (most recent call last):", "FAILED") == "error"
     assert classify_log([tmp_path / "absent.log"]) is None
 
 

@@ -105,6 +105,20 @@ def test_summary_marks_every_bad_case_and_plots_still_render(tmp_path):
     assert len(loss_lines) == 3  # ok, ok and the truncated run
 
 
+def test_a_failed_baseline_gives_its_series_no_efficiencies(tmp_path):
+    """The baseline is the fewest nodes of the sweep, never another point: the 1-node run
+    logged its iterations and then died (a time limit), so the 2-node run has none."""
+    results = tmp_path / "results"
+    one, two = point(1), point(2)
+    put_run(results, one, scaled_log(1.0), {"status": "time_limit", "returncode": 1})
+    put_run(results, two, scaled_log(1.0), {"status": "ok", "returncode": 0})
+    df = summarize([one, two], results).set_index("id")
+    assert df.loc[one["id"], "status"] == "time_limit" and df.loc[two["id"], "status"] == "ok"
+    assert df.loc[one["id"], "tokens_per_s_per_gpu"] > 0  # it has figures, yet is no baseline
+    assert (df["baseline_nodes"] == 1).all()
+    assert df["efficiency"].isna().all()
+
+
 def test_summarize_reads_the_slurm_job_logs(tmp_path):
     results, slurm = tmp_path / "results", tmp_path / "slurm_logs"
     died, killed, lost, absent, refined = (point(n) for n in (1, 2, 4, 8, 16))
@@ -152,8 +166,10 @@ def test_vision_run_from_records(tmp_path):
         "peak_tflops": 100.0,
     }
 
-    def log(train_time):
+    def log(train_time, stage_in=None):
         lines = [{"event": "start", "train_flops_per_image": 1e9}]
+        if stage_in:  # seconds per node of the copy to node-local storage
+            lines.append({"event": "stage_in", "method": "copy", "seconds_per_node": stage_in})
         for epoch in (1, 2):
             lines += [
                 {"event": "batch", "epoch": epoch, "batch": b, "time_s": train_time / 4}
@@ -176,11 +192,14 @@ def test_vision_run_from_records(tmp_path):
     put_run(results, p1, log(8.0))
     # the same epoch (EPICURE's weak scaling: fixed per-GPU batch, fixed dataset) in half
     # the time on twice the GPUs: perfect scaling
-    put_run(results, p2, log(4.0))
+    put_run(results, p2, log(4.0, stage_in={"n1": 1.5, "n2": 3.25}))
     df = summarize([p1, p2], results).set_index("id")
     assert df.loc["v.2", "efficiency_train_time"] == 1.0
     assert df.loc["v.2", "efficiency_epoch_time"] == (9.0 * 1) / (5.0 * 2)
     assert df.loc["v.2", "efficiency_batch_time"] == 2.0  # batches got faster
     assert df.loc["v.1", "images_per_s_per_gpu"] == 8.0
     assert df.loc["v.1", "mfu"] == 8.0 * 1e9 / 1e12 / 100.0
+    # docs/benchmarks.md: stage_in_s is the slowest node's (the job waits for it)
+    assert (df.loc["v.2", "stage_in_s"], df.loc["v.2", "stage_in_nodes"]) == (3.25, 2)
+    assert df.loc["v.2", "stage_in_method"] == "copy"
     shutil.rmtree(results)

@@ -107,6 +107,20 @@ def test_a_bad_key_names_the_file_and_the_key(tmp_path):
         load_cluster("site", tmp_path)
 
 
+def test_a_cache_the_cluster_sets_itself_stays_where_it_says(tmp_path):
+    """Caches go under the scratch space unless the cluster's env sets them itself."""
+    c = load_cluster("local", ROOT)
+    assert c.env["HF_HOME"] == c.scratch.rstrip("/") + "/hpcllm-cache/huggingface"
+    import yaml
+
+    raw = yaml.safe_load(LOCAL)
+    raw.setdefault("env", {})["HF_HOME"] = "/site/shared/hf"
+    write(tmp_path, yaml.safe_dump(raw))
+    c = load_cluster("site", tmp_path)
+    assert c.env["HF_HOME"] == "/site/shared/hf"
+    assert c.env["TRITON_CACHE_DIR"] == c.scratch.rstrip("/") + "/hpcllm-cache/triton"
+
+
 def test_partitions_not_known_for_sure_come_from_the_environment():
     c = load_cluster("deucalion", ROOT, environ={"HPCLLM_GPU_PARTITION": "gpu-x"})
     assert c.partitions.gpu == "gpu-x" and c.partitions.cpu is None

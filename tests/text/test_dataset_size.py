@@ -42,3 +42,13 @@ def test_one_empty_shard_is_fine_and_the_minimum_is_configurable(tmp_path):
     assert check_source_size("web", manifests, 1) == 1
     with pytest.raises(TooFewDocuments, match="hold 1 documents, fewer than min_documents: 2"):
         check_source_size("web", manifests, 2)
+
+
+def test_skip_counts_of_one_reason_add_up_over_the_shards(tmp_path):
+    manifests = [
+        shard(tmp_path, k, 1, [{"body": "no text"}] * (k + 1) + [{"text": ""}]) for k in range(3)
+    ]
+    with pytest.raises(TooFewDocuments) as e:
+        check_source_size("web", manifests, 1)
+    assert "Skipped records by reason: missing_text: 6;" in str(e.value)
+    assert "empty documents dropped: 3" in str(e.value)

@@ -51,6 +51,26 @@ def test_files_are_dealt_to_shards_when_there_are_enough(tmp_path):
     assert m["documents"] == 4
 
 
+def test_as_many_files_as_shards_gives_each_shard_one_whole_file(tmp_path):
+    """The boundary of dealing files: N files for N shards is one file per shard (each job
+    opens only its own), even when the files differ in size."""
+    write_jsonl(tmp_path / "f0.jsonl", docs(3, prefix="f0_"))
+    write_jsonl(tmp_path / "f1.jsonl", docs(1, prefix="f1_"))
+    got = [run_shard(tmp_path, local("f*.jsonl"), shard=k, num_shards=2)[0] for k in range(2)]
+    assert got == [[f"f0_ number {i}" for i in range(3)], ["f1_ number 0"]]
+
+
+def test_the_manifest_keeps_the_first_20_skipped_places_and_counts_them_all(tmp_path):
+    """docs/text.md: skipped records by reason with the first 20 places."""
+    bad = {2 * i + 1: b'{"id": 1, "text": "unterminated' for i in range(25)}
+    write_jsonl(tmp_path / "a.jsonl", docs(30), raw_lines=bad)
+    texts, m = run_shard(tmp_path, local("a.jsonl"), ShardPolicy(on_bad_record="skip"))
+    assert len(texts) == 30
+    assert m["skipped"] == {"malformed_json": 25} and m["skipped_total"] == 25
+    assert len(m["skipped_examples"]) == 20
+    assert [e.split(":")[1] for e in m["skipped_examples"]] == [str(2 * i + 1) for i in range(20)]
+
+
 def test_limits_are_split_over_shards(tmp_path):
     write_jsonl(tmp_path / "a.jsonl", docs(100))
     cfg = local("a.jsonl", max_documents=7)
@@ -103,6 +123,15 @@ def test_huge_document_is_a_bad_record(tmp_path):
         tmp_path, local("a.jsonl"), ShardPolicy(max_document_bytes=4096, on_bad_record="skip")
     )
     assert texts == ["small"] and m["skipped"] == {"too_large": 1}
+
+
+def test_a_document_of_exactly_max_document_bytes_is_accepted(tmp_path):
+    """config/README.md: max_document_bytes is the largest document accepted."""
+    write_jsonl(tmp_path / "a.jsonl", [{"text": "é" * 2048}, {"text": "x" * 4097}])
+    texts, m = run_shard(
+        tmp_path, local("a.jsonl"), ShardPolicy(max_document_bytes=4096, on_bad_record="skip")
+    )
+    assert texts == ["é" * 2048] and m["skipped"] == {"too_large": 1}
 
 
 def test_empty_and_missing_files(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+from megatron.core.datasets.indexed_dataset import DType, IndexedDataset, IndexedDatasetBuilder
 
 from hpcllm.text.indexed_dataset import (
     IndexedDatasetError,
@@ -38,11 +38,12 @@ def write_megatron(prefix, docs, dtype) -> None:
     builder.finalize(f"{prefix}.idx")
 
 
-@pytest.mark.parametrize("vocab", [50_000, 100_000])
+# 65_499 and 65_500: the two sides of Megatron's uint16/int32 boundary
+@pytest.mark.parametrize("vocab", [50_000, 65_499, 65_500, 100_000])
 def test_writer_is_byte_identical_to_megatron_builder(tmp_path, vocab):
     docs = random_docs(57, vocab)
     dtype = optimal_dtype(vocab)
-    assert dtype == (np.uint16 if vocab < 65500 else np.int32)
+    assert dtype == DType.optimal_dtype(vocab)
     write_ours(tmp_path / "ours", docs, dtype)
     write_megatron(tmp_path / "ref", docs, dtype)
     for ext in (".bin", ".idx"):
@@ -104,3 +105,19 @@ def test_writer_rejects_ids_that_do_not_fit(tmp_path):
         with IndexedDatasetWriter(tmp_path / "x", np.uint16) as w:
             w.add_documents(np.array([70_000]), [1])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_bin_or_idx_with_bytes_beyond_what_the_index_describes_is_refused(tmp_path):
+    """check_dataset wants exactly the tokens the index describes: trailing bytes (a .bin
+    appended to, an .idx of another build) mean the pair is not what it claims."""
+    write_ours(tmp_path / "a", random_docs(4, 100), np.uint16)
+    assert check_dataset(tmp_path / "a").num_tokens * 2 == (tmp_path / "a.bin").stat().st_size
+    with open(tmp_path / "a.bin", "ab") as f:
+        f.write(b"\0\0")
+    with pytest.raises(IndexedDatasetError, match=r"a\.bin: holds \d+ bytes but .*describes"):
+        check_dataset(tmp_path / "a")
+    write_ours(tmp_path / "b", random_docs(4, 100), np.uint16)
+    with open(tmp_path / "b.idx", "ab") as f:
+        f.write(b"\0" * 8)
+    with pytest.raises(IndexedDatasetError, match=r"b\.idx: truncated or corrupt index"):
+        check_dataset(tmp_path / "b")

@@ -82,6 +82,7 @@ def test_tokenized_shard_read_by_megatron_equals_hf_ids_plus_eod(
     stats, ds = tokenize_and_read(tmp_path, tok, edge_texts, encoder=encoder, batch_bytes=1024)
     assert stats.encoder == ("gigatoken" if encoder == "auto" else "hf")
     assert len(ds) == len(edge_texts) == stats.documents
+    assert stats.tokens == sum(len(doc) for doc in ds)  # the figure the log's tokens/s uses
     for doc, text in zip(ds, edge_texts, strict=True):
         assert doc.tolist() == hf_ids(tok, text) + [eod]
     assert ds.index.dtype == np.uint16
@@ -279,6 +280,40 @@ def test_a_difference_after_the_first_batch_stops_the_job(tmp_path, trained_toke
     texts = [f"early document {i} " * 20 for i in range(50)] + ["late document " * 20] * 5
     with pytest.raises(TokenizerError, match=r"gave other ids than tokenizers .*encoder: hf"):
         tokenize_and_read(tmp_path, load_tokenizer(trained_tokenizer), texts, batch_bytes=1024)
+    assert not list(tmp_path.glob("out_text_document.*"))
+
+
+def test_a_difference_in_the_second_batch_stops_the_job(tmp_path, trained_tokenizer, monkeypatch):
+    """Every batch after the first (the probe) checks one document: the second one too."""
+    import hpcllm.text.tokenization as t
+
+    real = t.gigatoken_encoder
+
+    def wrong_on_late_text(tk):
+        enc = real(tk)
+        inner = enc._encode
+
+        def encode(texts):
+            flat, lengths = inner(texts)
+            return (flat + 1, lengths) if any("late" in x for x in texts) else (flat, lengths)
+
+        enc._encode = encode
+        return enc
+
+    monkeypatch.setattr(t, "gigatoken_encoder", wrong_on_late_text)
+    texts = ["early document " * 100, "late document " * 20, "late again " * 20]
+    shard = tmp_path / "shard.jsonl.zst"
+    write_jsonl_zst(((str(i), x) for i, x in enumerate(texts)), shard)
+    batches = list(read_texts(shard, 1024))
+    assert [len(b) for b in batches] == [1, 2]  # the late documents are the second batch
+    with pytest.raises(TokenizerError, match=r"other ids than tokenizers for the document after 1"):
+        tokenize_shard(
+            shard,
+            tmp_path / "out_text_document",
+            load_tokenizer(trained_tokenizer),
+            EOD,
+            batch_bytes=1024,
+        )
     assert not list(tmp_path.glob("out_text_document.*"))
 
 

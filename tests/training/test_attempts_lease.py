@@ -36,6 +36,8 @@ from hpcllm.training.segment import (
         ("exiting program at iteration 700", None, "signal"),
         ("slurmstepd: error: *** JOB 12 ON n1 CANCELLED AT 2026 DUE TO TIME LIMIT ***", 15, "time_limit"),
         ("srun: error: Node failure on n2", None, "node_failure"),
+        # the signal that reached the survivors of a node failure does not hide it
+        ("srun: error: Node failure on n2", 15, "node_failure"),
         ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate", None, "out_of_memory"),
         ("FileNotFoundError: [Errno 2] No such file or directory: 'x.idx'", None, "missing_file"),
         ("AssertionError: num_layers must be divisible by pipeline size", None, "config_error"),
@@ -117,6 +119,9 @@ def test_a_job_a_user_cancelled_is_not_retried_a_preempted_one_is(tmp_path):
     assert "failed with cancelled" in why and "job 77" in why
     assert attempts.refusal(attempts.load(path), 2, 12, state_of=lambda job: "PREEMPTED") is None
     assert attempts.refusal(attempts.load(path), 2, 12, state_of=lambda job: "FAILED") is None
+    # no progress: the chain stops naming Slurm's class, not the "signal" the job recorded
+    why = attempts.refusal(attempts.load(path), 2, 0, state_of=lambda job: "PREEMPTED")
+    assert "(job 77, preempted) added no iteration" in why
 
 
 def test_a_new_snakemake_run_starts_a_new_chain_and_keeps_the_history(tmp_path):
@@ -183,6 +188,11 @@ def test_squeue_answers_liveness(tmp_path, monkeypatch):
         '#!/bin/sh\ncase "$*" in\n'
         "  *' 1 '*) echo RUNNING;;\n"
         "  *' 2 '*) echo COMPLETED;;\n"
+        "  *' 4 '*) echo PENDING;;\n"
+        "  *' 5 '*) echo SUSPENDED;;\n"
+        "  *' 6 '*) echo CONFIGURING;;\n"
+        "  *' 7 '*) echo COMPLETING;;\n"
+        "  *' 8 '*) echo FAILED;;\n"
         "  *) echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1;;\n"
         "esac\n"
     )
@@ -191,6 +201,42 @@ def test_squeue_answers_liveness(tmp_path, monkeypatch):
     assert lease.slurm_job_live("1") is True
     assert lease.slurm_job_live("2") is False
     assert lease.slurm_job_live("3") is False
+    # the live states the module documents: pending, suspended, configuring, completing
+    # (a completing job may still write its checkpoint)
+    for job in ("4", "5", "6", "7"):
+        assert lease.slurm_job_live(job) is True, job
+    assert lease.slurm_job_live("8") is False
+
+
+def test_a_holder_seen_from_another_host_is_live_while_it_renews(tmp_path):
+    """No Slurm job id and another host (no process to probe): the renewal time decides,
+    and so it does for a Slurm holder when squeue cannot answer."""
+    save = tmp_path / "ckpt"
+    fresh = lease.Holder(None, "another-host", 1, time.time())
+    lease.acquire(save, fresh)
+    with pytest.raises(lease.LeaseHeld, match="process 1 on another-host"):
+        lease.acquire(save, lease.me(environ={}))
+    old = time.time() - lease.STALE_SECONDS - 5
+    lease._write(save, lease.Holder(None, "another-host", 1, old))
+    assert lease.acquire(save, lease.me(environ={})).host == "another-host"  # taken over
+    lease._write(save, lease.Holder("77", "n1", 1, time.time()))
+    with pytest.raises(lease.LeaseHeld, match="Slurm job 77"):
+        lease.acquire(save, lease.me(environ={}), job_live=lambda j: None)
+    lease._write(save, lease.Holder("77", "n1", 1, old))
+    assert lease.acquire(save, lease.me(environ={}), job_live=lambda j: None).job_id == "77"
+
+
+def test_release_leaves_a_lease_another_job_took_over(tmp_path):
+    """A job whose lease was taken over as stale must not remove the new holder's lease
+    when it ends: that would let a third writer in."""
+    save = tmp_path / "ckpt"
+    mine = lease.Holder("10", "n1", 1, time.time())
+    lease.acquire(save, mine)
+    lease.acquire(save, lease.Holder("11", "n2", 2, time.time()), job_live=lambda j: False)
+    lease.release(save, mine)
+    assert lease.read(save).job_id == "11"
+    lease.release(save, lease.Holder("11", "n2", 2, time.time()))
+    assert lease.read(save) is None
 
 
 # ------------------------------------------------------------------ time arithmetic

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from hpcllm.training import checkpoints
@@ -21,6 +24,40 @@ def test_commit_marker_written_last(tmp_path):
     checkpoints.finish_iteration_dir(tmp_path, 20)
     assert checkpoints.latest_iteration(tmp_path) == 20
     assert (tmp_path / "iter_0000020").is_dir()
+
+
+def test_a_save_killed_at_its_commit_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    """The tracker is the commit marker, written after the iter_* directory is in place:
+    a save killed before its directory is renamed leaves the tracker on the previous one."""
+
+    def save(iteration):
+        tmp = checkpoints.begin_iteration_dir(tmp_path, iteration)
+        (tmp / "mp_rank_00").mkdir()
+        (tmp / "mp_rank_00" / "model_optim_rng.pt").write_bytes(b"state %d" % iteration)
+        checkpoints.finish_iteration_dir(tmp_path, iteration)
+
+    save(10)
+    real_replace = os.replace
+
+    def killed(src, dst):  # killed while renaming the directory, nothing else
+        if Path(dst) == checkpoints.iteration_dir(tmp_path, 20):
+            raise KeyboardInterrupt("killed during the rename")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        save(20)
+    assert checkpoints.latest_iteration(tmp_path) == 10
+    assert checkpoints.iteration_dirs(tmp_path) == [10]
+
+
+def test_a_killed_saves_leftover_is_cleared_by_the_next_save(tmp_path):
+    tmp = checkpoints.begin_iteration_dir(tmp_path, 30)
+    (tmp / "mp_rank_00").mkdir()
+    (tmp / "mp_rank_00" / "model_optim_rng.pt").write_bytes(b"half")
+    again = checkpoints.begin_iteration_dir(tmp_path, 30)
+    assert again == tmp and list(again.iterdir()) == []
+    assert checkpoints.latest_iteration(tmp_path) is None
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpcllm.training.planner import PlanError, check_layout, estimate_memory, plan
+from hpcllm.training.planner import GB, PlanError, check_layout, estimate_memory, pad_vocab, plan
 from hpcllm.training.presets import PRESETS, PresetError, resolve_experiment
 
 
@@ -63,6 +63,36 @@ def test_inconsistent_layouts_are_refused(gpus, change, message):
     exp["model"]["num_attention_heads"] = 16 if "heads" not in message else 8
     with pytest.raises(PlanError, match=message):
         check_layout("x", exp, gpus, procs_per_node=4 if "node" in message else None)
+
+
+def test_vocabulary_padding_is_megatrons_times_tp():
+    """Megatron pads to a multiple of make-vocab-size-divisible-by (128) x TP."""
+    assert [pad_vocab(50257, tp) for tp in (1, 2, 4, 8)] == [50304, 50432, 50688, 51200]
+    assert pad_vocab(50304, 1) == 50304
+
+
+def test_tensor_parallelism_filling_exactly_one_node_is_accepted():
+    exp = experiment("opengptx_800m", tp=4)
+    exp["model"]["num_attention_heads"] = 16
+    assert check_layout("x", exp, 8, procs_per_node=4).tp == 4
+
+
+def test_pipeline_keeps_min_pp_microbatches_in_flight():
+    """1F1B: the first stage holds min(PP, microbatches) microbatches' activations."""
+    exp = experiment("opengptx_800m", tp=1, pp=4, sequence_parallel=False)
+    s, b = exp["model"]["seq_length"], exp["batch"]["micro"]
+    logits = 4 * s * b * pad_vocab(50257, 1) / GB
+
+    def stored(global_batch):
+        exp["batch"]["global"] = global_batch
+        layout = check_layout("x", exp, 8)  # DP = 2
+        return estimate_memory(exp, layout, 50257).activations - logits, layout.microbatches
+
+    one, n1 = stored(2 * b)
+    two, n2 = stored(4 * b)
+    many, n8 = stored(16 * b)
+    assert (n1, n2, n8) == (1, 2, 8)
+    assert two == pytest.approx(2 * one) and many == pytest.approx(4 * one)
 
 
 def test_global_batch_must_divide_by_micro_batch_times_dp():

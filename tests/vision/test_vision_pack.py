@@ -110,6 +110,15 @@ def test_image_problem_checks():
     assert image_problem(b"") == "empty file"
 
 
+def test_a_complete_jpeg_with_zero_padding_passes_the_header_check(imagenet_tree):
+    """The end-of-image marker ends the file, give or take zero padding (some writers
+    pad); without the marker the JPEG is truncated."""
+    data = next((imagenet_tree / "train").glob("*/*.JPEG")).read_bytes()
+    assert image_problem(data) is None
+    assert image_problem(data + bytes(100)) is None
+    assert image_problem(data[:-2]) == "truncated JPEG (no end-of-image marker)"
+
+
 # Each bad-input case: (how to break a fresh tree, split, path the message must name, val form)
 def corrupt_jpeg(root: Path) -> Path:
     path = next((root / "train").glob("*/*_1.JPEG"))
@@ -200,6 +209,17 @@ def test_bad_input_skipped_and_reported(imagenet_tree, tmp_path, case):
     for i in range(ds.num_samples):  # what was packed is intact and correctly labelled
         data, label, name = ds.read_record(i)
         assert data == (root / name).read_bytes() and ds.classes[label] == expected[name]
+
+
+def test_a_split_whose_images_are_all_skipped_is_an_error_not_an_empty_lmdb(
+    imagenet_tree, tmp_path
+):
+    root = shutil.copytree(imagenet_tree, tmp_path / "tree")
+    for path in (root / "train").glob("*/*.JPEG"):
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(BadInputError, match="no usable images among the 12 listed"):
+        pack(root, tmp_path / "out", "imagenet", "train", on_bad_image="skip")
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
 
 
 def test_failed_repack_keeps_the_previous_lmdb(imagenet_tree, tmp_path):
