@@ -84,6 +84,7 @@ SCHEMA: dict[str, Any] = {
                 "memory_gb": {"type": "number", "exclusiveMinimum": 0},
                 "peak_bf16_tflops": {"type": "number", "exclusiveMinimum": 0},
                 "peak_fp32_tflops": {"type": "number", "exclusiveMinimum": 0},
+                "assumed_tflops": {"type": "number", "exclusiveMinimum": 0},
             },
         },
         "cpus_per_node": {"type": "integer", "minimum": 1},
@@ -98,6 +99,14 @@ SCHEMA: dict[str, Any] = {
             "additionalProperties": False,
             "required": ["gpu", "cpu", "devel"],
             "properties": {"gpu": _PARTITION, "cpu": _PARTITION, "devel": _PARTITION},
+        },
+        "gpu_partition": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "nodes": {"type": ["integer", "null"], "minimum": 1},
+                "max_minutes": {"type": ["integer", "null"], "minimum": 1},
+            },
         },
         "container_runtime": {"enum": ["apptainer", "singularity", "none"]},
         "container_build": {
@@ -130,6 +139,16 @@ SCHEMA: dict[str, Any] = {
 }
 
 
+# The share of the dense peak assumed sustained where a cluster file gives no
+# ``gpu.assumed_tflops``: Megatron-LM reports 44-52% for GPT-3 175B-1T on A100s
+# (Narayanan et al. 2021, "Efficient large-scale language model training on GPU clusters
+# using Megatron-LM", table 1); smaller models and other GPUs reach less.
+ASSUMED_FRACTION_OF_PEAK = 0.4
+# A GPU partition's longest time limit where its cluster file gives none (the 24 h most
+# EuroHPC GPU partitions allow).
+DEFAULT_MAX_MINUTES = 1440
+
+
 @dataclass(frozen=True)
 class Gpu:
     vendor: str  # "nvidia" or "amd"
@@ -137,6 +156,16 @@ class Gpu:
     memory_gb: float  # per GPU (per GCD on AMD MI250X: LUMI counts 8 per node)
     peak_bf16_tflops: float  # dense, per GPU
     peak_fp32_tflops: float  # per GPU, without tensor cores
+    # The bf16 rate per GPU a large Megatron run sustains, assumed for time limits and
+    # estimates (the cluster file says where it comes from); None: 40% of the peak.
+    assumed_tflops: float | None = None
+
+    def rate_tflops(self, precision: str = "bf16") -> float:
+        """The assumed sustained TFLOP/s per GPU in ``precision`` (fp32 scaled by peaks)."""
+        rate = self.assumed_tflops or ASSUMED_FRACTION_OF_PEAK * self.peak_bf16_tflops
+        if precision == "fp32":
+            rate *= self.peak_fp32_tflops / self.peak_bf16_tflops
+        return rate
 
 
 @dataclass(frozen=True)
@@ -184,6 +213,9 @@ class Cluster:
     rendezvous_suffix: str  # appended to the first node's name, e.g. "i" for InfiniBand
     srun_args: tuple[str, ...]
     modules: tuple[str, ...]
+    # The GPU partition's size and longest time limit (None: not known for sure).
+    gpu_partition_nodes: int | None = None
+    gpu_partition_max_minutes: int | None = None
     path: str = ""
     # Hardware threads per core that Slurm counts as CPUs: > 1 where a site's Slurm counts
     # them (JSC), so jobs ask --threads-per-core=1 to get cores for their --cpus-per-task.
@@ -209,6 +241,16 @@ class Cluster:
     def cores_per_gpu(self) -> int:
         """Cores per GPU of a node: each rank's share (OMP_NUM_THREADS), at least 1."""
         return max(1, self.cpus_per_node // self.gpus_per_node) if self.gpus_per_node else 1
+
+    @property
+    def max_minutes(self) -> int:
+        """The longest time limit of a GPU job here."""
+        return self.gpu_partition_max_minutes or DEFAULT_MAX_MINUTES
+
+    @property
+    def whole_nodes(self) -> bool:
+        """Every Slurm job holds whole GPU nodes: a GPU site without a CPU partition."""
+        return self.uses_slurm and self.gpus_per_node > 0 and self.partitions.cpu is None
 
 
 class ClusterError(ValueError):
@@ -324,6 +366,8 @@ def load_cluster(
         rendezvous_suffix=raw.get("rendezvous_suffix", ""),
         srun_args=tuple(raw.get("srun_args", ())),
         modules=tuple(raw.get("modules", ())),
+        gpu_partition_nodes=raw.get("gpu_partition", {}).get("nodes"),
+        gpu_partition_max_minutes=raw.get("gpu_partition", {}).get("max_minutes"),
         path=str(path),
         unset=tuple(unset),
         threads_per_core=raw.get("threads_per_core", 1),
@@ -406,3 +450,100 @@ def profile_errors(
                     f"`export {var}=<{what}>` before running snakemake{find}"
                 )
     return errors
+
+
+@dataclass(frozen=True)
+class ProfileCluster:
+    """The cluster a Snakemake profile names (its ``config: cluster:``), and whether the
+    command line names one itself (``--config cluster=NAME``)."""
+
+    profile: str  # the profile's config file
+    cluster: str | None
+    command_line_cluster: str | None
+
+
+_PROFILE_FILES = ("config.v9+.yaml", "config.v8+.yaml", "config.yaml")
+
+
+def _profile_file(value: str, roots: list[str]) -> Path | None:
+    candidates = [Path(value)] if os.path.isabs(value) else [Path(r) / value for r in roots]
+    candidates += [
+        Path(base) / "snakemake" / value
+        for base in (
+            os.environ.get("XDG_CONFIG_HOME", os.path.expanduser("~/.config")),
+            "/etc/xdg",
+        )
+    ]
+    for folder in candidates:
+        for name in _PROFILE_FILES:
+            if (folder / name).is_file():
+                return folder / name
+    return None
+
+
+def profile_cluster(
+    argv: list[str], environ: Mapping[str, str] | None = None, roots: list[str] | None = None
+) -> ProfileCluster | None:
+    """What the command line's profile (``--profile`` or $SNAKEMAKE_PROFILE) says the
+    cluster is; None without a profile.
+
+    Snakemake replaces a profile's ``config:`` by a ``--config`` given on the command line
+    (it does not merge them), so ``--profile profiles/juwels --config max_gpu_hours=1000``
+    would otherwise plan for the configuration file's cluster (``local``) with JUWELS'
+    resources. The workflow reads the profile's cluster here instead.
+    """
+    environ = os.environ if environ is None else environ
+    roots = roots or [os.getcwd()]
+    profile, config_args, i = environ.get("SNAKEMAKE_PROFILE"), [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--profile" and i + 1 < len(argv):
+            profile, i = argv[i + 1], i + 2
+            continue
+        if arg.startswith("--profile="):
+            profile = arg.split("=", 1)[1]
+        elif arg in ("--config", "-C"):
+            i += 1
+            while i < len(argv) and not argv[i].startswith("-"):
+                config_args.append(argv[i])
+                i += 1
+            continue
+        i += 1
+    command_line = next((a.split("=", 1)[1] for a in config_args if a.startswith("cluster=")), None)
+    if not profile:
+        return None
+    path = _profile_file(profile, roots)
+    if path is None:
+        return None
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError:
+        return None
+    config = raw.get("config") or {}
+    if isinstance(config, list):  # `config: ["cluster=juwels"]`
+        config = dict(str(item).split("=", 1) for item in config if "=" in str(item))
+    cluster = config.get("cluster") if isinstance(config, dict) else None
+    return ProfileCluster(str(path), cluster, command_line)
+
+
+def cluster_from_profile(
+    config_cluster: str, found: ProfileCluster | None
+) -> tuple[str, str | None]:
+    """(the cluster to plan for, a note to print or None); raises ClusterError for a
+    command line that names another cluster than its profile."""
+    if found is None or not found.cluster or config_cluster == found.cluster:
+        return config_cluster, None
+    if found.command_line_cluster is not None:
+        if found.command_line_cluster == config_cluster:
+            raise ClusterError(
+                f"--config cluster={config_cluster} on the command line, but the profile "
+                f"{found.profile} is for cluster '{found.cluster}' (its resources, "
+                f"partitions and account): use --profile profiles/{config_cluster} (or "
+                f"drop cluster= from --config)."
+            )
+        return config_cluster, None
+    return found.cluster, (
+        f"cluster: {found.cluster} (from {found.profile}; a --config on the command line "
+        "replaces the profile's config:, so the workflow reads the cluster from the "
+        "profile)"
+    )

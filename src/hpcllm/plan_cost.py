@@ -1,16 +1,25 @@
 """What a plan costs before anything is queued: node-hours and GPU-hours per rule.
 
-Each GPU job asks Slurm for ``nodes`` whole nodes for up to ``runtime`` minutes; that is
-what the allocation can be charged, so the cost is counted from the time limit, not from
-a guess of how long the job will really take. ``max_gpu_hours`` (config) stops a real
-run of a larger plan before the first job is submitted; a dry run prints the same
-figures and warns.
+Each job is priced by what it holds: a GPU job asks Slurm for ``nodes`` whole nodes for
+up to ``runtime`` minutes, and so does every CPU job on a site where all jobs get whole
+GPU nodes (no CPU partition: tokenize groups, train_tokenizer, merges, pack_lmdb,
+prepare_data_cache there hold a GPU node each). That is what the allocation can be
+charged, so the cost is counted from the time limits: an upper bound. Beside it, the
+time to train each experiment is estimated from its tokens and a per-GPU rate (the one
+measured by the user's own benchmark summary where there is one, else the cluster's
+assumed rate). ``max_gpu_hours`` (config) stops a real run of a larger plan before the
+first job is submitted; a dry run and the look-only commands print the same figures and
+warn.
 """
 
 from __future__ import annotations
 
+import csv
+import math
+import statistics
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 
 MAX_GPU_HOURS_KEY = "max_gpu_hours"
 
@@ -57,11 +66,17 @@ def cost_per_rule(jobs: list[Job], gpus_per_node: int) -> list[RuleCost]:
     ]
 
 
+def group_jobs(rule: str, count: int, per_group: int, runtime_min: float) -> list[Job]:
+    """The Slurm jobs of ``count`` jobs of ``rule`` packed ``per_group`` to a node (Snakemake
+    job groups that run side by side on one node: each group holds it for one time limit)."""
+    return [Job(rule, 1, runtime_min)] * math.ceil(count / max(1, per_group))
+
+
 def describe(costs: list[RuleCost], cluster: str) -> list[str]:
     """The cost lines of a plan, one per rule and the total."""
     if not costs:
-        return [f"Cost on {cluster}: no GPU jobs to run (0 node-hours, 0 GPU-hours)"]
-    lines = [f"Cost on {cluster} (whole nodes for each job's time limit):"]
+        return [f"Cost on {cluster}: no jobs that hold GPU nodes (0 node-hours, 0 GPU-hours)"]
+    lines = [f"Cost on {cluster} (whole nodes for each job's time limit, an upper bound):"]
     for c in costs:
         lines.append(
             f"  {c.rule}: {c.jobs} job(s), {c.node_hours:,.1f} node-hours, "
@@ -89,3 +104,62 @@ def over_limit(costs: list[RuleCost], max_gpu_hours: float, cluster: str) -> str
         f"{MAX_GPU_HOURS_KEY}={int(gpu_h) + 1} (or {MAX_GPU_HOURS_KEY}: "
         f"{int(gpu_h) + 1} in a --configfile)"
     )
+
+
+@dataclass(frozen=True)
+class TrainingEstimate:
+    """The time to train an experiment from its tokens and a per-GPU rate."""
+
+    experiment: str
+    tokens: float
+    flops: float
+    gpus: int
+    tflops_per_gpu: float
+    source: str  # where the rate comes from
+    limit_gpu_hours: float  # what the segments' time limits allow (the upper bound)
+
+    @property
+    def hours(self) -> float:
+        return self.flops / (self.gpus * self.tflops_per_gpu * 1e12) / 3600
+
+    def describe(self) -> str:
+        return (
+            f"  {self.experiment}: {self.tokens / 1e9:,.2f}B tokens, {self.flops:.3g} FLOPs: "
+            f"about {self.hours:,.1f} h on {self.gpus} GPUs at {self.tflops_per_gpu:,.0f} "
+            f"TFLOP/s per GPU ({self.source}), {self.hours * self.gpus:,.1f} GPU-hours; "
+            f"the time limits allow up to {self.limit_gpu_hours:,.1f}"
+        )
+
+
+def measured_tflops(
+    summary: str | Path, cluster: str, preset: str | None, precision: str
+) -> tuple[float, str] | None:
+    """The median TFLOP/s per GPU of the user's own successful language benchmark runs of
+    ``preset`` on ``cluster`` in ``precision`` (results/bench/summary.csv), and where it
+    comes from; None when there are none."""
+    path = Path(summary)
+    if preset is None or not path.is_file():
+        return None
+    with open(path, newline="") as f:
+        rows = [
+            r
+            for r in csv.DictReader(f)
+            if r.get("benchmark") == "language"
+            and r.get("cluster") == cluster
+            and r.get("preset") == preset
+            and r.get("precision") == precision
+            and r.get("status") == "ok"
+            and r.get("tflops_per_gpu") not in (None, "", "nan")
+        ]
+    if not rows:
+        return None
+    rate = statistics.median(float(r["tflops_per_gpu"]) for r in rows)
+    return rate, f"measured: median of {len(rows)} run(s) of {preset} in {path}"
+
+
+def describe_training(estimates: list[TrainingEstimate], cluster: str) -> list[str]:
+    if not estimates:
+        return []
+    return [f"Time to train on {cluster} (an estimate; the cost above is the bound):"] + [
+        e.describe() for e in estimates
+    ]

@@ -177,3 +177,32 @@ def test_rccl_in_the_lumi_image_reaches_the_hosts_libfabric():
     assert "libfabric/*/" in pattern and not re.search(r"/\d+\.\d+", pattern)
     assert any(pattern.startswith(b + "/") for b in lumi.container_binds)
     assert "/usr/lib64/libcxi.so.1" in lumi.container_binds and "/usr/lib64" in inside
+
+
+def test_the_cluster_is_read_from_the_profile_a_command_line_config_replaced(tmp_path):
+    """Snakemake replaces a profile's `config:` by the command line's --config: the
+    workflow reads the cluster from the profile named on the command line (or in
+    $SNAKEMAKE_PROFILE) and refuses a --config cluster= that names another."""
+    from hpcllm.clusters import cluster_from_profile, profile_cluster
+
+    folder = tmp_path / "profiles" / "juwels"
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text("executor: slurm\nconfig:\n  cluster: juwels\n")
+    roots = [str(tmp_path)]
+    argv = ["snakemake", "-n", "--profile", "profiles/juwels", "--config", "max_gpu_hours=9"]
+    found = profile_cluster(argv, environ={}, roots=roots)
+    assert found.cluster == "juwels" and found.command_line_cluster is None
+    name, note = cluster_from_profile("local", found)
+    assert name == "juwels" and "cluster: juwels (from " in note
+    assert cluster_from_profile("juwels", found) == ("juwels", None)
+    # --profile=..., and the profile from the environment
+    assert profile_cluster(["--profile=profiles/juwels"], {}, roots).cluster == "juwels"
+    env = {"SNAKEMAKE_PROFILE": "profiles/juwels"}
+    assert profile_cluster(["-n"], env, roots).cluster == "juwels"
+    assert profile_cluster(["-n"], {}, roots) is None
+    # a command line that names another cluster than its profile
+    argv = ["--profile", "profiles/juwels", "--config", "cluster=local", "max_gpu_hours=9"]
+    found = profile_cluster(argv, environ={}, roots=roots)
+    assert found.command_line_cluster == "local"
+    with pytest.raises(ClusterError, match="--config cluster=local on the command line, but"):
+        cluster_from_profile("local", found)

@@ -301,9 +301,10 @@ def test_local_launch_runs_two_real_ranks(tmp_path):
 
 # ---- the launches of the workflow's GPU steps, pinned (issue 15: untested until now)
 
-# What a language benchmark point runs on JUWELS: GPT-3 175B, strong scaling, 64 nodes
-# (the smallest count whose memory fits 40 GB A100s).
-BENCH_175B_POINT = "language.gpt3_175b.strong.bf16.n0064"
+# What a language benchmark point runs on JUWELS: GPT-3 175B, strong scaling, 128 nodes
+# (the smallest count whose memory fits 40 GB A100s: 64 needs ~38.9 GB with bf16's fp32
+# main gradients).
+BENCH_175B_POINT = "language.gpt3_175b.strong.bf16.n0128"
 PINNED_BENCH_175B = (
     "python /opt/Megatron-LM/pretrain_gpt.py --num-layers 96 --hidden-size 12288"
     " --num-attention-heads 96 --seq-length 2048 --max-position-embeddings 2048"
@@ -315,9 +316,9 @@ PINNED_BENCH_175B = (
     " --adam-beta1 0.9 --adam-beta2 0.95 --weight-decay 0.1 --clip-grad 1 --lr 6e-05 --min-lr"
     " 6e-06 --lr-decay-style cosine --lr-warmup-iters 0 --attention-dropout 0"
     " --hidden-dropout 0 --seed 1234 --mock-data --split 100,0,0 --data-cache-path"
-    " /p/scratch/proj/runs/language.gpt3_175b.strong.bf16.n0064/index-cache --tokenizer-type"
+    " /p/scratch/proj/runs/language.gpt3_175b.strong.bf16.n0128/index-cache --tokenizer-type"
     " NullTokenizer --vocab-size 50257 --log-interval 1 --log-throughput --tensorboard-dir"
-    " /p/scratch/proj/runs/language.gpt3_175b.strong.bf16.n0064/tensorboard --eval-interval"
+    " /p/scratch/proj/runs/language.gpt3_175b.strong.bf16.n0128/tensorboard --eval-interval"
     " 20 --eval-iters 0 --distributed-backend nccl"
 )
 # Segment 2 of config/experiments/opengptx_800m.yaml on JUWELS, 1425 minutes left.

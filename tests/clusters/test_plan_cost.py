@@ -2,7 +2,17 @@
 
 import pytest
 
-from hpcllm.plan_cost import Job, cost_per_rule, describe, over_limit, runtime_minutes
+from hpcllm.plan_cost import (
+    Job,
+    TrainingEstimate,
+    cost_per_rule,
+    describe,
+    group_jobs,
+    measured_tflops,
+    over_limit,
+    runtime_minutes,
+)
+from hpcllm.work_time import flops_per_iteration, time_limit
 
 
 def test_cost_per_rule_from_nodes_and_time_limits():
@@ -13,7 +23,7 @@ def test_cost_per_rule_from_nodes_and_time_limits():
     assert costs["bench_language"].node_hours == 64 and costs["bench_language"].gpu_hours == 256
     lines = describe(list(costs.values()), "juwels")
     assert lines[-1] == "  total: 1,024.0 node-hours, 4,096.0 GPU-hours"
-    assert "no GPU jobs" in describe([], "juwels")[0]
+    assert "no jobs that hold GPU nodes" in describe([], "juwels")[0]
     # LUMI's nodes count 8 GPUs (GCDs): the same node-hours are twice the GPU-hours
     lumi = {c.rule: c for c in cost_per_rule(jobs, gpus_per_node=8)}
     assert lumi["train_segment"].node_hours == 960 and lumi["train_segment"].gpu_hours == 7680
@@ -38,3 +48,51 @@ def test_runtime_in_minutes(value, minutes):
 def test_unreadable_runtime_is_refused():
     with pytest.raises(ValueError, match="runtime 'soon'"):
         runtime_minutes("soon")
+
+
+def test_cpu_jobs_on_whole_gpu_nodes_are_priced():
+    """A 240-shard plan on JUWELS (no CPU partition: every job holds a Booster node):
+    tokenize packed 12 to a node, a merge, a tokenizer, the index cache; not 0 hours."""
+    jobs = (
+        group_jobs("tokenize", 240, 12, 60)
+        + [Job("merge_tokenized", 1, 60), Job("train_tokenizer", 1, 120)]
+        + [Job("prepare_data_cache", 1, 120)]
+    )
+    costs = {c.rule: c for c in cost_per_rule(jobs, gpus_per_node=4)}
+    assert costs["tokenize"].jobs == 20 and costs["tokenize"].node_hours == 20
+    assert costs["tokenize"].gpu_hours == 80
+    assert costs["train_tokenizer"].gpu_hours == 8
+    lines = describe(list(costs.values()), "juwels")
+    assert lines[-1] == "  total: 25.0 node-hours, 100.0 GPU-hours"
+    assert len(group_jobs("tokenize", 13, 12, 60)) == 2
+
+
+def test_time_limit_from_work_gpt3_175b_on_16_lumi_nodes():
+    """EPICURE's strong-scaling baseline: GPT-3 175B, global batch 1536, 20 iterations on
+    16 LUMI nodes (128 GCDs): about 88 min at 100 TFLOP/s per GCD, so 60 min cannot do."""
+    model = {"num_layers": 96, "hidden_size": 12288, "seq_length": 2048}
+    flops = 20 * flops_per_iteration(model, 1536, 50304)
+    at_100 = time_limit(flops, 128, 100, max_minutes=2880)
+    assert at_100.work_minutes == pytest.approx(88, abs=1.5)
+    assert at_100.limit_minutes >= 1.5 * 88 and not at_100.clamped
+    # longer than the partition allows: clamped and said
+    short = time_limit(flops, 128, 100, max_minutes=60)
+    assert short.limit_minutes == 60 and short.clamped
+
+
+def test_measured_rate_from_the_users_benchmark_summary(tmp_path):
+    summary = tmp_path / "summary.csv"
+    summary.write_text(
+        "benchmark,cluster,preset,precision,status,tflops_per_gpu\n"
+        "language,juwels,gpt3_860m,bf16,ok,100\n"
+        "language,juwels,gpt3_860m,bf16,ok,120\n"
+        "language,juwels,gpt3_860m,bf16,time_limit,10\n"
+        "language,lumi,gpt3_860m,bf16,ok,50\n"
+    )
+    rate, source = measured_tflops(summary, "juwels", "gpt3_860m", "bf16")
+    assert rate == 110 and "median of 2 run(s) of gpt3_860m" in source
+    assert measured_tflops(summary, "juwels", "gpt3_175b", "bf16") is None
+    assert measured_tflops(tmp_path / "none.csv", "juwels", "gpt3_860m", "bf16") is None
+    estimate = TrainingEstimate("e", 1e9, 3.6e18, 10, 100, "assumed", 50)
+    assert estimate.hours == pytest.approx(1.0)
+    assert "about 1.0 h on 10 GPUs at 100 TFLOP/s per GPU (assumed)" in estimate.describe()

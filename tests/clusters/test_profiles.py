@@ -147,15 +147,21 @@ def test_dry_run_per_profile(name, dry_runs):
     # the cost of what it would queue, before anything is queued, and the limit
     assert re.search(rf"Cost on {name} .*\n(  \w+: .*GPU-hours\n)+  total: ", out), out[-3000:]
     exp = opt_in_training()
-    hours = (
-        exp["segments"]
-        * exp["layout"]["nodes"]
-        * profile(name)["set-resources"]["train_segment"]["runtime"]
-        / 60
-    )
+    # the time limit each segment job asks for (sized from its work, not a constant 24 h)
+    runtimes = {int(r["runtime"]) for rule, r in jobs if rule == "train_segment"}
+    assert len(runtimes) == 1 and 20 <= min(runtimes) < 1440, runtimes
+    hours = exp["segments"] * exp["layout"]["nodes"] * min(runtimes) / 60
     assert f"train_segment: {exp['segments']} job(s), {hours:,.1f} node-hours" in out
-    assert "more than max_gpu_hours = 500" in out
-    assert f"--config cluster={name} max_gpu_hours=" in out
+    if cluster.partitions.cpu is None:  # CPU jobs hold whole GPU nodes: priced too
+        for rule in ("tokenize", "merge_tokenized", "train_tokenizer", "prepare_data_cache"):
+            assert re.search(rf"\n  {rule}: \d+ job\(s\), [\d.,]+ node-hours", out), rule
+    assert re.search(r"Time to train on .*\n  opengptx_800m: [\d.]+B tokens", out)
+    total = re.search(r"\n  total: [\d.,]+ node-hours, ([\d.,]+) GPU-hours", out)
+    if float(total.group(1).replace(",", "")) > 500:
+        assert "more than max_gpu_hours = 500" in out
+        assert f"--config cluster={name} max_gpu_hours=" in out
+    else:  # faster GPUs: the work sized time limits keep it under the default limit
+        assert "more than max_gpu_hours" not in out
 
 
 @pytest.mark.workflow
@@ -179,15 +185,51 @@ def test_a_real_run_over_max_gpu_hours_submits_nothing(tmp_path, no_slurm):
     env = {**no_slurm, **USER_ENV}
     args = ["--profile", "profiles/juwels", "--configfile", *OPT_IN]
     out = _fails(workdir, *args, env=env)
-    assert "Nothing was submitted: this plan asks for 3,840.0 GPU-hours" in out
-    assert "--config cluster=juwels max_gpu_hours=3841" in out
+    asked = re.search(r"Nothing was submitted: this plan asks for ([\d,.]+) GPU-hours", out)
+    assert asked, out[-3000:]
+    limit = int(float(asked.group(1).replace(",", ""))) + 1
+    assert f"--config cluster=juwels max_gpu_hours={limit}" in out
     assert "not installed" not in out  # no Slurm command was even tried
     # the way out it names, as a dry run: the same plan, no warning
     out = run_snakemake(
-        workdir, "-n", *args, "--config", "cluster=juwels", "max_gpu_hours=3841", env=env
+        workdir, "-n", *args, "--config", "cluster=juwels", f"max_gpu_hours={limit}", env=env
     )
     text = out.stdout + out.stderr
-    assert "total: 960.0 node-hours, 3,840.0 GPU-hours" in text and "more than" not in text
+    assert f", {asked.group(1)} GPU-hours" in text and "more than" not in text
+
+
+@pytest.mark.workflow
+def test_look_only_commands_over_max_gpu_hours_only_warn(tmp_path, no_slurm):
+    """--dag (piped into dot by the README) and --summary of a plan over the budget: the
+    output, and a warning, not a traceback and an empty picture."""
+    workdir = make_workdir(tmp_path / "work")
+    args = ["--profile", "profiles/juwels", "--configfile", *OPT_IN]
+    env = {**no_slurm, **USER_ENV}
+    dag = run_snakemake(workdir, "--dag", *args, env=env)
+    assert dag.stdout.lstrip().startswith("digraph") and "train_segment" in dag.stdout
+    assert "Warning: this plan asks for" in dag.stderr and "Traceback" not in dag.stderr
+    summary = run_snakemake(workdir, "--summary", *args, env=env)
+    assert "results/train/opengptx_800m/seg1.json" in summary.stdout
+    assert "Warning: this plan asks for" in summary.stdout + summary.stderr
+
+
+@pytest.mark.workflow
+def test_a_command_line_config_keeps_the_profiles_cluster(tmp_path, no_slurm):
+    """`--config key=value` replaces the profile's `config:` (which names the cluster):
+    the plan stays on JUWELS (its cost, partitions, time limits), not the laptop's."""
+    workdir = make_workdir(tmp_path / "work")
+    env = {**no_slurm, **USER_ENV}
+    args = ["-n", "--profile", "profiles/juwels", "--configfile", *OPT_IN]
+    proc = run_snakemake(workdir, *args, "--config", "max_gpu_hours=1000", env=env)
+    out = proc.stdout + proc.stderr
+    assert "cluster: juwels (from " in out and "Cost on juwels" in out
+    assert "more than max_gpu_hours" not in out  # the command line's limit counts too
+    segments = [r for rule, r in planned_jobs(out) if rule == "train_segment"]
+    assert segments and all(r["slurm_partition"] == "booster" for r in segments)
+    # naming another cluster than the profile's is refused, naming both
+    out = _fails(workdir, *args, "--config", "cluster=local", env=env)
+    assert "--config cluster=local on the command line, but the profile" in out
+    assert "is for cluster 'juwels'" in out
 
 
 @pytest.mark.workflow
@@ -201,7 +243,10 @@ def test_plain_cluster_run_is_what_a_user_expects(tmp_path, no_slurm):
     rules = {rule for rule, _ in planned_jobs(out)}
     assert {"tokenize", "merge_tokenized"} <= rules
     assert not rules & {"train_segment", "bench_language", "bench_vision", "pack_lmdb"}, rules
-    assert "Cost on juwels: no GPU jobs to run" in out
+    # the CPU jobs hold whole Booster nodes there (no CPU partition): priced, not "0 hours"
+    assert re.search(r"Cost on juwels .*\n(  \w+: .*GPU-hours\n)+  total: ", out), out[-3000:]
+    assert re.search(r"\n  tokenize: \d+ job\(s\), [1-9][\d.,]* node-hours", out)
+    assert "no jobs that hold GPU nodes" not in out
 
 
 class _Resources(dict):

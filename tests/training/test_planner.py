@@ -16,8 +16,10 @@ def experiment(preset: str, **layout) -> dict:
 
 def test_13b6_zero1_dp80_needs_56gb_and_pp2_on_40gb_a100():
     """Published: 13.6B with ZeRO-1 over DP=80 needs ~56 GB of parameters, gradients and
-    optimizer states; PP=2 was required on 40 GB A100s (about 28 GB per GPU)."""
+    optimizer states; PP=2 was required on 40 GB A100s (about 28 GB per GPU). That
+    accounting has 2-byte gradients: Megatron-LM's fp16 row (4 + 16/d bytes)."""
     exp = experiment("gpt_13b6", pp=1)
+    exp["precision"] = "fp16"
     layout = check_layout("x", exp, 80)
     assert layout.dp == 80
     mem = estimate_memory(exp, layout, 200704)
@@ -26,10 +28,44 @@ def test_13b6_zero1_dp80_needs_56gb_and_pp2_on_40gb_a100():
     with pytest.raises(PlanError, match=r"TP=1 PP=1 DP=80 needs about .* 40 GB\. raise pp to 2"):
         plan("x", exp, 80, 200704, 40)
     exp = experiment("gpt_13b6", pp=2)
+    exp["precision"] = "fp16"
     layout, mem = plan("x", exp, 160, 200704, 40)
     assert layout.dp == 80
     assert 27 <= mem.states <= 31  # "about 28 GB"; the first stage also holds the embedding
     assert mem.total < 0.9 * 40
+
+
+@pytest.mark.parametrize(
+    ("precision", "distributed", "bytes_per_param"),
+    [
+        # Megatron-LM's docs/user-guide/features/dist_optimizer.md at the pin, d = DP = 8
+        ("fp16", False, 20),
+        ("bf16", False, 18),
+        ("fp32", False, 16),
+        ("fp16", True, 4 + 16 / 8),
+        ("bf16", True, 6 + 12 / 8),
+        ("fp32", True, 8 + 8 / 8),
+    ],
+)
+def test_states_are_what_megatron_allocates(precision, distributed, bytes_per_param):
+    exp = experiment("opengptx_800m", tp=1, sequence_parallel=False)
+    exp["layout"]["distributed_optimizer"] = distributed
+    exp["precision"] = precision
+    mem = estimate_memory(exp, check_layout("x", exp, 8), 50257)
+    assert mem.states == pytest.approx(mem.parameters * bytes_per_param)
+
+
+def test_bf16_keeps_fp32_gradients_so_175b_does_not_fit_64_juwels_nodes():
+    """GPT-3 175B on 64 JUWELS Booster nodes (TP 4, PP 32, DP 2; A100 40 GB): 2-byte
+    gradients gave 35.8 GB (under 36, 90% of 40); Megatron's fp32 main gradients in bf16
+    make it about 38.9 GB, which does not fit."""
+    exp = experiment("gpt3_175b", tp=4, pp=32)
+    layout = check_layout("x", exp, 256, procs_per_node=4)
+    mem = estimate_memory(exp, layout, 50257)
+    assert mem.gradients == pytest.approx(2 * mem.weights)
+    assert mem.total == pytest.approx(38.9, abs=0.1)
+    with pytest.raises(PlanError, match=r"needs about 38\.9 GB per GPU .* 40 GB"):
+        plan("x", exp, 256, 50257, 40, procs_per_node=4)
 
 
 def test_distributed_optimizer_recompute_and_flash_attention_lower_the_estimate():

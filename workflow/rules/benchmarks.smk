@@ -4,7 +4,7 @@
 import yaml as _yaml
 from snakemake.exceptions import WorkflowError
 
-from hpcllm.bench.sweeps import SweepError, expand_all, facts_of
+from hpcllm.bench.sweeps import SweepError, expand_all, facts_of, point_time_limit
 from hpcllm.containers import image_for
 
 BENCH = config["benchmarks"]
@@ -89,7 +89,8 @@ rule bench_language:
         tasks=bench_nodes,
         tasks_per_gpu=0,
         mpi="",
-        runtime=120,
+        # Minutes: sized from the point's work (hpcllm.bench.sweeps.point_time_limit).
+        runtime=bench_runtime,
     params:
         point=bench_point,
         container=bench_container("language"),

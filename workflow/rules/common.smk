@@ -54,10 +54,21 @@ for _name in TOKENIZE["tokenizers"]:
 # environment variable stop the run here, before anything is submitted.
 from snakemake.exceptions import WorkflowError as _WorkflowError
 
-from hpcllm.clusters import ClusterError, load_cluster, plan_errors, profile_errors
+from hpcllm.clusters import (
+    ClusterError,
+    cluster_from_profile,
+    load_cluster,
+    plan_errors,
+    profile_cluster,
+    profile_errors,
+)
 from hpcllm.plan_cost import (
     MAX_GPU_HOURS_KEY,
+    TrainingEstimate,
     cost_per_rule,
+    describe_training,
+    group_jobs,
+    measured_tflops,
     over_limit,
     runtime_minutes,
 )
@@ -69,6 +80,21 @@ if not os.path.isdir(_clusters_dir):  # a working directory without its own conf
     _clusters_dir = os.path.join(workflow.basedir, "config", "clusters")
 try:
     CLUSTER = load_cluster(config["cluster"], root=_clusters_dir)
+    # A --config on the command line replaces the profile's config: (cluster included):
+    # the cluster is read from the profile itself (hpcllm.clusters.profile_cluster).
+    _cluster_name, _note = cluster_from_profile(
+        config["cluster"],
+        profile_cluster(sys.argv, roots=[os.getcwd(), os.environ.get("PWD", ".")]),
+    )
+    if _note:
+        logger.info(_note)
+        config["cluster"] = _cluster_name
+        CLUSTER = load_cluster(_cluster_name, root=_clusters_dir)
+        # Jobs re-read the workflow with the command line's --config: pass it on.
+        workflow.config_settings.config_args = [
+            *(workflow.config_settings.config_args or []),
+            f"cluster={_cluster_name!r}",
+        ]
 except ClusterError as e:
     raise _WorkflowError(str(e))
 _resources = workflow.resource_settings
@@ -213,45 +239,160 @@ def all_targets(wildcards):
             for name, prepared in EXPERIMENTS.items()
             if prepared.experiment["engine"] != "torch"
         ]
-    check_plan_cost(training)
+    check_plan_cost(training, vision)
     return text_targets() + vision + training + benchmark_targets()
 
 
-def rule_runtime_min(name):
-    """A rule's time limit in minutes: the profile's, else the rule's own."""
-    for scope in (name, "default-resources"):
-        value = _profile_resources.get(scope, {}).get("runtime")
-        if value is not None:
-            return runtime_minutes(value)
-    return runtime_minutes(workflow.get_rule(name).resources.get("runtime", 0))
+def rule_runtime_min(name, own=None):
+    """A rule's time limit in minutes: the profile's set-resources, else the rule's own
+    (``own``: what its callable gives), else the profile's default-resources."""
+    value = _profile_resources.get(name, {}).get("runtime")
+    if value is None:
+        value = own
+    if value is None:
+        res = workflow.get_rule(name).resources.get("runtime")
+        evaluable = callable(res) or getattr(res, "is_evaluable", lambda: False)()
+        value = None if evaluable else getattr(res, "raw", res)
+    if value is None:
+        value = _profile_resources.get("default-resources", {}).get("runtime", 0)
+    return runtime_minutes(value)
 
 
-def check_plan_cost(training):
-    """Print the GPU jobs' cost of the default target; stop a real run over the limit."""
+def trained_experiments(training):
+    """The experiments whose segment records are among the targets ``training``."""
+    return sorted(
+        os.path.basename(os.path.dirname(t)) for t in training if t.endswith(".json")
+    )
+
+
+def planned_cpu_jobs(training, vision):
+    """The CPU jobs still to run, where each holds a whole GPU node (a GPU site without a
+    CPU partition): priced like GPU jobs. Tokenize jobs packed into job groups (the
+    profile's `groups` and `group-components`) hold one node per group."""
+    jobs = []
+    group = workflow.group_settings.overwrite_groups.get("tokenize")
+    per_group = workflow.group_settings.group_components.get(group, 1) if group else 1
+    tokenize = 0
+    for tok in TOKENIZE["tokenizers"]:
+        cfg = TOKENIZERS[tok]
+        if cfg["type"] == "train" and not os.path.exists(
+            f"data/tokenizers/{tok}/tokenizer.json"
+        ):
+            jobs.append(
+                PlanJob("train_tokenizer", 1, rule_runtime_min("train_tokenizer"))
+            )
+        for source in SOURCES:
+            if os.path.exists(f"data/tokenized/{tok}/{source}_text_document.idx"):
+                continue
+            jobs.append(
+                PlanJob("merge_tokenized", 1, rule_runtime_min("merge_tokenized"))
+            )
+            tokenize += sum(
+                not os.path.exists(
+                    f"data/tokenized/{tok}/{source}/{shard}_text_document.idx"
+                )
+                for shard in shard_ids(source)
+            )
+    jobs += group_jobs("tokenize", tokenize, per_group, rule_runtime_min("tokenize"))
+    for target in vision:
+        if not os.path.exists(target):
+            jobs.append(PlanJob("pack_lmdb", 1, rule_runtime_min("pack_lmdb")))
+    for name in trained_experiments(training):
+        if not os.path.exists(f"data/index_cache/{name}.json"):
+            jobs.append(
+                PlanJob("prepare_data_cache", 1, rule_runtime_min("prepare_data_cache"))
+            )
+    if CLUSTER.container_build.on_compute_node:
+        for image in {*container_image("train"), *container_image("vision")}:
+            if not os.path.exists(image):
+                jobs.append(
+                    PlanJob("build_container", 1, rule_runtime_min("build_container"))
+                )
+    return jobs
+
+
+def training_estimates(training):
+    """Per experiment: the time to train from its tokens, at the rate measured by the
+    user's own benchmark runs (results/bench/summary.csv) or the cluster's assumed one.
+    """
+    estimates = []
+    for name in trained_experiments(training):
+        prepared, job = EXPERIMENTS[name], SEGMENT_JOBS[name]
+        if job.work is None:
+            continue
+        exp = prepared.experiment
+        precision = exp.get("precision", "bf16")
+        measured = measured_tflops(
+            "results/bench/summary.csv", CLUSTER.name, exp.get("preset"), precision
+        )
+        rate, source = measured or (
+            job.work.tflops_per_gpu,
+            f"assumed: {CLUSTER.path} gpu.assumed_tflops",
+        )
+        segments, nodes = exp["segments"], exp["layout"]["nodes"]
+        estimates.append(
+            TrainingEstimate(
+                experiment=name,
+                tokens=segments
+                * exp["iterations_per_segment"]
+                * prepared.layout.global_batch
+                * exp["model"]["seq_length"],
+                flops=segments * job.work.flops,
+                gpus=job.work.gpus,
+                tflops_per_gpu=rate,
+                source=source,
+                limit_gpu_hours=segments
+                * nodes
+                * CLUSTER.gpus_per_node
+                * rule_runtime_min("train_segment", job.limit_minutes)
+                / 60,
+            )
+        )
+    return estimates
+
+
+def check_plan_cost(training, vision=()):
+    """Print the cost of the default target's jobs that hold GPU nodes and the time to
+    train; stop a real run over the limit (a dry run or a look-only command such as
+    --dag, --summary, --report only warns)."""
     jobs = []
     for target in training:
         if not target.endswith(".json"):  # the loss curve: a local job
             continue
         name = target.split("/")[2]
+        runtime = rule_runtime_min("train_segment", SEGMENT_JOBS[name].limit_minutes)
         for k in range(1, EXPERIMENTS[name].experiment["segments"] + 1):
             if not os.path.exists(f"results/train/{name}/seg{k}.json"):
                 nodes = EXPERIMENTS[name].experiment["layout"]["nodes"]
-                jobs.append(
-                    PlanJob("train_segment", nodes, rule_runtime_min("train_segment"))
-                )
+                jobs.append(PlanJob("train_segment", nodes, runtime))
     for record in bench_records():
         if not os.path.exists(record):
             point = BENCH_POINTS[record.split("/")[3]]
             name = f"bench_{point['benchmark']}"
-            jobs.append(PlanJob(name, point["nodes"], rule_runtime_min(name)))
+            own = bench_runtime_min(point) if name == "bench_language" else None
+            jobs.append(PlanJob(name, point["nodes"], rule_runtime_min(name, own)))
+    for name in trained_experiments(training):
+        for warning in SEGMENT_JOBS[name].warnings:
+            logger.warning(f"Warning: {warning}")
+    if CLUSTER.whole_nodes:
+        jobs += planned_cpu_jobs(training, vision)
     costs = cost_per_rule(jobs, CLUSTER.gpus_per_node)
     for line in describe_cost(costs, CLUSTER.name):
         logger.info(line)
+    for line in describe_training(training_estimates(training), CLUSTER.name):
+        logger.info(line)
     problem = over_limit(costs, config[MAX_GPU_HOURS_KEY], CLUSTER.name)
-    if problem and workflow.dryrun:
-        logger.warning(f"Warning: {problem}")
-    elif problem:
+    # Only a run that executes jobs is stopped: Snakemake has no executor for the
+    # look-only commands (--dag, --rulegraph, --filegraph, --summary, --report, ...).
+    executes = (
+        workflow.executor_plugin is not None
+        and not workflow.dryrun
+        and not workflow.touch
+    )
+    if problem and executes:
         raise _WorkflowError(f"Nothing was submitted: {problem}")
+    elif problem:
+        logger.warning(f"Warning: {problem}")
 
 
 # ---- vision (the globals these use are set in vision.smk)
@@ -414,6 +555,11 @@ def segment_nodes(wildcards, attempt):
     return EXPERIMENTS[wildcards.experiment].experiment["layout"]["nodes"]
 
 
+def segment_runtime(wildcards):
+    """The segment's time limit in minutes (60 where there is no GPU to size it for)."""
+    return SEGMENT_JOBS[wildcards.experiment].limit_minutes or 60
+
+
 def segment_slurm_extra(wildcards):
     """Slurm signals the job steps (srun -> torchrun -> the engine) before the time limit."""
     seconds = EXPERIMENTS[wildcards.experiment].experiment["time"]["signal_seconds"]
@@ -478,6 +624,16 @@ def bench_threads(wildcards):
 
 def bench_gres(wildcards):
     return f"gpu:{CLUSTER.gpus_per_node}" if CLUSTER.gpus_per_node else ""
+
+
+def bench_runtime_min(point):
+    """A language point's time limit sized from its work; 120 min for a vision point."""
+    work = point_time_limit(point, facts_of(CLUSTER))
+    return work.limit_minutes if work else 120
+
+
+def bench_runtime(wildcards):
+    return bench_runtime_min(BENCH_POINTS[wildcards.point])
 
 
 def bench_time_limit_s(wildcards, resources):

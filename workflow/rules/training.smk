@@ -10,6 +10,23 @@ for _name, _raw in TRAINING["experiments"].items():
         EXPERIMENTS[_name] = prepare_experiment(_name, _raw, TEXT, CLUSTER)
     except ValueError as e:
         raise _WorkflowError(str(e))
+from hpcllm.training.job_plan import segment_job
+
+# Each experiment's segment job on this cluster: its time limit (sized from its work) and
+# what cannot run here (refused here) or would waste GPU-hours (warned about with the
+# cost lines, for the experiments the plan runs).
+SEGMENT_JOBS = {}
+for _name, _prepared in EXPERIMENTS.items():
+    _tok = TEXT["tokenizers"][_prepared.experiment["data"]["tokenizer"]]
+    _vocab = (
+        _prepared.experiment["model"].get("vocab_size")
+        or _tok.get("vocab_size")
+        or 50257
+    )
+    try:
+        SEGMENT_JOBS[_name] = segment_job(_name, _prepared, CLUSTER, _vocab, _tok)
+    except ValueError as e:
+        raise _WorkflowError(str(e))
 from hpcllm.training.segment import hub_tokenizer_warning
 
 for _name, _prepared in EXPERIMENTS.items():
@@ -105,7 +122,9 @@ rule train_segment:
         # `srun -n1` step), so that the script's own srun gets the whole allocation; its
         # empty value keeps the plugin's MPI task checks (tasks > 1) off single-node jobs.
         mpi="",
-        runtime=60,
+        # Minutes: sized from the segment's work (hpcllm.training.job_plan), or the
+        # experiment's time.limit_minutes.
+        runtime=segment_runtime,
         mem_mb=4000,
         slurm_extra=segment_slurm_extra,
     params:

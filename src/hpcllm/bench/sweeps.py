@@ -19,6 +19,8 @@ from pathlib import Path
 
 import yaml
 
+from hpcllm.training.job_plan import variable_in_path
+
 # Scaling modes as the EPICURE guide names them (docs/benchmarks.md). Language: strong
 # keeps the global batch, weak keeps the gradient-accumulation steps per replica (the global
 # batch grows with the replicas). Vision: weak only, a fixed per-GPU batch over the fixed
@@ -42,6 +44,10 @@ class ClusterFacts:
     gpu_memory_gb: float = 0.0
     peak_tflops: dict = field(default_factory=dict)  # precision -> dense peak TFLOP/s per GPU
     gpu_model: str = "cpu"
+    assumed_tflops: dict = field(default_factory=dict)  # precision -> TFLOP/s per GPU assumed
+    max_minutes: int = 1440  # the GPU partition's longest time limit
+    partition_nodes: int | None = None  # the GPU partition's nodes (None: not known)
+    whole_nodes: bool = False  # Slurm jobs get whole GPU nodes
 
     @property
     def procs_per_node(self) -> int:
@@ -82,6 +88,10 @@ def facts_of(cluster) -> ClusterFacts:
         gpu_memory_gb=gpu.memory_gb if gpu else 0.0,
         peak_tflops={"bf16": gpu.peak_bf16_tflops, "fp32": gpu.peak_fp32_tflops} if gpu else {},
         gpu_model=gpu.model if gpu else "cpu",
+        assumed_tflops={p: gpu.rate_tflops(p) for p in ("bf16", "fp16", "fp32")} if gpu else {},
+        max_minutes=cluster.max_minutes,
+        partition_nodes=cluster.gpu_partition_nodes,
+        whole_nodes=cluster.whole_nodes,
     )
 
 
@@ -133,11 +143,49 @@ def node_counts(min_nodes: int, max_nodes: int) -> list[int]:
     return counts
 
 
-def _max_nodes(where: str, spec: dict, cluster: str) -> int | None:
-    value = spec.get(cluster, spec.get("default"))
+def _max_nodes(where: str, spec: dict, cluster: ClusterFacts) -> int | None:
+    value = spec.get(cluster.name, spec.get("default"))
     if value is not None and (not isinstance(value, int) or value < 1):
-        raise SweepError(f"{where}.max_nodes.{cluster}: expected a positive integer, got {value!r}")
+        raise SweepError(
+            f"{where}.max_nodes.{cluster.name}: expected a positive integer, got {value!r}"
+        )
+    if value is not None and cluster.partition_nodes and value > cluster.partition_nodes:
+        raise SweepError(
+            f"{where}.max_nodes.{cluster.name}: {value} nodes, but {cluster.name}'s GPU "
+            f"partition has {cluster.partition_nodes} (config/clusters/{cluster.name}.yaml: "
+            f"gpu_partition.nodes); lower max_nodes.{cluster.name}"
+        )
     return value
+
+
+def not_doubling(where: str, min_nodes: int, max_nodes: int, cluster: str) -> str | None:
+    """A message when max_nodes is not min_nodes times a power of two (the sweep's node
+    counts double, so the largest count asked for would silently not run)."""
+    counts = node_counts(min_nodes, max_nodes)
+    if not counts or counts[-1] == max_nodes:
+        return None
+    return (
+        f"{where}: max_nodes.{cluster} is {max_nodes}, but node counts double from "
+        f"{min_nodes}: the sweep runs {', '.join(map(str, counts))} nodes, not {max_nodes}. "
+        f"Set max_nodes.{cluster} to {counts[-1]} (or {counts[-1] * 2}) to say so."
+    )
+
+
+def point_time_limit(row: dict, cluster: ClusterFacts):
+    """A language point's :class:`hpcllm.work_time.WorkTime`: its iterations' FLOPs at the
+    cluster's assumed rate (None for a vision point or a cluster without GPUs)."""
+    from hpcllm.bench.language import experiment_of
+    from hpcllm.work_time import flops_per_iteration, time_limit
+
+    if row["benchmark"] != "language" or not cluster.assumed_tflops:
+        return None
+    exp = experiment_of(row)
+    vocab = exp["model"].get("vocab_size") or 50257
+    flops = row["iterations"] * flops_per_iteration(
+        exp["model"], row["global_batch"], vocab, exp["layout"].get("recompute", "none")
+    )
+    rate = cluster.assumed_tflops.get(row["precision"], cluster.assumed_tflops["bf16"])
+    return time_limit(flops, row["gpus"], rate, cluster.max_minutes)
 
 
 def expand_experiment(
@@ -150,18 +198,35 @@ def expand_experiment(
             f"benchmarks.experiments: name {name!r} may hold only letters, digits, _ -"
         )
     kind = exp.get("benchmark")
+    notes: list[str] = []
     if kind == "language":
-        points = _expand_language(name, exp, cluster)
+        for key in ("data", "tokenizer"):
+            problem = variable_in_path(f"benchmarks.experiments.{name}.{key}", exp.get(key))
+            if problem:
+                raise SweepError(problem)
+        points = _expand_language(name, exp, cluster, notes)
         fits = []
         for point in points:
             problem = language_plan_problem(point, cluster)
             if problem is None:
                 fits.append(point)
-            elif dropped is not None:
-                dropped.append(problem)
+                work = point_time_limit(point.row(), cluster)
+                if work is not None and work.clamped:
+                    notes.append(
+                        f"{point.id}: its work ({work.describe()}) needs more than the "
+                        f"{cluster.max_minutes} min {cluster.name}'s GPU partition allows; "
+                        "it may stop at its time limit. Lower iterations."
+                    )
+            else:
+                notes.append(problem)
+        if dropped is not None:
+            dropped.extend(notes)
         return fits
     if kind == "vision":
-        return _expand_vision(name, exp, cluster)
+        points = _expand_vision(name, exp, cluster, notes)
+        if dropped is not None:
+            dropped.extend(notes)
+        return points
     raise SweepError(f"experiment {name}: 'benchmark' must be language or vision, not {kind!r}")
 
 
@@ -211,7 +276,7 @@ def _point_id(exp: str, model: str, scaling: str, precision: str, nodes: int) ->
     return f"{exp}.{model}.{scaling}.{precision}.n{nodes:04d}"
 
 
-def _expand_language(name: str, exp: dict, cluster: ClusterFacts) -> list[Point]:
+def _expand_language(name: str, exp: dict, cluster: ClusterFacts, notes: list[str]) -> list[Point]:
     where = f"experiment {name}"
     per_node = cluster.procs_per_node
     micro = exp.get("micro_batch", 1)
@@ -219,7 +284,7 @@ def _expand_language(name: str, exp: dict, cluster: ClusterFacts) -> list[Point]
     for model, m in exp["models"].items():
         mwhere = f"{where}, model {model}"
         max_nodes = _max_nodes(
-            mwhere, {**exp.get("max_nodes", {}), **m.get("max_nodes", {})}, cluster.name
+            mwhere, {**exp.get("max_nodes", {}), **m.get("max_nodes", {})}, cluster
         )
         if max_nodes is None:
             continue
@@ -230,6 +295,9 @@ def _expand_language(name: str, exp: dict, cluster: ClusterFacts) -> list[Point]
             raise SweepError(f"{mwhere}: gpus_per_replica {replica} is not a multiple of TP {tp}")
         pp = replica // tp
         min_nodes = max(1, math.ceil(replica / per_node))
+        note = not_doubling(mwhere, min_nodes, max_nodes, cluster.name)
+        if note:
+            notes.append(note)
         for nodes in node_counts(min_nodes, max_nodes):
             gpus = nodes * per_node
             if gpus % replica:
@@ -304,9 +372,9 @@ def batch_per_gpu(exp: dict, memory_gb: float, where: str) -> int:
     return table[max(fitting)]
 
 
-def _expand_vision(name: str, exp: dict, cluster: ClusterFacts) -> list[Point]:
+def _expand_vision(name: str, exp: dict, cluster: ClusterFacts, notes: list[str]) -> list[Point]:
     where = f"experiment {name}"
-    max_nodes = _max_nodes(where, exp.get("max_nodes", {}), cluster.name)
+    max_nodes = _max_nodes(where, exp.get("max_nodes", {}), cluster)
     if max_nodes is None:
         return []
     per_node = cluster.procs_per_node
@@ -327,6 +395,9 @@ def _expand_vision(name: str, exp: dict, cluster: ClusterFacts) -> list[Point]:
                 "dataset): set `scaling: [weak]` (docs/benchmarks.md)"
             )
     repeat = exp.get("repeat", 1)
+    note = not_doubling(where, min_nodes, max_nodes, cluster.name)
+    if note:
+        notes.append(note)
     for nodes in node_counts(min_nodes, max_nodes):
         for scaling in scalings:
             for precision in exp.get("precision", ["fp32", "amp"]):

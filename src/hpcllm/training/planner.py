@@ -5,13 +5,17 @@ fit is refused before anything is queued, with the estimate and a suggestion.
 
 Memory model (bytes per GPU, for the pipeline stage that holds the most):
 
-- weights and gradients: 2 + 2 bytes per parameter in bf16/fp16 (4 + 4 in fp32), the
-  accounting of the ZeRO paper (Rajbhandari et al. 2020) that the published 13.6B case
-  uses. Megatron-LM accumulates bf16 gradients in fp32, which costs 2 bytes more per
-  parameter; ``grad_bytes`` in ``estimate_memory`` allows for that.
-- optimizer states: 12 bytes per parameter for mixed-precision Adam (fp32 master weights,
-  momentum, variance; 8 in fp32 training), divided by DP with the distributed optimizer
-  (ZeRO-1).
+- weights, gradients and optimizer states: what Megatron-LM allocates, in the bytes per
+  parameter of its distributed-optimizer guide at the pin
+  (docs/user-guide/features/dist_optimizer.md: "fp16 parameters, fp16 gradients: 20 /
+  4 + 16/d; bf16 parameters, fp32 gradients: 18 / 6 + 12/d; fp32 parameters, fp32
+  gradients: 16 / 8 + 8/d", non-distributed / distributed optimizer, d = DP). bf16
+  training accumulates and reduces gradients in fp32 (megatron/training/arguments.py sets
+  ``accumulate_allreduce_grads_in_fp32`` for --bf16), so its gradient buffer is 4 bytes
+  per parameter, not 2; the optimizer keeps fp32 main parameters and Adam's two moments
+  (12 bytes; 16 in fp16, where fp32 main gradients are made from the fp16 ones), divided
+  by DP with the distributed optimizer (ZeRO-1). The ZeRO paper's 2 + 2 + 12 (Rajbhandari
+  et al. 2020) leaves out the fp32 copy of the gradients that Megatron makes.
 - activations (Korthikanti et al. 2022, "Reducing activation recomputation"):
   ``s*b*h*(34 + 5*a*s/h)`` bytes per layer, divided by TP with sequence parallelism (the
   34 part only without it); flash attention drops the ``5*a*s/h`` term (no score matrix),
@@ -139,14 +143,15 @@ def check_layout(
     return Layout(gpus, tp, pp, dp, micro, glob)
 
 
-def estimate_memory(
-    experiment: dict[str, Any], layout: Layout, vocab_size: int, grad_bytes: int | None = None
-) -> Memory:
+# (weights, gradients, optimizer states) bytes per parameter that Megatron-LM allocates,
+# by precision: the table of Megatron-LM's dist_optimizer.md (see the module's
+# docstring); the optimizer's share is divided by DP with the distributed optimizer.
+STATE_BYTES = {"bf16": (2, 4, 12), "fp16": (2, 2, 16), "fp32": (4, 4, 8)}
+
+
+def estimate_memory(experiment: dict[str, Any], layout: Layout, vocab_size: int) -> Memory:
     model, lay = experiment["model"], experiment["layout"]
-    half = experiment.get("precision", "bf16") in ("bf16", "fp16")
-    weight_bytes = 2 if half else 4
-    grad_bytes = grad_bytes or weight_bytes
-    optim_bytes = 12 if half else 8
+    weight_bytes, grad_bytes, optim_bytes = STATE_BYTES[experiment.get("precision", "bf16")]
     tp, pp, dp = layout.tp, layout.pp, layout.dp
     padded = pad_vocab(vocab_size, tp)
     layer_params, embed_params = count_parameters(model, padded)

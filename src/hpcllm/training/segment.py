@@ -546,6 +546,9 @@ def prepare_experiment(name: str, raw: dict[str, Any], text: dict[str, Any], clu
     lay.setdefault("nodes", 1)
     lay.setdefault("procs_per_node", max(1, cluster.gpus_per_node))
     gpus = lay["nodes"] * lay["procs_per_node"]
+    from hpcllm.training.job_plan import check_nodes
+
+    check_nodes(name, lay, cluster)
     if exp["engine"] == "torch" and (lay["tp"] > 1 or lay["pp"] > 1):
         raise ValueError(
             f"training.experiments.{name}.layout: the torch engine is data parallel only; "

@@ -1,0 +1,130 @@
+"""At plan time: a training segment's job on its cluster (time limit, GPUs, nodes, paths).
+
+``segment_job`` sizes the segment's time limit from its work (``hpcllm.work_time``) and
+refuses what cannot run on the cluster: more ranks per node than the node has GPUs, more
+nodes than the GPU partition has, a ``time.signal_seconds`` or ``time.margin_seconds``
+that is not shorter than the time limit, a ``$NAME`` in a tokenizer path; it warns about
+GPUs that would sit idle in whole-node jobs (billed, unused).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hpcllm.clusters import VARIABLE
+from hpcllm.training.planner import PlanError
+from hpcllm.work_time import WorkTime, flops_per_iteration, time_limit
+
+
+@dataclass(frozen=True)
+class SegmentJob:
+    limit_minutes: int | None  # None: the rule's own (no GPU to size it for)
+    work: WorkTime | None
+    warnings: tuple[str, ...]
+
+
+def variable_in_path(key: str, value: str | None) -> str | None:
+    """Why a path that names an environment variable cannot be used, or None.
+
+    Snakemake takes such a path literally (a file named ``$SCRATCH/...`` that never
+    exists), while the job's launch script would expand it: the two would disagree.
+    """
+    if not isinstance(value, str):
+        return None
+    match = VARIABLE.search(value)
+    if match is None:
+        return None
+    return (
+        f"{key}: '{value}' names the environment variable {match.group(0)}, which the "
+        "workflow does not expand (only the job's launch script would): write the path "
+        "out, e.g. with the variable's value"
+    )
+
+
+def check_nodes(name: str, layout: dict[str, Any], cluster) -> None:
+    """Refuse more ranks per node than a whole-node job has GPUs, and more nodes than the
+    cluster's GPU partition has (before the layout's own checks: these say more)."""
+    if not (cluster.uses_slurm and cluster.gpus_per_node):
+        return
+    where = f"training.experiments.{name}.layout"
+    nodes, ppn, gpus_per_node = layout["nodes"], layout["procs_per_node"], cluster.gpus_per_node
+    if ppn > gpus_per_node:
+        raise PlanError(
+            f"{where}.procs_per_node: {ppn} ranks per node, but a {cluster.name} node "
+            f"has {gpus_per_node} GPUs ({cluster.path}: gpus_per_node); two ranks would "
+            f"share a GPU. Set procs_per_node to {gpus_per_node} (or leave it out)."
+        )
+    if cluster.gpu_partition_nodes and nodes > cluster.gpu_partition_nodes:
+        raise PlanError(
+            f"{where}.nodes: {nodes} nodes, but {cluster.name}'s GPU partition has "
+            f"{cluster.gpu_partition_nodes} ({cluster.path}: gpu_partition.nodes); lower "
+            "nodes."
+        )
+
+
+def segment_flops(prepared, vocab_size: int) -> float:
+    exp = prepared.experiment
+    return exp["iterations_per_segment"] * flops_per_iteration(
+        exp["model"],
+        prepared.layout.global_batch,
+        vocab_size,
+        exp["layout"].get("recompute", "none"),
+    )
+
+
+def segment_job(
+    name: str, prepared, cluster, vocab_size: int, tokenizer: dict[str, Any] | None = None
+) -> SegmentJob:
+    exp = prepared.experiment
+    lay, timing = exp["layout"], exp["time"]
+    where = f"training.experiments.{name}"
+    nodes, ppn = lay["nodes"], lay["procs_per_node"]
+    warnings = []
+    for key in ("vocab_file", "merges_file", "tokenizer_json"):
+        problem = variable_in_path(
+            f"text.tokenizers.{exp['data']['tokenizer']}.{key}", (tokenizer or {}).get(key)
+        )
+        if problem:
+            raise PlanError(problem)
+    gpus_per_node = cluster.gpus_per_node
+    if not (cluster.uses_slurm and gpus_per_node and cluster.gpu is not None):
+        return SegmentJob(timing.get("limit_minutes"), None, ())
+    check_nodes(name, lay, cluster)
+    work = time_limit(
+        segment_flops(prepared, vocab_size),
+        nodes * ppn,
+        cluster.gpu.rate_tflops(exp.get("precision", "bf16")),
+        cluster.max_minutes,
+    )
+    limit = timing.get("limit_minutes") or work.limit_minutes
+    if limit > cluster.max_minutes:
+        raise PlanError(
+            f"{where}.time.limit_minutes: {limit} min, more than the {cluster.max_minutes} "
+            f"min {cluster.name}'s GPU partition allows ({cluster.path}: "
+            "gpu_partition.max_minutes); lower it, or leave it out to size it from the work."
+        )
+    if work.clamped and not timing.get("limit_minutes"):
+        warnings.append(
+            f"{where}: a segment's work ({work.describe()}) needs more than the "
+            f"{cluster.max_minutes} min {cluster.name} allows; it gets {limit} min and "
+            "stops early at its time limit (the next segment resumes it). Lower "
+            "iterations_per_segment to fit."
+        )
+    for key in ("signal_seconds", "margin_seconds"):
+        if timing[key] >= limit * 60:
+            raise PlanError(
+                f"{where}.time.{key}: {timing[key]} s is not shorter than the segment's "
+                f"time limit of {limit} min ({limit * 60} s); the segment would stop before "
+                f"it trains. Lower time.{key} (or raise time.limit_minutes)."
+            )
+    if ppn < gpus_per_node:
+        idle = exp["segments"] * nodes * (gpus_per_node - ppn) * limit / 60
+        warnings.append(
+            f"{where}.layout.procs_per_node: {ppn} ranks on {cluster.name}'s whole nodes of "
+            f"{gpus_per_node} GPUs: {gpus_per_node - ppn} GPUs per node stay idle, up to "
+            f"{idle:,.1f} billed GPU-hours wasted ({exp['segments']} segments x {nodes} nodes "
+            f"x {limit} min). Set procs_per_node to {gpus_per_node} (and the batch or tp to "
+            "match)."
+        )
+    return SegmentJob(limit, work, tuple(warnings))

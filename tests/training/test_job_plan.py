@@ -1,0 +1,124 @@
+"""A training segment's job on its cluster, at plan time: its time limit from its work, and
+what is refused (ranks over GPUs, nodes over the partition, a signal or margin longer than
+the time limit, a $NAME in a tokenizer path) or warned about (idle GPUs, billed)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hpcllm.clusters import load_cluster
+from hpcllm.training.job_plan import segment_job
+from hpcllm.training.planner import PlanError
+from hpcllm.training.segment import prepare_experiment
+
+REPO = Path(__file__).resolve().parents[2]
+TEXT = {
+    "sources": {"fineweb": {"type": "local"}},
+    "tokenizers": {"bpe": {"type": "train", "vocab_size": 50257}},
+    "tokenize": {"tokenizers": ["bpe"]},
+}
+SCHEMA_TIME = {"limit_minutes": None, "margin_seconds": 900, "signal_seconds": 600}
+
+
+def opengptx(**layout) -> dict:
+    raw = yaml.safe_load((REPO / "config/experiments/opengptx_800m.yaml").read_text())
+    exp = copy.deepcopy(raw["training"]["experiments"]["opengptx_800m"])
+    exp["data"]["tokenizer"] = "bpe"
+    exp["time"] = {**SCHEMA_TIME, **exp["time"]}
+    exp["layout"].update(layout)
+    return exp
+
+
+def job(cluster: str, exp: dict, text: dict = TEXT):
+    c = load_cluster(cluster, REPO / "config/clusters", environ={"HPCLLM_SCRATCH": "/s"})
+    prepared = prepare_experiment("opengptx_800m", exp, text, c)
+    tok = text["tokenizers"][exp["data"]["tokenizer"]]
+    return segment_job("opengptx_800m", prepared, c, 50257, tok)
+
+
+def test_segment_time_limit_is_sized_from_its_work_not_24_hours():
+    """3000 iterations of the 800M model (global batch 512) on 16 A100s: ~2.7 h of work at
+    the assumed 125 TFLOP/s; the limit adds the margin and start-up, well under 24 h."""
+    planned = job("juwels", opengptx())
+    assert planned.work.work_minutes == pytest.approx(164, abs=3)
+    assert planned.limit_minutes == planned.work.limit_minutes
+    assert 1.5 * 164 <= planned.limit_minutes <= 300
+    assert planned.warnings == ()
+    # the experiment's own time.limit_minutes wins (at most the partition's 24 h)
+    exp = opengptx()
+    exp["time"]["limit_minutes"] = 600
+    assert job("juwels", exp).limit_minutes == 600
+    exp["time"]["limit_minutes"] = 1500
+    with pytest.raises(PlanError, match=r"time.limit_minutes: 1500 min, more than the 1440"):
+        job("juwels", exp)
+
+
+def test_more_work_than_the_partition_allows_is_clamped_and_said():
+    exp = opengptx()
+    exp["iterations_per_segment"] = 30000
+    planned = job("juwels", exp)
+    assert planned.limit_minutes == 1440
+    assert any("needs more than the 1440 min juwels allows" in w for w in planned.warnings)
+
+
+def test_ranks_below_the_gpus_of_a_whole_node_warn_with_the_billed_hours_wasted():
+    """opengptx_800m as written (4 ranks per node) on LUMI's 8-GCD nodes."""
+    planned = job("lumi", opengptx())
+    (warning,) = planned.warnings
+    idle = 10 * 4 * 4 * planned.limit_minutes / 60
+    assert "training.experiments.opengptx_800m.layout.procs_per_node: 4 ranks" in warning
+    assert "lumi's whole nodes of 8 GPUs" in warning
+    assert f"{idle:,.1f} billed GPU-hours wasted" in warning
+    assert "Set procs_per_node to 8" in warning
+
+
+def test_ranks_above_the_gpus_of_a_node_are_refused():
+    with pytest.raises(
+        PlanError,
+        match=r"procs_per_node: 8 ranks per node, but a juwels node "
+        r"has 4 GPUs .*juwels.yaml: gpus_per_node",
+    ):
+        job("juwels", opengptx(procs_per_node=8, nodes=2))
+
+
+def test_more_nodes_than_the_partition_has_are_refused():
+    with pytest.raises(
+        PlanError,
+        match=r"layout.nodes: 1024 nodes, but juwels's GPU partition "
+        r"has 936 .*gpu_partition.nodes",
+    ):
+        job("juwels", opengptx(nodes=1024))
+
+
+@pytest.mark.parametrize("key", ["signal_seconds", "margin_seconds"])
+def test_signal_or_margin_not_shorter_than_the_time_limit_is_refused(key):
+    exp = opengptx()
+    exp["time"]["limit_minutes"] = 30
+    exp["time"][key] = 1800
+    with pytest.raises(
+        PlanError,
+        match=rf"time.{key}: 1800 s is not shorter than the "
+        r"segment's time limit of 30 min \(1800 s\)",
+    ):
+        job("juwels", exp)
+    exp["time"][key] = 1799
+    assert job("juwels", exp).limit_minutes == 30
+
+
+def test_environment_variable_in_a_tokenizer_path_is_refused():
+    text = copy.deepcopy(TEXT)
+    text["tokenizers"]["bpe"] = {
+        "type": "files",
+        "vocab_file": "$SCRATCH/gpt2/vocab.json",
+        "merges_file": "/p/gpt2/merges.txt",
+    }
+    with pytest.raises(
+        PlanError,
+        match=r"text.tokenizers.bpe.vocab_file: '\$SCRATCH/gpt2/"
+        r"vocab.json' names the environment variable \$SCRATCH",
+    ):
+        job("juwels", opengptx(), text)
