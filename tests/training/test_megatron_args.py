@@ -184,7 +184,12 @@ def test_shipped_container_recipes_build_the_pinned_commit():
         assert container_commit_mismatch(path.read_text(), str(path)) is None
 
 
-LOCAL_ONLY = ("--no-rope-fusion", "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion")
+LOCAL_ONLY = (
+    "--no-rope-fusion",
+    "--no-gradient-accumulation-fusion",
+    "--no-masked-softmax-fusion",
+    "--no-persist-layer-norm",
+)
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))
@@ -198,3 +203,7 @@ def test_without_transformer_engine_the_fusions_that_need_it_are_off(preset):
     assert set(LOCAL_ONLY) <= megatron_flags()  # the pin's own names
     # Transformer Engine provides them: the NVIDIA command lines keep Megatron's defaults
     assert not set(LOCAL_ONLY) & set(args_for(preset))
+    # torch's norm (no apex) refuses sequence parallelism: off on the local layers only
+    assert "--sequence-parallel" not in local
+    if PRESETS[preset].get("layout", {}).get("sequence_parallel"):
+        assert "--sequence-parallel" in args_for(preset)

@@ -45,6 +45,7 @@ FLAGS: dict[str, dict[str, str]] = {
         "no_rope_fusion": "--no-rope-fusion",
         "no_gradient_accumulation_fusion": "--no-gradient-accumulation-fusion",
         "no_masked_softmax_fusion": "--no-masked-softmax-fusion",
+        "no_persist_layer_norm": "--no-persist-layer-norm",
         "attention_backend": "--attention-backend",
         "tensor_model_parallel_size": "--tensor-model-parallel-size",
         "pipeline_model_parallel_size": "--pipeline-model-parallel-size",
@@ -209,15 +210,21 @@ def pretrain_gpt_args(
         # RoPE fusion needs Transformer Engine ("apply_rope_fusion is not available" at the
         # first forward), gradient accumulation fusion apex's fused_weight_gradient_mlp_cuda
         # (ColumnParallelLinear raises), the masked-softmax fusion Megatron's compiled
-        # scaled_masked_softmax_cuda (imported on fp16 runs). The bias-dropout/GELU/SwiGLU
-        # fusions are TorchScript and the persistent layer norm exists only in apex's
-        # FusedLayerNorm, which Megatron replaces by torch's norm without apex: kept.
+        # scaled_masked_softmax_cuda (imported on fp16 and bf16 runs). Without apex the
+        # local layers use torch's norm (WrappedTorchNorm), which refuses the persistent
+        # layer norm that is on by default ("persist_layer_norm not supported by torch
+        # LayerNorm", megatron/core/transformer/torch_norm.py at the pin) and sequence
+        # parallelism ("sequence parallel not supported by torch LayerNorm"): both off.
+        # The bias-dropout/GELU/SwiGLU fusions are TorchScript: kept.
+        # tests/training/test_megatron_model_cpu.py builds these models without TE/apex.
         add("no_rope_fusion")
         add("no_gradient_accumulation_fusion")
         add("no_masked_softmax_fusion")
+        add("no_persist_layer_norm")
     add("tensor_model_parallel_size", layout.tp)
     add("pipeline_model_parallel_size", layout.pp)
-    add("sequence_parallel", bool(lay.get("sequence_parallel")))
+    # (not with Megatron's local layers: torch's norm refuses it without apex, above)
+    add("sequence_parallel", bool(lay.get("sequence_parallel")) and transformer_impl != "local")
     add("use_distributed_optimizer", bool(lay.get("distributed_optimizer")))
     if model.get("flash_attention") and transformer_impl == "transformer_engine":
         add("attention_backend", "flash")
