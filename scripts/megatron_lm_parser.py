@@ -1,6 +1,6 @@
 """Megatron-LM's own argument parser, run on this CPU-only machine.
 
-Two uses, both against a Megatron-LM tree at the pinned commit (not on any package index;
+Its uses, all against a Megatron-LM tree at the pinned commit (not on any package index;
 unpack it with ``git archive <commit> | tar -x -C DIR``):
 
   flags COMMIT:  print every option string of ``megatron.training.arguments`` (the independent
@@ -22,8 +22,27 @@ unpack it with ``git archive <commit> | tar -x -C DIR``):
           ``BlendedMegatronDatasetBuilder``) in a one-process group; print JSON: the
           files of ``--data-cache-path`` before and after, and the datasets' sizes. A
           cache made for this command line gains no file.
+  model:  read {"without": [module, ...], "cases": [...]} from stdin. For each case:
+          ``parse_args``/``validate_args`` of the full command line at its world size
+          and its ``core_transformer_config_from_args`` (the config checks at the real
+          sizes); then the command line scaled down (hpcllm.training.megatron_model's
+          ``TINY``: 2 layers, hidden size 64, 32 tokens, one process, TP = PP = 1,
+          ``--use-cpu-initialization``, gloo; every other flag as generated) through
+          the same, its tokenizer, ``gpt_config_from_args`` and ``GPTModelBuilder``
+          (pretrain_gpt.py's path), building the GPT model on the CPU with the full
+          command line's sequence parallelism, and one micro-batch forward and backward.
+          ``without``: modules the target image lacks (Transformer Engine and apex in
+          LUMI's ROCm image), made unimportable before Megatron is imported, so a fusion
+          that needs them fails as it would there. A Transformer Engine command line
+          gets its config only (TE cannot be installed on a CPU machine; its fused RoPE
+          counts as present, as in the NVIDIA image). Prints per case the error or
+          "model": "built" with the parameter count and loss, the TransformerConfig
+          fields that differ from the dataclass's defaults, and "differ": the fields
+          where hpcllm.training.megatron_model's derivation (what the CPU test builds
+          without Megatron-LM) differs from Megatron-LM's.
 
-Stubbed, because they cannot exist here: Megatron's Triton kernel modules (GPU code,
+Stubbed, because they cannot exist here (and for ``model``, the forward pass's CUDA
+calls answered by the CPU: ``megatron_model.cuda_is_the_cpu``): Megatron's Triton kernel modules (GPU code,
 imported at start-up; no Triton on a CPU torch), ``typing.override`` on Python < 3.12 (the
 pin needs 3.12, the NGC image has it; ``typing_extensions`` gives the same decorator), and
 the one device query of ``validate_args``, ``get_device_arch_version`` (CUDA), answered
@@ -180,6 +199,166 @@ def datasets(case: dict) -> dict:
     }
 
 
+def _value(v):
+    """A config field's value as JSON: functions by their qualified name."""
+    if callable(v):
+        return f"{getattr(v, '__module__', '')}.{getattr(v, '__qualname__', repr(v))}"
+    if isinstance(v, (bool, int, float, str)) or v is None:
+        return v
+    return repr(v)
+
+
+def config_fields(config) -> dict:
+    """The fields of ``config`` whose values differ from its dataclass's defaults."""
+    import dataclasses
+
+    out = {}
+    for f in dataclasses.fields(config):
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = dataclasses.MISSING
+        value = getattr(config, f.name)
+        if default is dataclasses.MISSING or _value(value) != _value(default):
+            out[f.name] = _value(value)
+    return out
+
+
+def _rope_fusion_present():
+    """Transformer Engine's fused RoPE, as the NVIDIA image has it (TE is not importable
+    on this machine: its kernels need CUDA): a stand-in that is never called, since the
+    model of a Transformer Engine command line is not built here."""
+    from megatron.core.models.common.embeddings import rope_utils
+
+    rope_utils.fused_apply_rotary_pos_emb = rope_utils.fused_apply_rotary_pos_emb or object()
+
+
+def te_importable() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("transformer_engine") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def build_tiny_model(args, sequence_parallel: bool, argv: list[str]) -> dict:
+    """pretrain_gpt.py's model for ``args`` on one CPU process, a micro-batch through it.
+    ``sequence_parallel``: the full-size command line's (validate_args turns it off at
+    TP = 1; the layers are built with it, as on the cluster). ``argv``: the scaled-down
+    command line, without the ``--use-cpu-initialization`` of this machine."""
+    from megatron.training import global_vars
+    from megatron.training.arguments import core_transformer_config_from_args
+
+    from hpcllm.training.megatron_model import materialize, transformer_config_kwargs
+
+    global_vars._build_tokenizer(args)  # sets padded_vocab_size
+    config = core_transformer_config_from_args(args)
+    # hpcllm's derivation of the same config (what the CPU test builds without Megatron-LM)
+    mine = materialize({**transformer_config_kwargs(argv), "use_cpu_initialization": True})
+    for c in (config, mine):
+        c.sequence_parallel = sequence_parallel
+    theirs, mine = config_fields(config), config_fields(mine)
+    differ = {k: [theirs.get(k), mine.get(k)] for k in theirs.keys() | mine.keys()
+              if theirs.get(k) != mine.get(k)}  # fmt: skip
+    result = {"ok": True, "fields": theirs, "differ": differ}
+    if args.transformer_impl == "transformer_engine" and not te_importable():
+        return {**result, "model": "not built: Transformer Engine is not importable here"}
+    try:
+        return {**result, **_tiny_model_forward_backward(args, config)}
+    except Exception as exc:
+        return {**result, "ok": False, "error": _error(exc, io.StringIO())}
+
+
+def _tiny_model_forward_backward(args, config) -> dict:
+    import torch
+    from megatron.core import parallel_state
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.core.transformer.module import Float16Module
+    from megatron.training.argument_utils import gpt_config_from_args
+    from megatron.training.models.gpt import GPTModelBuilder
+
+    from hpcllm.training.megatron_model import cuda_is_the_cpu
+
+    model_config = gpt_config_from_args(args, config)
+    model_config.finalize()
+    parallel_state.initialize_model_parallel(1, 1)
+    try:
+        with cuda_is_the_cpu():
+            pg = ProcessGroupCollection.use_mpu_process_groups()
+            builder = GPTModelBuilder(model_config)
+            model = builder.build_model(pg, pre_process=True, post_process=True)
+            params = sum(p.numel() for p in model.parameters())
+            if args.fp16 or args.bf16:  # as training.get_model wraps it
+                model = Float16Module(config, model)
+            batch, seq = args.micro_batch_size, args.seq_length
+            tokens = torch.randint(0, args.padded_vocab_size, (batch, seq))
+            position_ids = torch.arange(seq).unsqueeze(0).expand(batch, seq)
+            mask = torch.tril(torch.ones(seq, seq, dtype=torch.bool)).logical_not()[None, None]
+            loss = model(tokens, position_ids, mask, labels=tokens).float().mean()
+            loss.backward()
+    finally:
+        parallel_state.destroy_model_parallel()
+    return {"model": "built", "parameters": params, "loss": float(loss)}
+
+
+def _error(exc: BaseException, out: io.StringIO) -> str:
+    if isinstance(exc, SystemExit):  # argparse: unknown or malformed flag
+        return f"exit {exc.code}: {out.getvalue()[-600:]}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in frames[::-1][:4])
+    return f"{type(exc).__name__}: {exc} (at {where})"
+
+
+def model(request: dict) -> list[dict]:
+    """The scaled-down model of each case (see the module's docstring)."""
+    import torch.distributed as dist
+
+    from hpcllm.training.megatron_model import block_imports, tiny_argv
+
+    block_imports(request.get("without", []))
+    arguments = megatron_arguments()
+    arguments.get_device_arch_version = lambda: 9
+    from megatron.training import global_vars
+
+    plain = dict(os.environ)
+    results = []
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        for case in request["cases"]:
+            out = io.StringIO()
+            try:
+                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                    # the full-size command line at its world size: its TransformerConfig
+                    os.environ.clear()
+                    os.environ.update({**plain, **case.get("env", {}), "RANK": "0",
+                                       "WORLD_SIZE": str(case["world_size"])})  # fmt: skip
+                    sys.argv = ["pretrain_gpt.py", *case["argv"]]
+                    full = arguments.parse_args()
+                    arguments.validate_args(full)
+                    if full.transformer_impl == "transformer_engine" and not te_importable():
+                        _rope_fusion_present()
+                    arguments.core_transformer_config_from_args(full)
+                    # the scaled-down one on this process
+                    os.environ["WORLD_SIZE"] = "1"
+                    sys.argv = ["pretrain_gpt.py", *tiny_argv(case["argv"])]
+                    args = arguments.parse_args()
+                    arguments.validate_args(args)
+                    global_vars._GLOBAL_ARGS = args
+                    built = build_tiny_model(args, full.sequence_parallel, sys.argv[1:-1])
+                results.append({"name": case["name"], **built})
+            except (SystemExit, Exception) as exc:
+                results.append({"name": case["name"], "ok": False, "error": _error(exc, out)})
+            finally:
+                global_vars._GLOBAL_ARGS = None
+                global_vars._GLOBAL_TOKENIZER = None
+    finally:
+        dist.destroy_process_group()
+    return results
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "flags":
         commit = sys.argv[2]
@@ -189,6 +368,8 @@ if __name__ == "__main__":
         print("\n".join(flags()))
     elif sys.argv[1:] == ["parse"]:
         print(json.dumps(parse(json.load(sys.stdin))))
+    elif sys.argv[1:] == ["model"]:
+        print(json.dumps(model(json.load(sys.stdin))))
     elif sys.argv[1:] == ["datasets"]:
         print(json.dumps(datasets(json.load(sys.stdin))))
     else:

@@ -7,7 +7,11 @@ the workflow generates (every preset on every GPU cluster, every point of the sh
 language sweeps on every cluster) and runs ``parse_args`` and ``validate_args`` of
 ``megatron.training.arguments`` on each, then builds its tokenizer and learning-rate
 schedule as ``pretrain_gpt.py`` does at start-up, in one subprocess
-(scripts/megatron_lm_parser.py, which says what it stubs on a CPU-only machine).
+(scripts/megatron_lm_parser.py, which says what it stubs on a CPU-only machine). Then
+the same command lines, scaled down, build Megatron-LM's TransformerConfig and GPT model
+on the CPU in an image's environment (``model``: no Transformer Engine, no apex for
+``--transformer-impl local``), and hpcllm's own derivation of that config (which the CI
+test test_megatron_model_cpu.py builds without Megatron-LM) must equal Megatron-LM's.
 """
 
 from __future__ import annotations
@@ -20,16 +24,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import REPO
+from megatron_cases import CLUSTERS, bench_cases, training_cases, transformer_impl
+from support import REPO, hang_guard
 
-from hpcllm.bench.language import PRETRAIN_GPT, language_launch
-from hpcllm.bench.sweeps import expand_all, facts_of
-from hpcllm.clusters import known_clusters, load_cluster
-from hpcllm.text.tokenizer_train import hf_tokenizer_config
-from hpcllm.training.data import Blend
-from hpcllm.training.megatron_args import MEGATRON_ENV, MEGATRON_LM_COMMIT, transformer_impl_for
-from hpcllm.training.planner import PlanError, check_layout
-from hpcllm.training.presets import PRESETS, resolve_experiment
+from hpcllm.clusters import load_cluster
+from hpcllm.training.megatron_args import MEGATRON_ENV, MEGATRON_LM_COMMIT
+from hpcllm.training.megatron_model import IMAGE_LACKS
+from hpcllm.training.presets import PRESETS
 from hpcllm.training.segment import Paths
 from hpcllm.training.segment import engine_command as segment_command
 
@@ -38,87 +39,9 @@ pytestmark = pytest.mark.skipif(
     not MEGATRON_LM_DIR,
     reason=f"MEGATRON_LM_DIR is unset: point it at Megatron-LM {MEGATRON_LM_COMMIT[:12]}",
 )
-CLUSTERS = REPO / "config" / "clusters"
-# What an experiment adds to its preset (the schema's required keys and defaults).
-EXPERIMENT = {"engine": "megatron", "segments": 3, "iterations_per_segment": 1000, "seed": 1234, "log_interval": 10, "data": {"split": "949,50,1"}}  # fmt: skip
-ENV = {"HPCLLM_SCRATCH": "/scratch", "HPCLLM_ACCOUNT": "acct", "HPCLLM_PARTITION": "gpu"}
 
 
-def gpu_clusters():
-    for name in known_clusters(CLUSTERS):
-        cluster = load_cluster(name, root=CLUSTERS, environ={**os.environ, **ENV})
-        if cluster.gpus_per_node:
-            yield cluster
-
-
-def gpt2_tokenizer_files(folder: Path) -> str:
-    """A small tokenizer folder as train_tokenizer writes it: tokenizer.json,
-    tokenizer_config.json, vocab.json and merges.txt."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"])
-    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 20, trainer)
-    folder.mkdir(parents=True, exist_ok=True)
-    tok.model.save(str(folder))
-    tok.save(str(folder / "tokenizer.json"))  # as train_tokenizer writes it
-    (folder / "tokenizer_config.json").write_text(json.dumps(hf_tokenizer_config("<|endoftext|>")))
-    return str(folder)
-
-
-def training_cases(tmp: Path) -> list[dict]:
-    cases = []
-    tokenizer_dir = gpt2_tokenizer_files(tmp / "tokenizer")
-    tokenizer_files = (f"{tokenizer_dir}/vocab.json", f"{tokenizer_dir}/merges.txt")
-    blend = Blend(
-        ("data/tokenized/gpt2/a_text_document", "data/tokenized/gpt2/b_text_document"), (0.7, 0.3)
-    )
-    paths = Paths("checkpoints/x", "results/x.json", "x.log", "cache/x", "tb/x")
-    for cluster in gpu_clusters():
-        for preset in PRESETS:
-            exp = resolve_experiment(preset, {"preset": preset, **EXPERIMENT})
-            exp.setdefault("save_interval", exp["iterations_per_segment"])
-            replica = exp["layout"]["tp"] * exp["layout"]["pp"]
-            whole_nodes = max(1, -(-replica // cluster.gpus_per_node)) * cluster.gpus_per_node
-            layout = None
-            for gpus in (whole_nodes, replica):  # whole nodes, else one replica
-                try:
-                    layout = check_layout(preset, exp, gpus, cluster.gpus_per_node)
-                    break
-                except PlanError:
-                    continue  # planning refuses it: never generated
-            if layout is None:
-                continue
-            for segment, left in ((1, 3600.0), (exp["segments"], None)):
-                argv = segment_command(
-                    exp, layout, blend, tokenizer_files, paths, segment, left and 50,
-                    transformer_impl=transformer_impl_for(cluster),
-                )  # fmt: skip
-                name = f"train {preset} on {cluster.name} segment {segment}"
-                # run_segment builds its launch with env=MEGATRON_ENV
-                cases.append(
-                    {"name": name, "argv": argv[2:], "world_size": gpus, "env": MEGATRON_ENV}
-                )
-    return cases
-
-
-def bench_cases(tmp: Path) -> list[dict]:
-    schema = yaml.safe_load((REPO / "workflow/schemas/benchmarks.schema.yaml").read_text())
-    experiments = {"language": "config/experiments/language.yaml"}
-    cases = []
-    for cluster in gpu_clusters():
-        for point in expand_all(experiments, facts_of(cluster), root=REPO, schema=schema):
-            row = point.row()
-            # the launch the point's job runs: its engine's arguments and environment
-            launch = language_launch(row, tmp / row["id"], cluster, "megatron.sif")
-            argv = launch.argv[launch.argv.index(PRETRAIN_GPT) + 1 :]
-            env = {k: v for k, v in launch.env.items() if k == "CUDA_DEVICE_MAX_CONNECTIONS"}
-            cases.append({"name": f"bench {point.id} on {cluster.name}", "argv": argv, "world_size": row["gpus"], "env": env})  # fmt: skip
-    return cases
-
-
-def run_parser(mode: str, cases):
+def run_parser(mode: str, cases, timeout: float | None = None):
     """scripts/megatron_lm_parser.py MODE on the Megatron-LM tree; its JSON answer."""
     done = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "megatron_lm_parser.py"), mode],
@@ -128,6 +51,7 @@ def run_parser(mode: str, cases):
         # offline, as on compute nodes: a tokenizer that needs the hub fails, not hangs
         env={**os.environ, "PYTHONPATH": MEGATRON_LM_DIR, "HF_HUB_OFFLINE": "1"},
         check=False,
+        timeout=timeout,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -145,6 +69,30 @@ def test_megatron_parses_every_generated_command_line(tmp_path):
     print(
         f"Megatron-LM {MEGATRON_LM_COMMIT[:12]} parsed and validated {len(results)} command lines"
     )
+
+
+@pytest.mark.parametrize("impl", sorted(IMAGE_LACKS))
+def test_megatron_builds_every_command_lines_model_in_its_image(tmp_path, impl):
+    """Megatron-LM's TransformerConfig of every generated command line of ``impl``, and
+    its GPT model, scaled down, on the CPU without what that image lacks (LUMI's: TE and
+    apex), one micro-batch forward and backward; hpcllm's derivation of the config
+    equals Megatron-LM's field by field."""
+    cases = [c for c in training_cases(tmp_path) + bench_cases(tmp_path)
+             if transformer_impl(c) == impl]  # fmt: skip
+    assert cases
+    # hang guard: about 1 s per command line on a quiet machine (270 in all)
+    request = {"without": list(IMAGE_LACKS[impl]), "cases": cases}
+    results = run_parser("model", request, timeout=hang_guard(len(cases)))
+    failed = [f"{r['name']}: {r['error']}" for r in results if not r["ok"]]
+    assert not failed, f"{len(failed)} of {len(results)} failed:\n" + "\n".join(failed[:20])
+    differ = [f"{r['name']}: {r['differ']}" for r in results if r["differ"]]
+    assert not differ, "hpcllm.training.megatron_model derives another config:\n" + "\n".join(
+        differ[:20]
+    )
+    built = sum(r["model"] == "built" for r in results)
+    if impl == "local":  # Megatron's own layers: every model is built here
+        assert built == len(results)
+    print(f"{impl}: {len(results)} configs equal, {built} models built on the CPU")
 
 
 def test_megatron_loads_the_index_cache_that_the_cpu_rule_built(text_workdir, monkeypatch):
