@@ -273,7 +273,8 @@ def submit_command(rule: str, resources: dict) -> str:
 
     res = _Resources(resources)
     job = SimpleNamespace(resources=res, threads=1, name=rule, is_group=lambda: False)
-    validate_slurm_extra(job)
+    if "slurm_extra" in res:  # as the plugin checks it
+        validate_slurm_extra(job)
     return get_submit_command(
         job,
         {
@@ -362,10 +363,11 @@ LOCAL_IMPL_FLAGS = ("--no-rope-fusion", "--no-gradient-accumulation-fusion")
 
 
 def planned_blocks(output: str) -> list[tuple[str, dict[str, str]]]:
-    """(rule, {input, wildcards, resources}) of every job a dry run lists."""
+    """(rule, {input, wildcards, resources}) of every Slurm job a dry run lists (login-node
+    rules, "localrule", are left out)."""
     jobs = []
     for block in re.split(r"\n(?=\s*(?:local)?rule \w+:)", output):
-        head = re.match(r"\s*(?:local)?rule (\w+):", block)
+        head = re.match(r"\s*rule (\w+):", block)
         if head:
             fields = dict(re.findall(r"^\s+(input|wildcards|resources): (.*)$", block, re.M))
             jobs.append((head.group(1), fields))
@@ -438,16 +440,18 @@ def test_site_geometry_of_every_gpu_job(name, dry_runs, tmp_path):
     gpus = cluster.gpus_per_node
     seen = set()
     for rule, fields in planned_blocks(dry_runs(name)):
+        if "resources" not in fields:  # a login-node rule
+            continue
+        resources = dict(item.split("=", 1) for item in fields["resources"].split(", "))
+        sbatch = submit_command(rule, job_resources(resources))
+        # every Slurm job, CPU ones too: cores where Slurm's CPUs are hardware threads
+        assert ("--threads-per-core=1" in sbatch) == (cluster.threads_per_core > 1), sbatch
         if rule not in GPU_RULES:
             continue
         seen.add(rule)
-        resources = dict(item.split("=", 1) for item in fields["resources"].split(", "))
-        sbatch = submit_command(rule, job_resources(resources))
         assert f"--gres=gpu:{gpus}" in sbatch and "--ntasks-per-node=1" in sbatch, sbatch
         cpus = int(re.search(r"--cpus-per-task=(\d+)", sbatch).group(1))
         assert cpus <= cluster.cpus_per_node, sbatch  # cores; one task per node
-        # where Slurm's CPUs are hardware threads, 48 "CPUs" would be 24 cores
-        assert ("--threads-per-core=1" in sbatch) == (cluster.threads_per_core > 1), sbatch
 
         launch = the_jobs_launch(rule, fields, cluster, tmp_path)
         argv, script = launch.argv, launch.shell()
