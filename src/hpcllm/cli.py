@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,7 +45,33 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-d", "--directory", default=".", help="the workflow's working directory")
     p.add_argument("--configfile", nargs="*", default=[], help="the --configfile files of the run")
     p.add_argument("--profile", default=None, help="the run's profile (gives the cluster)")
+    p = sub.add_parser(
+        "restart-training",
+        help="move an experiment's checkpoints aside (never deleted) so it trains afresh",
+    )
+    p.add_argument("experiment", help="the experiment's name (checkpoints/<experiment>)")
+    p.add_argument("-d", "--directory", default=".", help="the workflow's working directory")
     args = parser.parse_args(argv)
+    if args.command == "restart-training":
+        from pathlib import Path
+
+        from hpcllm.training.lease import LeaseHeld
+        from hpcllm.training.settings import restart_training
+
+        save = Path(args.directory) / "checkpoints" / args.experiment
+        try:
+            aside = restart_training(save)
+        except LeaseHeld as e:
+            print(f"not moved: {e}", file=sys.stderr)
+            return 1
+        if aside is None:
+            print(f"{save}: holds no checkpoints; nothing to move")
+        else:
+            print(
+                f"moved the contents of {save} to {aside}; the next run trains "
+                f"{args.experiment} from scratch (delete {aside} once it is not needed)"
+            )
+        return 0
     if args.command == "status":
         from hpcllm.training.status import campaign_status
 

@@ -22,9 +22,9 @@ from hpcllm.training.segment import parse_log_lines
 pytestmark = pytest.mark.workflow
 
 
-def write_config(workdir: Path, name: str, experiment: dict) -> str:
+def write_config(workdir: Path, name: str, experiment: dict, **training) -> str:
     path = workdir / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({"training": {"experiments": {name: experiment}}}))
+    path.write_text(yaml.safe_dump({"training": {"experiments": {name: experiment}, **training}}))
     return str(path)
 
 
@@ -69,9 +69,11 @@ def test_failed_segment_reruns_alone_and_resumes(text_workdir):
     """Segment 2 of 3 killed (a node dying) 3 iterations in; the rerun runs it alone.
 
     Each segment is 30 iterations: wherever the kill lands after iteration 33, the
-    newest checkpoint (every 2 iterations) is one of segment 2's, short of its end."""
+    newest checkpoint (every 2 iterations) is one of segment 2's, short of its end. One
+    attempt per segment, so that the run stops there (a SIGKILL is transient: a second
+    attempt would continue it in the same run)."""
     work = text_workdir
-    cfg = write_config(work, "rerun", tiny(iterations_per_segment=30))
+    cfg = write_config(work, "rerun", tiny(iterations_per_segment=30), max_attempts=1)
     save = work / "checkpoints" / "rerun"
     engine_log = work / "logs/train_segment/rerun/seg2.engine.log"
     args = ["results/train/rerun/seg3.json", "--profile", "profiles/local", "--configfile", cfg]
@@ -93,6 +95,9 @@ def test_failed_segment_reruns_alone_and_resumes(text_workdir):
         f"stopped at iteration {newest} of 60"
         in out + (work / "logs/train_segment/rerun/seg2.log").read_text()
     )
+    # killed by SIGKILL, with no OOM record and no Slurm state saying otherwise: transient
+    (entry,) = json.loads((work / "logs/train_segment/rerun/seg2.attempts.json").read_text())
+    assert entry["failure"] == "signal", entry
     seg1 = work / "results/train/rerun/seg1.json"
     assert seg1.exists() and not (work / "results/train/rerun/seg2.json").exists()
     kept = {p: p.stat().st_mtime_ns for p in [seg1, *sorted((save / "iter_0000030").rglob("*"))]}
@@ -220,6 +225,7 @@ def test_split_without_documents_fails_the_index_cache_job_with_its_reason(text_
         (tiny(data={"tokenizer": "sample_bpe", "sources": {"nowhere": 1.0}}), "'nowhere' is not in text.sources"),
         (tiny(data={"tokenizer": "other", "sources": {"sample_en": 1.0}}), "'other' is not in text.tokenizers"),
         (tiny(data={"tokenizer": "sample_bpe", "sources": {"sample_en": 1.0}, "split": "99,0,1"}), "gives the validation split no share"),
+        (tiny(segments=1, iterations_per_segment=2), "(optim.warmup_iters = 2) is not shorter than the whole run"),
     ],
 )  # fmt: skip
 def test_bad_experiments_are_refused_at_plan_time(text_workdir, experiment, message):

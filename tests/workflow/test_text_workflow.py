@@ -181,7 +181,7 @@ def test_training_on_a_files_tokenizer_uses_exactly_its_files(workdir):
         "      preset: tiny\n      data:\n        tokenizer: given\n"
         "        sources: {sample_en: 1.0}\n        split: '98,2,0'\n"
         "      layout: {nodes: 1, procs_per_node: 1}\n      segments: 1\n"
-        "      iterations_per_segment: 2\n"
+        "      iterations_per_segment: 3\n"
     )
     proc = run_snakemake(
         workdir, "-n", "results/train/tiny_given/seg1.json", "--configfile", "given.yaml"
@@ -275,7 +275,7 @@ def test_training_on_a_tokenizer_json_only_tokenizer_is_refused_at_plan_time(wor
         "      preset: tiny\n      data:\n        tokenizer: given\n"
         "        sources: {sample_en: 1.0}\n        split: '98,2,0'\n"
         "      layout: {nodes: 1, procs_per_node: 1}\n      segments: 1\n"
-        "      iterations_per_segment: 2\n"
+        "      iterations_per_segment: 3\n"
     )
     proc = run_snakemake(
         workdir,

@@ -516,8 +516,33 @@ def segment_retry_refused(experiment, k, attempt):
     return attempts.refusal(entries, attempt, latest) is not None
 
 
+def settings_refused(experiment):
+    from hpcllm.training.megatron_args import transformer_impl_for
+    from hpcllm.training.settings import plan_warning, weight_settings
+
+    settings = weight_settings(EXPERIMENTS[experiment], transformer_impl_for(CLUSTER))
+    return plan_warning(experiment, f"checkpoints/{experiment}", settings) is not None
+
+
 def prepared_experiment(wildcards):
     return EXPERIMENTS[wildcards.experiment]
+
+
+def weight_settings(wildcards):
+    """The experiment's weight-determining settings, one key=value line each: a param, so
+    that changing one replans its segments (hpcllm.training.settings)."""
+    from hpcllm.training.megatron_args import transformer_impl_for
+    from hpcllm.training.settings import param_text, weight_settings
+
+    prepared = EXPERIMENTS[wildcards.experiment]
+    return param_text(weight_settings(prepared, transformer_impl_for(CLUSTER)))
+
+
+def data_settings(wildcards):
+    """What the index cache is built from (blend, split, sequence length, tokenizer, seed)."""
+    from hpcllm.training.settings import data_settings, param_text
+
+    return param_text(data_settings(EXPERIMENTS[wildcards.experiment]))
 
 
 def previous_segment(wildcards):
@@ -547,10 +572,13 @@ def training_container(wildcards):
 
 
 def segment_nodes(wildcards, attempt):
-    """The layout's nodes; one for a retry that will refuse to run (it only reports)."""
+    """The layout's nodes; one for a retry that will refuse to run (it only reports), and
+    for a segment that will refuse a checkpoint trained with other settings."""
     if attempt > 1 and segment_retry_refused(
         wildcards.experiment, wildcards.k, attempt
     ):
+        return 1
+    if settings_refused(wildcards.experiment):
         return 1
     return EXPERIMENTS[wildcards.experiment].experiment["layout"]["nodes"]
 

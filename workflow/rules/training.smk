@@ -39,6 +39,19 @@ for _name, _prepared in EXPERIMENTS.items():
     )
     if _warning:
         logger.warning(f"Warning: {_warning}")
+from hpcllm.training.megatron_args import transformer_impl_for
+from hpcllm.training.settings import plan_warning, weight_settings as _weight_settings
+
+for _name, _prepared in EXPERIMENTS.items():
+    # Settings that differ from what the checkpoints were trained with: the reason the
+    # segments are planned again, and why they will refuse.
+    _warning = plan_warning(
+        _name,
+        f"checkpoints/{_name}",
+        _weight_settings(_prepared, transformer_impl_for(CLUSTER)),
+    )
+    if _warning:
+        logger.warning(f"Warning: {_warning}")
 from hpcllm.training.megatron_args import container_commit_mismatch
 
 if any(p.experiment["engine"] == "megatron" for p in EXPERIMENTS.values()):
@@ -81,6 +94,8 @@ rule prepare_data_cache:
     params:
         prepared=prepared_experiment,
         folder=index_cache_dir,
+        # Recorded by Snakemake: a change replans the cache (and the segments after it).
+        settings=data_settings,
     script:
         "../scripts/prepare_data_cache.py"
 
@@ -130,6 +145,9 @@ rule train_segment:
     params:
         prepared=prepared_experiment,
         cluster=CLUSTER,
+        # Recorded by Snakemake: changing one replans the experiment's segments, whose
+        # first refuses a checkpoint trained with other settings (docs/training.md).
+        settings=weight_settings,
         save="checkpoints/{experiment}",
         index_cache=index_cache_dir,
         # Not a `log:` (Snakemake deletes those before every attempt): the engine's

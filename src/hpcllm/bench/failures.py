@@ -91,7 +91,7 @@ _PATTERNS: list[tuple[str, re.Pattern]] = [
         re.compile(
             # Megatron-LM's argument checks (asserts in validate_args), our own refusals
             r"AssertionError|argparse|error: unrecognized arguments|error: argument|"
-            r"ValueError: |CheckpointError: |DataError: ",
+            r"ValueError: |CheckpointError: |DataError: |SettingsChanged: ",
         ),
     ),
     (
@@ -126,3 +126,87 @@ def classify_log(paths: list[str | Path], slurm_state: str | None = None) -> str
 def is_transient(failure: str | None) -> bool:
     """Whether another attempt may get past ``failure`` (None, unknown: no)."""
     return failure in TRANSIENT
+
+
+# A process ended by SIGKILL (which it cannot catch, so it prints nothing): the shell's exit
+# status 128 + 9, bash's report, torchrun's, Slurm's.
+_SIGKILL = re.compile(
+    r"Signal 9 \(SIGKILL\)|exitcode\s*:\s*-9\b|\bline \d+:\s+\d+ Killed\b|task \d+: Killed\b"
+)
+
+
+def killed_by_sigkill(returncode: int | None, text: str = "") -> bool:
+    """Whether the launch (or a process in it) ended by SIGKILL."""
+    return returncode in (137, -9) or _SIGKILL.search(text) is not None
+
+
+def _memory_cgroup_file(proc_cgroup: str, root: str) -> Path | None:
+    """This process's memory cgroup's OOM counter file (its Slurm job's, in a job): cgroup v2
+    ``memory.events``, v1 ``memory.oom_control``; the mount's root inside a container that
+    shows its own cgroup as the root."""
+    try:
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            base, name = Path(root), "memory.events"
+        elif "memory" in controllers.split(","):
+            base, name = Path(root) / "memory", "memory.oom_control"
+        else:
+            continue
+        parts = [p for p in path.split("/") if p]
+        jobs = [i for i, p in enumerate(parts) if p.startswith("job_")]
+        if jobs:  # Slurm: the job's cgroup counts the kills in all its steps
+            parts = parts[: jobs[0] + 1]
+        for candidate in (base.joinpath(*parts) / name, base / name):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def oom_kill_count(
+    proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup"
+) -> int | None:
+    """The kernel's count of processes it killed for memory in this job's cgroup (None
+    where it cannot be read). Compared before and after a launch: a rise means the
+    kernel's OOM killer ended a process of the launch."""
+    path = _memory_cgroup_file(proc_cgroup, root)
+    if path is None:
+        return None
+    try:
+        for line in path.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value)
+    except OSError:
+        return None
+    return None
+
+
+def slurm_step_state(job_id: str | None) -> str | None:
+    """The state of the job's newest step as Slurm's accounting records it (``sacct``),
+    e.g. OUT_OF_MEMORY; None without a job id, without accounting, or on any error."""
+    import subprocess
+
+    if not job_id:
+        return None
+    try:
+        out = subprocess.run(
+            ["sacct", "-n", "-P", "-j", job_id, "-o", "JobID,State"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    steps = []
+    for line in out.stdout.splitlines():
+        step, _, state = line.partition("|")
+        number = step.rpartition(".")[2]
+        if "." in step and number.isdigit():
+            steps.append((int(number), state.strip()))
+    return max(steps)[1] if steps else None

@@ -139,7 +139,10 @@ def parse_megatron_log(path: str | Path) -> MegatronLog:
             for chunk in _RANK_PREFIX.split(raw.rstrip("\n")):
                 if "iteration" not in chunk:
                     continue
-                record = parse_iteration_line(chunk, number)
+                # A killed job's last line, cut mid-number, still looks like an
+                # iteration: Megatron ends every iteration line with "|".
+                whole = chunk.rstrip().endswith("|")
+                record = parse_iteration_line(chunk, number) if whole else None
                 if record is None:
                     cut = cut or (_ITERATION.search(chunk) is not None or not complete)
                     continue

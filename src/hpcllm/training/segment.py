@@ -27,8 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from hpcllm.atomic import atomic_path
-from hpcllm.bench.failures import classify_text
+from hpcllm.bench.failures import (
+    classify_text,
+    killed_by_sigkill,
+    oom_kill_count,
+    slurm_step_state,
+)
 from hpcllm.training import attempts, checkpoints, lease
+from hpcllm.training import settings as tracked
 from hpcllm.training.data import Blend, parse_split, sample_counts
 from hpcllm.training.megatron_args import (
     MEGATRON_ENV,
@@ -77,8 +83,8 @@ def parse_log_lines(text: str) -> list[dict[str, Any]]:
     rows = []
     for line in text.splitlines():
         m = _LOG_LINE.search(line)
-        if not m:
-            continue
+        if not m or not line.rstrip().endswith("|"):
+            continue  # not one, or cut off (a killed job): Megatron ends them with "|"
         row: dict[str, Any] = {"iteration": int(m.group(1)), "train_iters": int(m.group(2))}
         for part in m.group(3).split("|"):
             key, sep, value = part.partition(":")
@@ -330,7 +336,14 @@ def run_launch(
     with contextlib.ExitStack() as stack:
         if signals is None:
             signals = stack.enter_context(Signals())
+        cut = engine_log.exists() and engine_log.stat().st_size > 0
+        if cut:  # a previous attempt killed mid-line: keep its cut line on its own
+            with open(engine_log, "rb") as previous:
+                previous.seek(-1, os.SEEK_END)
+                cut = previous.read(1) != b"\n"
         with open(engine_log, "a") as out:
+            if cut:
+                out.write("\n")
             out.write(f"==> {time.strftime('%Y-%m-%d %H:%M:%S')} launch {script_path}\n")
             out.flush()
             signals.child = subprocess.Popen(
@@ -419,9 +432,18 @@ def _train_segment(
     from hpcllm.launch import python_for
 
     experiment, layout = prepared.experiment, prepared.layout
-    check_segment_data(prepared)
     stop = target_iteration(experiment, segment)
     start_iteration = checkpoints.latest_iteration(paths.save) or 0
+    # Before anything else: never resume (or report as done) a checkpoint trained with
+    # other weight-determining settings.
+    tracked.check_checkpoint_settings(
+        name,
+        paths.save,
+        tracked.weight_settings(prepared, transformer_impl_for(cluster)),
+        tracked.continuation_settings(prepared),
+        has_checkpoint=start_iteration > 0,
+    )
+    check_segment_data(prepared)
     started = time.time()
     engine_log = Path(paths.engine_log)
     log_offset = engine_log.stat().st_size if engine_log.exists() else 0
@@ -442,9 +464,14 @@ def _train_segment(
         log.info("segment %d of %s: iterations %d..%d", segment, name, start_iteration + 1, stop)
         script = engine_log.with_suffix(".sh")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        oom_before = oom_kill_count()
         rc = run_launch(launch.shell(), script, engine_log, env, signals)
         log.info("engine exited with %d", rc)
-    elif start_iteration >= stop:
+        oom_after = oom_kill_count()
+        oom_kills = (oom_after or 0) - (oom_before or 0) if oom_before is not None else 0
+    else:
+        rc, oom_kills = None, 0
+    if start_iteration >= stop:
         log.warning(
             "%s already holds iteration %d >= this segment's target %d: nothing to train",
             paths.save,
@@ -454,16 +481,29 @@ def _train_segment(
     reached = checkpoints.latest_iteration(paths.save) or 0
     if reached < stop:
         text = engine_log.read_text(errors="replace")[log_offset:] if engine_log.exists() else ""
-        failure = segment_failure(text, signals.received)
+        state = None
+        if killed_by_sigkill(rc, text) and not oom_kills:
+            state = slurm_step_state(os.environ.get("SLURM_JOB_ID"))
+        failure = segment_failure(text, signals.received, rc, oom_kills, state)
         when = "early"
         if not text:
             when = "before the engine started"
         elif not parse_log_lines(text):
             when = "during the engine's start-up"
+        broken = checkpoint_problem(text, paths.save)
+        if broken:
+            after = (
+                f"the checkpoint could not be loaded: {broken} Another attempt would fail "
+                "the same way; fix or remove that checkpoint (docs/training.md)"
+            )
+        else:
+            after = (
+                f"the next attempt or a rerun continues from the newest checkpoint in "
+                f"{paths.save} (iteration {reached})"
+            )
         raise SegmentIncomplete(
             f"segment {segment} of {name} stopped at iteration {reached} of {stop} {when} "
-            f"({failure}; see {paths.engine_log}); its checkpoint in {paths.save} is intact, "
-            "and the next attempt or a rerun continues from it",
+            f"({failure}; see {paths.engine_log}); {after}",
             failure,
         )
     lines = [r for r in parse_log_lines(engine_log.read_text()) if r["iteration"] <= stop]
@@ -487,16 +527,43 @@ def _train_segment(
     return record
 
 
-def segment_failure(text: str, signum: int | None) -> str:
+def segment_failure(
+    text: str,
+    signum: int | None,
+    returncode: int | None = None,
+    oom_kills: int = 0,
+    slurm_state: str | None = None,
+) -> str:
     """The failure class of an attempt that ended before its target iteration.
 
     A signal this job received (Slurm's --signal before the time limit, scancel,
-    preemption) explains the stop whatever the engine printed on its way down.
+    preemption) explains the stop whatever the engine printed on its way down. An engine
+    killed by SIGKILL prints nothing itself: the kernel's OOM record (``oom_kills``, the
+    rise of the job cgroup's count during the launch) or Slurm's state of the step name
+    the cause; without one it was killed from outside (a node's watchdog, Slurm's
+    KillWait, a user), which another attempt can get past: ``signal``.
     """
-    found = classify_text(text)
+    if oom_kills:
+        return "out_of_memory"
+    found = classify_text(text, slurm_state)
     if signum is not None and found not in ("time_limit", "node_failure"):
         return "signal"
+    if killed_by_sigkill(returncode, text) and found in (None, "error"):
+        return "signal"
     return found or "error"
+
+
+# An exception line of the engine's output: the last line of a traceback.
+_EXCEPTION_LINE = re.compile(r"^(?:\[\w+\]:)?\s*(\w+(?:\.\w+)*(?:Error|Exception)): (.+)$", re.M)
+
+
+def checkpoint_problem(text: str, save: str) -> str | None:
+    """The exception the engine raised about a file of the checkpoint folder (loading a
+    corrupt or partial checkpoint), naming the file; None if it raised none."""
+    for m in reversed(list(_EXCEPTION_LINE.finditer(text))):
+        if save in m.group(2) or m.group(1).endswith("CheckpointError"):
+            return f"{m.group(1)}: {m.group(2)}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -563,6 +630,18 @@ def prepare_experiment(name: str, raw: dict[str, Any], text: dict[str, Any], clu
     vocab = exp["model"].get("vocab_size") or text["tokenizers"][tok].get("vocab_size") or 50257
     gpu_gb = cluster.gpu.memory_gb if cluster.gpu is not None else None
     layout, memory = plan(name, exp, gpus, vocab, gpu_gb, lay["procs_per_node"])
+    warmup, total = exp["optim"]["warmup_iters"], total_iterations(exp)
+    if warmup >= total:
+        # Megatron-LM refuses it at start-up (OptimizerParamScheduler asserts
+        # lr_warmup_steps < lr_decay_steps; the decay lasts --train-iters): refused for
+        # both engines, so that what runs here runs on a cluster.
+        raise ValueError(
+            f"training.experiments.{name}: the learning-rate warm-up (optim.warmup_iters = "
+            f"{warmup}) is not shorter than the whole run (segments x "
+            f"iterations_per_segment = {exp['segments']} x {exp['iterations_per_segment']} "
+            f"= {total} iterations); Megatron-LM refuses that at start-up (lr_warmup_steps "
+            "< lr_decay_steps). Lower optim.warmup_iters or train longer."
+        )
     exp.setdefault("save_interval", exp["iterations_per_segment"])
     exp.setdefault("eval_interval", exp["iterations_per_segment"])
     exp.setdefault("eval_iters", 1)

@@ -305,7 +305,17 @@ def load_checkpoint(load: str, model, optimizer, args, d: Dist) -> int:
             f"{iteration}. The checkpoint is partial; point the tracker at a complete one "
             f"or delete {load} to start afresh."
         )
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        for key in ("model", "optimizer", "rng_state"):
+            state[key]  # noqa: B018 (a partial state is as unusable as a corrupt file)
+    except Exception as e:  # torch raises RuntimeError, EOFError, UnpicklingError, ...
+        raise CheckpointError(
+            f"{path}: cannot be loaded, the file is corrupt or incomplete "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no detail'}). "
+            f"Point {Path(load) / checkpoints.TRACKER} at an older complete iteration, or "
+            f"delete {load} to start afresh."
+        ) from None
     saved = state.get("args", {})
     for key in ("num_layers", "hidden_size", "num_attention_heads", "global_batch_size"):
         if key in saved and saved[key] != getattr(args, key):
