@@ -123,8 +123,9 @@ class TrainingEstimate:
         return self.flops / (self.gpus * self.tflops_per_gpu * 1e12) / 3600
 
     def describe(self) -> str:
+        tokens = f"{self.tokens / 1e9:,.2f}B" if self.tokens >= 1e8 else f"{self.tokens:,.0f}"
         return (
-            f"  {self.experiment}: {self.tokens / 1e9:,.2f}B tokens, {self.flops:.3g} FLOPs: "
+            f"  {self.experiment}: {tokens} tokens, {self.flops:.3g} FLOPs: "
             f"about {self.hours:,.1f} h on {self.gpus} GPUs at {self.tflops_per_gpu:,.0f} "
             f"TFLOP/s per GPU ({self.source}), {self.hours * self.gpus:,.1f} GPU-hours; "
             f"the time limits allow up to {self.limit_gpu_hours:,.1f}"

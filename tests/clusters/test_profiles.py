@@ -9,12 +9,19 @@ import re
 import shutil
 import stat
 import subprocess
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import yaml
-from support import REPO, hang_guard, make_workdir, run_snakemake  # noqa: E402
+from support import (  # noqa: E402
+    REPO,
+    hang_guard,
+    make_workdir,
+    run_snakemake,
+    snakemake_bin,
+)
 
 from hpcllm.clusters import load_cluster
 
@@ -230,6 +237,44 @@ def test_a_command_line_config_keeps_the_profiles_cluster(tmp_path, no_slurm):
     out = _fails(workdir, *args, "--config", "cluster=local", env=env)
     assert "--config cluster=local on the command line, but the profile" in out
     assert "is for cluster 'juwels'" in out
+
+
+@pytest.mark.workflow
+def test_jobs_get_the_profiles_cluster_on_their_command_line(tmp_path, no_slurm):
+    """The jobs re-read the workflow with the command line's --config (not the profile's):
+    the cluster read from the profile is passed on to them. Captured from the official
+    plugin's sbatch call of one tokenize job; a stand-in sbatch records its arguments."""
+    workdir = make_workdir(tmp_path / "work")
+    for path in ("data/raw/sample_en/0000.jsonl.zst", "data/tokenizers/sample_bpe/tokenizer.json"):
+        (workdir / path).parent.mkdir(parents=True, exist_ok=True)
+        (workdir / path).touch()
+    bin_dir, record = tmp_path / "bin", tmp_path / "sbatch.args"
+    bin_dir.mkdir()
+    tools = {
+        "sbatch": f'echo "$@" >> {record}\necho "Submitted batch job 4242"',
+        "sacctmgr": "echo proj0042",
+    }
+    for tool in ("sbatch", "srun", "squeue", "sinfo", "sacct", "sacctmgr", "scontrol", "scancel"):
+        (bin_dir / tool).write_text(f"#!/bin/sh\n{tools.get(tool, 'exit 0')}\n")
+        (bin_dir / tool).chmod(stat.S_IRWXU)
+    env = {**no_slurm, **USER_ENV, "PATH": f"{bin_dir}:{no_slurm['PATH']}", "HF_HUB_OFFLINE": "1"}
+    target = "data/tokenized/sample_bpe/sample_en/0000_text_document.bin"
+    cmd = [snakemake_bin(), "-s", str(REPO / "Snakefile"), "-d", str(workdir)]
+    cmd += ["--profile", "profiles/juwels", target, "--config", "max_gpu_hours=1000"]
+    err = open(workdir / "snakemake.err", "w")  # noqa: SIM115 (closed with the process)
+    proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=err, stderr=err)
+    try:  # the job is submitted within ~15 s; the plugin then polls until stopped
+        deadline = time.monotonic() + hang_guard(15)
+        while not record.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(1)
+    finally:
+        proc.kill()  # it would wait for the stand-in job to end
+        proc.wait()
+        err.close()
+    assert record.exists(), (workdir / "snakemake.err").read_text()[-3000:]
+    args = record.read_text()
+    assert "--config" in args and "max_gpu_hours=1000" in args
+    assert "cluster='juwels'" in args, args
 
 
 @pytest.mark.workflow

@@ -325,10 +325,12 @@ def training_estimates(training):
         measured = measured_tflops(
             "results/bench/summary.csv", CLUSTER.name, exp.get("preset"), precision
         )
-        rate, source = measured or (
-            job.work.tflops_per_gpu,
-            f"assumed: {CLUSTER.path} gpu.assumed_tflops",
+        assumed = (
+            f"assumed: {CLUSTER.path} gpu.assumed_tflops"
+            if CLUSTER.gpu.assumed_tflops
+            else f"assumed: 40% of the peak, {CLUSTER.path} has no gpu.assumed_tflops"
         )
+        rate, source = measured or (job.work.tflops_per_gpu, assumed)
         segments, nodes = exp["segments"], exp["layout"]["nodes"]
         estimates.append(
             TrainingEstimate(
