@@ -203,3 +203,44 @@ def test_vision_run_from_records(tmp_path):
     assert (df.loc["v.2", "stage_in_s"], df.loc["v.2", "stage_in_nodes"]) == (3.25, 2)
     assert df.loc["v.2", "stage_in_method"] == "copy"
     shutil.rmtree(results)
+
+
+def test_coinciding_series_stay_visible_and_integers_stay_integers(tmp_path):
+    """Strong and weak scaling with identical numbers: both lines are drawn apart on the
+    canvas (own marker, a sideways shift) while the data stay exact; the summary writes
+    counts as integers even in columns with a missing value; the compact table is short
+    and rounded."""
+    import matplotlib.pyplot as plt
+
+    from hpcllm.bench.plots import _plot_vs_nodes
+    from hpcllm.bench.summary import compact_table, format_table
+
+    results = tmp_path / "results"
+    points = [point(1), point(2), point(1, "weak"), point(2, "weak"), point(4)]
+    for p in points[:4]:
+        put_run(results, p, scaled_log(1.0), {"returncode": 0, "slurm_job_id": 4242})
+    df = summarize(points, results)
+    fig, ax = plt.subplots()
+    assert _plot_vs_nodes(ax, df, "language", "tokens_per_s_per_gpu")
+    fig.canvas.draw()
+    strong, weak = ax.get_lines()
+    assert strong.get_marker() != weak.get_marker()
+    assert list(strong.get_xdata()) == list(weak.get_xdata()) == [1, 2]  # data unchanged
+    on_canvas = [line.get_transform().transform(line.get_xydata()) for line in (strong, weak)]
+    assert (abs(on_canvas[0][:, 0] - on_canvas[1][:, 0]) > 3).all()  # apart on the canvas
+    plt.close(fig)
+
+    write_summary(df, tmp_path / "summary.csv")
+    text = (tmp_path / "summary.csv").read_text()
+    rows = {line.split(",")[0]: line.split(",") for line in text.splitlines()}
+    header = rows["id"]
+    missing_run = dict(zip(header, rows[points[4]["id"]]))
+    ok_run = dict(zip(header, rows[points[0]["id"]]))
+    assert (ok_run["nodes"], ok_run["slurm_job_id"], ok_run["returncode"]) == ("1", "4242", "0")
+    assert (missing_run["nodes"], missing_run["returncode"]) == ("4", "")
+
+    table = compact_table(df)
+    assert list(table["nodes"]) == [1, 2, 4, 1, 2]
+    assert len(table.columns) <= 15 < len(df.columns)
+    shown = format_table(table)
+    assert "2658.3" in shown and "2658.27" not in shown and "missing" in shown

@@ -109,6 +109,12 @@ rule aggregate_benchmarks:
             category="Benchmarks",
             subcategory="Summary",
         ),
+        table=report(
+            "results/bench/summary.txt",
+            caption="../report/summary_table.rst",
+            category="Benchmarks",
+            subcategory="Summary",
+        ),
         efficiency=report(
             "results/bench/plots/efficiency.png",
             caption="../report/efficiency.rst",

@@ -13,6 +13,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.transforms as mtransforms  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
@@ -89,14 +90,40 @@ def plot_efficiency(df: pd.DataFrame, path: str | Path) -> Series:
     return _save(fig, path)
 
 
+# Series that coincide (strong and weak scaling at the same nodes, say) must stay
+# visible: each gets its own marker and dash pattern, and is drawn shifted sideways by a
+# few points (a display offset: the data, and what :func:`drawn` reports, are unchanged).
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+DASHES = ("-", "--", "-.", ":")
+OFFSET_POINTS = 3.0
+
+
+def _series_style(index: int, count: int) -> dict:
+    return {
+        "marker": MARKERS[index % len(MARKERS)],
+        "linestyle": DASHES[(index // len(MARKERS)) % len(DASHES)],
+        "markerfacecolor": "none" if index % 2 else None,
+    }
+
+
+def _shift(ax, line, index: int, count: int) -> None:
+    """Draw ``line`` a few points sideways (after its data went into the axis limits)."""
+    shift = (index - (count - 1) / 2) * OFFSET_POINTS
+    line.set_transform(
+        mtransforms.offset_copy(ax.transData, fig=ax.figure, x=shift, y=0, units="points")
+    )
+
+
 def _plot_vs_nodes(ax, df: pd.DataFrame, bench: str, col: str) -> bool:
     """One line of ``col`` against nodes per sweep series; whether any was drawn."""
-    drawn = False
-    for _, g in _groups(df, bench):
+    groups = list(_groups(df, bench))
+    for index, (_, g) in enumerate(groups):
         g = g.sort_values("nodes")
-        ax.plot(g["nodes"], g[col], marker="o", label=_label(g.iloc[0]))
-        drawn = True
-    return drawn
+        (line,) = ax.plot(
+            g["nodes"], g[col], label=_label(g.iloc[0]), **_series_style(index, len(groups))
+        )
+        _shift(ax, line, index, len(groups))
+    return bool(groups)
 
 
 def plot_throughput(df: pd.DataFrame, path: str | Path) -> Series:
@@ -128,7 +155,7 @@ def _batch_times(run) -> list[float]:
 def plot_batch_time_cdf(df: pd.DataFrame, path: str | Path) -> Series:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), squeeze=False)
     for ax, bench in zip(axes[0], BENCHMARKS):
-        drawn = False
+        drawn = 0
         runs = df[(df["benchmark"] == bench) & (df["status"] == "ok")]
         for _, run in runs.sort_values(["experiment", "model", "nodes"]).iterrows():
             times = np.sort(_batch_times(run))
@@ -139,8 +166,9 @@ def plot_batch_time_cdf(df: pd.DataFrame, path: str | Path) -> Series:
                 np.arange(1, len(times) + 1) / len(times),
                 where="post",
                 label=f"{_label(run)} n={run['nodes']}",
+                linestyle=DASHES[drawn % len(DASHES)],  # equal CDFs stay apart
             )
-            drawn = True
+            drawn += 1
         if drawn:
             ax.legend(fontsize=6)
         else:
@@ -158,7 +186,7 @@ def plot_batch_time_cdf(df: pd.DataFrame, path: str | Path) -> Series:
 
 def plot_loss(df: pd.DataFrame, path: str | Path) -> Series:
     fig, ax = plt.subplots(figsize=(6, 4))
-    drawn = False
+    drawn = 0
     runs = df[(df["benchmark"] == "language") & df["status"].isin(["ok", "truncated"])]
     for _, run in runs.sort_values(["experiment", "model", "nodes"]).iterrows():
         its = [i for i in parse_megatron_log(run["log"]).iterations if i.lm_loss is not None]
@@ -173,8 +201,13 @@ def plot_loss(df: pd.DataFrame, path: str | Path) -> Series:
             * run["seq_length"]
             for i in its
         ]
-        ax.plot(tokens, [i.lm_loss for i in its], label=f"{_label(run)} n={run['nodes']}")
-        drawn = True
+        ax.plot(
+            tokens,
+            [i.lm_loss for i in its],
+            label=f"{_label(run)} n={run['nodes']}",
+            linestyle=DASHES[drawn % len(DASHES)],
+        )
+        drawn += 1
     if drawn:
         ax.legend(fontsize=6)
     else:

@@ -159,11 +159,87 @@ def summarize(
     df = pd.DataFrame(rows)
     if df.empty:
         df = pd.DataFrame(columns=["id", *GROUP, "nodes", "gpus", "status"])
-    return add_efficiencies(df).sort_values(
+    df = add_efficiencies(df).sort_values(
         ["benchmark", "experiment", "model", "scaling", "precision", "nodes"]
     )
+    return with_integers(df, [*integer_columns(rows), "baseline_nodes"])
+
+
+def integer_columns(rows: list[dict]) -> list[str]:
+    """The columns whose values are all Python integers where present (counts, ids)."""
+    kinds: dict[str, set[type]] = {}
+    for row in rows:
+        for key, value in row.items():
+            if value is not None and not (isinstance(value, float) and math.isnan(value)):
+                kinds.setdefault(key, set()).add(type(value))
+    return [key for key, types in kinds.items() if types == {int}]
+
+
+def with_integers(df: pd.DataFrame, columns) -> pd.DataFrame:
+    """``columns`` as nullable integers: pandas makes a column with a missing value
+    float, so ``nodes`` or a job id would otherwise read ``2.0``."""
+    df = df.copy()
+    for col in columns:
+        if col in df and df[col].dtype.kind in "fiu" or (col in df and df[col].isna().all()):
+            df[col] = pd.to_numeric(df[col], errors="coerce").astype("Int64")
+    return df
 
 
 def write_summary(df: pd.DataFrame, path: str | Path) -> None:
+    """Every column, for tools (integer columns as integers, see :func:`summarize`)."""
     with atomic_path(path) as tmp:
         df.to_csv(tmp, index=False)
+
+
+# The compact table: what a reader compares across a sweep, rounded for reading.
+# (column in the summary, heading, digits after the point; None: as it is)
+COMPACT_COLUMNS = (
+    ("benchmark", "benchmark", None),
+    ("experiment", "experiment", None),
+    ("model", "model", None),
+    ("scaling", "scaling", None),
+    ("precision", "precision", None),
+    ("nodes", "nodes", None),
+    ("gpus", "GPUs", None),
+    ("throughput_per_gpu", "per GPU /s", 1),
+    ("unit", "unit", None),
+    ("efficiency", "eff", 2),
+    ("efficiency_epoch_time", "eff t_ep", 2),
+    ("efficiency_train_time", "eff t_tr", 2),
+    ("efficiency_batch_time", "eff batch", 2),
+    ("tflops_per_gpu", "TFLOP/s/GPU", 1),
+    ("status", "status", None),
+)
+
+
+def compact_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One short row per run: nodes, scaling, precision, throughput per GPU (tokens or
+    images), the efficiency per timing, status; floats rounded, integers as integers."""
+    df = df.copy()
+    language = df.get("benchmark", pd.Series(dtype=object)) == "language"
+    tokens = df.get("tokens_per_s_per_gpu", pd.Series(math.nan, index=df.index))
+    images = df.get("images_per_s_per_gpu", pd.Series(math.nan, index=df.index))
+    df["throughput_per_gpu"] = tokens.where(language, images)
+    df["unit"] = ["tokens" if is_lang else "images" for is_lang in language]
+    out = pd.DataFrame(index=df.index)
+    for col, heading, digits in COMPACT_COLUMNS:
+        values = df[col] if col in df else pd.Series(math.nan, index=df.index)
+        if digits is not None:
+            values = pd.to_numeric(values, errors="coerce").round(digits)
+        out[heading] = values
+    return out.dropna(axis="columns", how="all").reset_index(drop=True)
+
+
+def format_table(table: pd.DataFrame) -> str:
+    """The compact table as fixed-width text (missing values blank), for logs and terminals."""
+    if table.empty:
+        return "no benchmark runs"
+    return table.astype(object).where(table.notna(), "").to_string(index=False)
+
+
+def write_compact(df: pd.DataFrame, path: str | Path) -> str:
+    """Write the compact table as text next to the full CSV; returns the text."""
+    text = format_table(compact_table(df)) + "\n"
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(text)
+    return text
