@@ -28,12 +28,17 @@ if _problem:
 configfile: "config/config.yaml"
 
 
+# The landing page of `snakemake --report`: it points at the results page first.
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/text.smk"
 include: "workflow/rules/vision.smk"
 include: "workflow/rules/containers.smk"
 include: "workflow/rules/training.smk"
 include: "workflow/rules/benchmarks.smk"
+include: "workflow/rules/results.smk"
 
 
 rule all:

@@ -15,6 +15,11 @@ def setup(log_path: str | None = None, level: int = logging.INFO) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    # Progress lines also on stderr: the terminal of a local job, a Slurm job's output.
+    progress = logging.getLogger("hpcllm.progress")
+    terminal = logging.StreamHandler(sys.stderr)
+    terminal.setFormatter(logging.Formatter("%(message)s"))
+    progress.handlers[:] = [terminal] if log_path else []
 
     def excepthook(exc_type, exc, tb):
         if issubclass(exc_type, KeyboardInterrupt):

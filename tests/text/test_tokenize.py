@@ -347,3 +347,31 @@ def test_pieces_only_where_they_keep_the_ids():
     assert not splits_at_whitespace(meta)
     # A run without whitespace longer than a piece stays whole.
     assert pieces("x" * 50 + " y" * 10, 20) == ["x" * 50] + [" y" * 10]
+
+
+def test_tokenize_prints_progress_with_the_manifests_total(
+    tmp_path, trained_tokenizer, sample_texts, monkeypatch, caplog
+):
+    """The shard's manifest gives the total: every line says done of total with a share,
+    the last one 100% (progress lines at every batch here; 30 s by default)."""
+    import hpcllm.progress
+    from hpcllm.text.shards import manifest_documents
+
+    shard = tmp_path / "0000.jsonl.zst"
+    write_jsonl_zst(((str(i), t) for i, t in enumerate(sample_texts)), shard)
+    (tmp_path / "0000.manifest.json").write_text(json.dumps({"documents": len(sample_texts)}))
+    assert manifest_documents(shard) == len(sample_texts)
+    assert manifest_documents(tmp_path / "none.jsonl.zst") is None
+    monkeypatch.setattr(hpcllm.progress, "INTERVAL_S", 0.0)
+    caplog.set_level("INFO", logger="hpcllm.progress")
+    tok = load_tokenizer(trained_tokenizer, eod_token=EOD)
+    tokenize_shard(
+        shard, tmp_path / "out" / "0000_text_document", tok, EOD, batch_bytes=4096,
+        total_documents=manifest_documents(shard),
+    )  # fmt: skip
+    lines = [r.getMessage() for r in caplog.records if r.name == "hpcllm.progress"]
+    total = f"of {len(sample_texts):,} documents"
+    assert len(lines) >= 3 and all(total in line for line in lines), lines
+    assert "ETA" in lines[0] and lines[-1].startswith(
+        f"tokenize 0000_text_document: {len(sample_texts):,} {total} (100.0%)"
+    )

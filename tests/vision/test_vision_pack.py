@@ -71,7 +71,11 @@ def test_tinyimagenet_both_splits_byte_for_byte(tiny_tree, tmp_path):
     )
 
 
-def test_map_grows_in_small_transactions(imagenet_tree, tmp_path):
+def test_map_grows_in_small_transactions(imagenet_tree, tmp_path, monkeypatch, caplog):
+    import hpcllm.progress
+
+    monkeypatch.setattr(hpcllm.progress, "INTERVAL_S", 0.0)  # a progress line per image
+    caplog.set_level("INFO", logger="hpcllm.progress")
     report = pack(
         imagenet_tree,
         tmp_path,
@@ -82,6 +86,10 @@ def test_map_grows_in_small_transactions(imagenet_tree, tmp_path):
         threads=2,
     )
     assert report["map_grown"] >= 1
+    lines = [r.getMessage() for r in caplog.records if r.name == "hpcllm.progress"]
+    n = report["num_samples"]
+    assert lines[0].startswith(f"pack train.lmdb: 1 of {n} images") and "ETA" in lines[0]
+    assert lines[-1].startswith(f"pack train.lmdb: {n} of {n} images (100.0%)"), lines
     assert_matches_tree(
         tmp_path / "train.lmdb", imagenet_tree, expected_labels(imagenet_tree, "imagenet", "train")
     )

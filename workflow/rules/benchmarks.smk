@@ -137,7 +137,7 @@ rule aggregate_benchmarks:
             "results/bench/plots/loss.png",
             caption="../report/loss.rst",
             category="Benchmarks",
-            subcategory="Training",
+            subcategory="Language loss",
         ),
     log:
         "logs/aggregate_benchmarks.log",

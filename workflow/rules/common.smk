@@ -226,7 +226,11 @@ def all_targets(wildcards):
     laptop, a CPU-only cluster such as the test cluster) everything configured."""
     if not (CLUSTER.uses_slurm and CLUSTER.gpus_per_node):
         return (
-            text_targets() + vision_targets() + training_targets() + benchmark_targets()
+            text_targets()
+            + vision_targets()
+            + training_targets()
+            + benchmark_targets()
+            + results_page_target()
         )
     samples = tuple(
         f"data/vision/{n}/" for n, c in IMAGE_DATASETS.items() if "sample" in c
@@ -240,7 +244,9 @@ def all_targets(wildcards):
             if prepared.experiment["engine"] != "torch"
         ]
     check_plan_cost(training, vision)
-    return text_targets() + vision + training + benchmark_targets()
+    return (
+        text_targets() + vision + training + benchmark_targets() + results_page_target()
+    )
 
 
 def rule_runtime_min(name, own=None):
@@ -674,6 +680,42 @@ def bench_records():
     return [
         f"results/bench/{p['benchmark']}/{i}/run.json" for i, p in BENCH_POINTS.items()
     ]
+
+
+def page_experiment_names():
+    """The experiments the default target trains (see all_targets): on a GPU cluster
+    the laptop's torch-engine examples only when named in `training.run`."""
+    names = TRAINING.get("run") or list(EXPERIMENTS)
+    if CLUSTER.uses_slurm and CLUSTER.gpus_per_node and not TRAINING.get("run"):
+        names = [n for n in names if EXPERIMENTS[n].experiment["engine"] != "torch"]
+    return names
+
+
+def results_page_target():
+    if not BENCH_POINTS and not page_experiment_names():
+        return []
+    return ["results/index.html"]
+
+
+def results_page_inputs(wildcards):
+    """The results page reads the benchmark summary and plots, and per experiment its
+    loss curve and every segment's record (named keys for the script)."""
+    inputs = {}
+    if BENCH_POINTS:
+        inputs["summary"] = "results/bench/summary.csv"
+        for name in BENCH_PLOTS:
+            inputs[f"plot_{name}"] = f"results/bench/plots/{name}.png"
+    for name in page_experiment_names():
+        inputs[f"loss_{name}"] = f"results/train/{name}/loss.png"
+        segments = EXPERIMENTS[name].experiment["segments"]
+        inputs[f"records_{name}"] = [
+            f"results/train/{name}/seg{k}.json" for k in range(1, segments + 1)
+        ]
+    return inputs
+
+
+def results_page_experiments(wildcards):
+    return {name: EXPERIMENTS[name] for name in page_experiment_names()}
 
 
 def benchmark_targets():

@@ -9,6 +9,7 @@ go_offline()  # a compute job: no Hugging Face hub lookups (docs/clusters.md)
 os.environ["RAYON_NUM_THREADS"] = str(snakemake.threads)  # before tokenizers starts its pool
 
 from hpcllm import logs
+from hpcllm.text.shards import manifest_documents
 from hpcllm.text.tokenization import tokenize_shard
 from hpcllm.text.tokenizers_config import tokenizer_for
 
@@ -23,4 +24,5 @@ tokenize_shard(
     encoder=snakemake.params.tokenize["encoder"],
     batch_bytes=snakemake.params.tokenize["batch_bytes"],
     special_tokens_in_text=snakemake.params.tokenize["special_tokens_in_text"],
+    total_documents=manifest_documents(snakemake.input.jsonl),
 )

@@ -12,12 +12,14 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
 import zstandard
 
 from hpcllm.atomic import atomic_paths
+from hpcllm.progress import Progress
 from hpcllm.text.sources import BadRecord, Document, SkipLog, shard_documents, shard_limit
 
 log = logging.getLogger(__name__)
@@ -63,7 +65,9 @@ def write_shard(
     """Read shard ``shard`` of source ``name`` and write it; return the manifest."""
     skipped = SkipLog()
     documents = text_bytes = empty = 0
-    start = last_report = time.monotonic()
+    start = time.monotonic()
+    # The total is known only where the config caps the shard (max_documents).
+    progress = Progress(f"download {name} {shard:04d}", policy.max_documents, "documents")
     with atomic_paths(out_jsonl, out_manifest) as (tmp_jsonl, tmp_manifest):
         cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, threads=0)
         with open(tmp_jsonl, "wb") as raw, cctx.stream_writer(raw, closefd=False) as out:
@@ -95,18 +99,10 @@ def write_shard(
                 out.write(orjson.dumps({"id": item.id, "text": item.text}) + b"\n")
                 documents += 1
                 text_bytes += size
-                now = time.monotonic()
-                if now - last_report > 10:
-                    last_report = now
-                    log.info(
-                        "%s shard %d: %d documents, %.1f MB",
-                        name,
-                        shard,
-                        documents,
-                        text_bytes / 1e6,
-                    )
+                progress.update(documents)
                 if policy.max_documents is not None and documents >= policy.max_documents:
                     break
+        progress.finish(documents)
         manifest = {
             "source": name,
             "type": cfg["type"],
@@ -179,3 +175,14 @@ def check_source_size(source: str, manifests: list[str | os.PathLike], min_docum
         + ". Fix the input (see the shard manifests data/raw/"
         + f"{source}/*.manifest.json) or lower text.sources.{source}.min_documents"
     )
+
+
+def manifest_documents(jsonl_path: str | os.PathLike) -> int | None:
+    """The record count of a shard's JSONL from the manifest written beside it (for
+    progress lines), or None without a readable one."""
+    path = Path(str(jsonl_path).removesuffix(".zst").removesuffix(".jsonl") + ".manifest.json")
+    try:
+        manifest = json.loads(path.read_text())
+        return int(manifest["documents"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

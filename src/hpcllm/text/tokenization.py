@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from hpcllm.progress import Progress
 from hpcllm.text.compressed import open_binary
 from hpcllm.text.indexed_dataset import IndexedDatasetWriter, optimal_dtype
 
@@ -342,8 +343,10 @@ def tokenize_shard(
     batch_bytes: int = 4 << 20,
     special_tokens_in_text: str = "text",
     piece_chars: int = PIECE_CHARS,
+    total_documents: int | None = None,
 ) -> TokenizeStats:
-    """Tokenize one JSONL shard into ``{output_prefix}.bin/.idx``."""
+    """Tokenize one JSONL shard into ``{output_prefix}.bin/.idx``; ``total_documents``
+    (from the shard's manifest) gives the progress lines their share and ETA."""
     start = time.monotonic()
     eod = tok.token_to_id(eod_token) if eod_token else None
     if append_eod and eod is None:
@@ -362,7 +365,7 @@ def tokenize_shard(
     encode = in_pieces(enc, piece_chars, batch_bytes)
     log.info("%s: encoding with %s into %s (%s)", jsonl_path, enc.name, output_prefix, dtype)
     docs = tokens = 0
-    last_report = start
+    progress = Progress(f"tokenize {Path(output_prefix).name}", total_documents, "documents")
     with IndexedDatasetWriter(output_prefix, dtype) as writer:
         for n, batch in enumerate(_chain([first] if first else [], batches)):
             flat, lengths = encode.encode(batch)
@@ -380,15 +383,8 @@ def tokenize_shard(
             writer.add_documents(flat, lengths)
             docs += len(lengths)
             tokens += len(flat)
-            now = time.monotonic()
-            if now - last_report > 10:
-                last_report = now
-                log.info(
-                    "%d documents, %d tokens, %.2f M tokens/s",
-                    docs,
-                    tokens,
-                    tokens / (now - start) / 1e6,
-                )
+            progress.update(docs)
+    progress.finish(docs)
     elapsed = time.monotonic() - start
     log.info(
         "%s: %d documents, %d tokens in %.2f s (%.2f M tokens/s, %s)",

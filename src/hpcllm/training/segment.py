@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from hpcllm.bench.failures import (
     oom_kill_count,
     slurm_step_state,
 )
+from hpcllm.progress import Progress
 from hpcllm.training import attempts, checkpoints, lease
 from hpcllm.training import settings as tracked
 from hpcllm.training.data import Blend, parse_split, sample_counts
@@ -328,8 +330,11 @@ def run_launch(
     engine_log: Path,
     env: dict[str, str],
     signals: Signals | None = None,
+    while_running: Callable[[], None] | None = None,
+    poll_s: float = 5.0,
 ) -> int:
-    """Run the launch script, its output appended to ``engine_log``; signals passed on."""
+    """Run the launch script, its output appended to ``engine_log``; signals passed on;
+    ``while_running`` is called every ``poll_s`` seconds until it ends (progress)."""
     script_path.parent.mkdir(parents=True, exist_ok=True)
     script_path.write_text(script_text)
     engine_log.parent.mkdir(parents=True, exist_ok=True)
@@ -352,9 +357,33 @@ def run_launch(
             if signals.received is not None:  # between the check and the start
                 signals.child.send_signal(signal.SIGTERM)
             try:
-                return signals.child.wait()
+                while True:
+                    try:
+                        return signals.child.wait(timeout=poll_s if while_running else None)
+                    except subprocess.TimeoutExpired:
+                        while_running()
             finally:
                 signals.child = None
+
+
+def iteration_progress(what: str, engine_log: Path, start: int, stop: int) -> Callable[[], None]:
+    """Reads the iterations the engine logged since now; a progress line (iterations of
+    this segment, rate, ETA) at the progress interval."""
+    progress = Progress(what, stop - start, "iterations")
+    offset = engine_log.stat().st_size if engine_log.exists() else 0
+
+    def update() -> None:
+        nonlocal offset
+        with open(engine_log, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+        complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits
+        offset += len(complete)
+        rows = parse_log_lines(complete.decode("utf-8", errors="replace"))
+        if rows:
+            progress.update(rows[-1]["iteration"] - start)
+
+    return update
 
 
 def run_segment(
@@ -465,7 +494,16 @@ def _train_segment(
         script = engine_log.with_suffix(".sh")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         oom_before = oom_kill_count()
-        rc = run_launch(launch.shell(), script, engine_log, env, signals)
+        rc = run_launch(
+            launch.shell(),
+            script,
+            engine_log,
+            env,
+            signals,
+            while_running=iteration_progress(
+                f"segment {segment} of {name}", engine_log, start_iteration, stop
+            ),
+        )
         log.info("engine exited with %d", rc)
         oom_after = oom_kill_count()
         oom_kills = (oom_after or 0) - (oom_before or 0) if oom_before is not None else 0

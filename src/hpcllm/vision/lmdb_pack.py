@@ -41,6 +41,7 @@ from PIL import Image, UnidentifiedImageError
 
 from hpcllm.atomic import atomic_path, temporary_path
 from hpcllm.atomic import replace as replace_dir
+from hpcllm.progress import Progress
 from hpcllm.vision.trees import BadInputError, Problem, Sample, SplitListing
 
 log = logging.getLogger(__name__)
@@ -306,6 +307,7 @@ def pack_lmdb(
     start = time.monotonic()
     count = num_bytes = 0
     out_dir = Path(out_dir)
+    progress = Progress(f"pack {out_dir.name}", len(samples), "images")
     tmp_dir = temporary_path(out_dir)
     with atomic_path(report_path) as tmp_report:  # renamed last, after the LMDB
         shutil.rmtree(tmp_dir, ignore_errors=True)  # left by a killed run
@@ -334,8 +336,8 @@ def pack_lmdb(
                     writer.put(record_key(count), record)
                     count += 1
                     num_bytes += size
-                    if count % 50000 == 0:
-                        log.info("%d images, %.1f GB", count, num_bytes / 1e9)
+                    progress.update(count)
+                progress.finish(count)
                 if count == 0:
                     raise BadInputError(f"no usable images among the {len(samples)} listed")
                 full_meta = {

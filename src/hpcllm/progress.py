@@ -1,0 +1,70 @@
+"""Progress lines for long jobs: done of total, share, rate and the time left.
+
+``tokenize 0003: 1,234 of 5,000 documents (24.7%), 812 documents/s, ETA 0:00:05``
+
+A line at most every ``interval`` seconds (and one at the end), through the logger
+``hpcllm.progress``, which :func:`hpcllm.logs.setup` also sends to stderr: the job's log
+file has it, and so has the terminal of a job run locally (Snakemake passes a local job's
+stderr through) or the Slurm job's output file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+log = logging.getLogger("hpcllm.progress")
+# Often enough to see movement, rare enough for week-long jobs; HPCLLM_PROGRESS_S sets it.
+INTERVAL_S = float(os.environ.get("HPCLLM_PROGRESS_S", "30"))
+
+
+def _eta(seconds: float) -> str:
+    return str(timedelta(seconds=round(seconds)))
+
+
+class Progress:
+    """Reports ``done`` of ``total`` (None: unknown, then no share and no ETA)."""
+
+    def __init__(
+        self,
+        what: str,
+        total: float | None,
+        unit: str,
+        interval: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        emit: Callable[[str], None] | None = None,
+    ) -> None:
+        self.what, self.total, self.unit = what, total, unit
+        self.interval = INTERVAL_S if interval is None else interval
+        self.clock = clock
+        self.emit = emit or log.info
+        self.start = self.last = clock()
+        self.done = 0.0
+
+    def line(self, done: float, final: bool = False) -> str:
+        elapsed = max(self.clock() - self.start, 1e-9)
+        rate = done / elapsed
+        if self.total:
+            share = f" of {self.total:,.0f} {self.unit} ({100 * done / self.total:.1f}%)"
+        else:
+            share = f" {self.unit}"
+        text = f"{self.what}: {done:,.0f}{share}, {rate:,.0f} {self.unit}/s"
+        if final:
+            text += f", done in {_eta(elapsed)}"
+        elif self.total and done < self.total and rate > 0:
+            text += f", ETA {_eta((self.total - done) / rate)}"
+        return text
+
+    def update(self, done: float) -> None:
+        """Record ``done``; emit a line when ``interval`` has passed since the last."""
+        self.done = done
+        now = self.clock()
+        if now - self.last >= self.interval:
+            self.last = now
+            self.emit(self.line(done))
+
+    def finish(self, done: float | None = None) -> None:
+        self.emit(self.line(self.done if done is None else done, final=True))

@@ -1,0 +1,23 @@
+# The results page: the benchmark tables and figures and each experiment's loss and
+# status in one self-contained HTML file, the first thing to open (docs/benchmarks.md).
+
+
+rule results_page:
+    input:
+        unpack(results_page_inputs),
+    output:
+        report(
+            "results/index.html",
+            caption="../report/results_page.rst",
+            category="1. Results",
+        ),
+    log:
+        "logs/results_page.log",
+    localrule: True
+    conda:
+        "../../envs/workflow.yaml"
+    params:
+        experiments=results_page_experiments,
+        cluster=CLUSTER.name,
+    script:
+        "../scripts/results_page.py"

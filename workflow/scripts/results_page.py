@@ -1,0 +1,18 @@
+from pathlib import Path
+
+import hpcllm_checkout  # noqa: F401  (hpcllm from the checkout that planned the run)
+import pandas as pd
+
+from hpcllm import logs
+from hpcllm.results_page import experiment_view, render_page, write_page
+
+logs.setup(snakemake.log[0])
+inputs = dict(snakemake.input.items())
+summary = pd.read_csv(inputs["summary"]) if "summary" in inputs else None
+plots = {k[len("plot_") :]: Path(v) for k, v in inputs.items() if k.startswith("plot_")}
+views = [
+    experiment_view(Path("."), name, prepared, Path(inputs[f"loss_{name}"]))
+    for name, prepared in snakemake.params.experiments.items()
+]
+title = f"hpcllm results ({snakemake.params.cluster})"
+write_page(snakemake.output[0], render_page(title, summary, plots, views))
