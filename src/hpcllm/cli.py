@@ -73,8 +73,17 @@ def main(argv: list[str] | None = None) -> int:
             )
         return 0
     if args.command == "status":
+        import os
+
         from hpcllm.training.status import campaign_status
 
+        for path in args.configfile:
+            if not os.path.isfile(path):
+                parser.exit(
+                    2,
+                    f"hpcllm status: --configfile {path}: no such file (give the "
+                    "files of the run, relative to where you run this command)\n",
+                )
         print(campaign_status(args.directory, args.configfile, args.profile))
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")

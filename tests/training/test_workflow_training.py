@@ -273,6 +273,10 @@ def test_status_of_a_half_finished_campaign_and_of_one_never_started(text_workdi
     assert re.search(
         r"loss \d+\.\d{4} \(validation \d+\.\d{4}\), last segment [\d,]+ tokens/s", out
     )
-    assert re.search(r"\d+\.\d\d GPU-hours spent, about \d+\.\d\d to finish; jobs: none", out)
+    assert re.search(
+        r"\d+\.\d\d GPU-hours spent, about \d+\.\d\d to finish \(about [\d.]+ (s|min|h) of "
+        r"training at the last segment's speed, queue time not included\); jobs: none",
+        out,
+    ), out
     assert "later: 0/2 segments, checkpoint iteration -/8 (0.000 M tokens)" in out, out
     assert "loss - (validation -), last segment - tokens/s" in out

@@ -11,8 +11,11 @@ nothing is submitted: safe on a login node while the campaign runs.
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 import subprocess
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +24,7 @@ from typing import Any
 import yaml
 
 from hpcllm.training import attempts as attempts_mod
-from hpcllm.training import checkpoints
+from hpcllm.training import checkpoints, lease
 from hpcllm.training.curves import read_curves
 from hpcllm.training.segment import parse_log_lines
 
@@ -42,6 +45,17 @@ class ExperimentStatus:
     gpu_hours_to_finish: float | None
     jobs: list[str] = field(default_factory=list)
     last_failure: str | None = None
+    seconds_to_finish: float | None = None  # measured time per iteration x iterations left
+    log_age_s: float | None = None  # since the newest engine log line was written
+    running_gpu_hours: float = 0.0  # of the attempt running now (in gpu_hours too)
+
+    @property
+    def finished(self) -> bool:
+        return self.segments_done >= self.segments
+
+
+class SlurmQueryError(RuntimeError):
+    """squeue could not be asked: the job list is unknown (not empty)."""
 
 
 def load_config(workdir: Path, configfiles: Sequence[str], profile: str | None) -> dict:
@@ -90,10 +104,12 @@ def slurm_jobs() -> list[dict[str, str]]:
             text=True,
             timeout=30,
         )
-    except (OSError, subprocess.TimeoutExpired):
-        return []
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SlurmQueryError(f"squeue failed: {e}") from e
     if out.returncode != 0:
-        return []
+        raise SlurmQueryError(
+            f"squeue failed ({out.returncode}): {out.stderr.strip() or out.stdout.strip()}"
+        )
     jobs = []
     for line in out.stdout.splitlines():
         parts = line.split("|", 2)
@@ -107,7 +123,20 @@ def _segment_of(path: Path) -> int:
     return int(m.group(1)) if m else 0
 
 
-def experiment_status(workdir: Path, name: str, prepared, jobs) -> ExperimentStatus:
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def experiment_status(
+    workdir: Path, name: str, prepared, jobs, now: float | None = None
+) -> ExperimentStatus:
+    now = time.time() if now is None else now
     exp, layout = prepared.experiment, prepared.layout
     seq = exp["model"]["seq_length"]
     total = exp["segments"] * exp["iterations_per_segment"]
@@ -122,23 +151,45 @@ def experiment_status(workdir: Path, name: str, prepared, jobs) -> ExperimentSta
         (workdir / "logs" / "train_segment" / name).glob("seg*.engine.log"), key=_segment_of
     )
     curves = read_curves(logs, seq)
-    tokens_per_second = tflops = None
+    tokens_per_second = tflops = seconds_per_iteration = log_age = None
     if logs:
+        log_age = max(0.0, now - max(p.stat().st_mtime for p in logs))
         rows = [r for r in parse_log_lines(logs[-1].read_text(errors="replace")) if "lm loss" in r]
         if rows:
             last = rows[-1]
             ms = last.get("elapsed time per iteration (ms)")
             if isinstance(ms, float) and ms > 0:
+                seconds_per_iteration = ms / 1000
                 tokens_per_second = (
                     last.get("global batch size", layout.global_batch) * seq / (ms / 1000)
                 )
             tflops = last.get("throughput per GPU (TFLOP/s/GPU)")
     # GPU-hours: every attempt of every segment, from its start to its end (or to its
     # last record for one still running or lost), times the GPUs of the layout.
-    seconds, trained, last_failure = 0.0, 0, None
+    # The attempt that runs now (its Slurm job RUNNING, or its local process holding the
+    # checkpoint folder's lease) counts up to now.
+    running_ids = {j["id"] for j in jobs if j["state"] == "RUNNING"}
+    holder = lease.read(save)
+    local_pid = (
+        holder.pid
+        if holder and holder.host == socket.gethostname() and _alive(holder.pid)
+        else None
+    )
+    seconds, trained, last_failure, running_seconds = 0.0, 0, None, 0.0
     for path in (workdir / "logs" / "train_segment" / name).glob("seg*.attempts.json"):
-        for a in attempts_mod.load(path):
+        entries = attempts_mod.load(path)
+        for i, a in enumerate(entries):
             end = a.ended or a.started
+            if (
+                a.ended is None
+                and a.reached_iteration is None
+                and (
+                    (a.job_id and a.job_id in running_ids)
+                    or (local_pid and i == len(entries) - 1 and not a.job_id)
+                )
+            ):
+                end = now
+                running_seconds += max(0.0, now - a.started)
             seconds += max(0.0, end - a.started)
             if a.reached_iteration is not None:
                 trained += max(0, a.reached_iteration - a.start_iteration)
@@ -148,6 +199,9 @@ def experiment_status(workdir: Path, name: str, prepared, jobs) -> ExperimentSta
     to_finish = None
     if trained and iteration is not None:
         to_finish = gpu_hours / trained * (total - iteration)
+    seconds_to_finish = None
+    if seconds_per_iteration is not None:
+        seconds_to_finish = seconds_per_iteration * (total - (iteration or 0))
     mine = [
         f"{j['id']} {j['state']} seg{j['comment'].rsplit('_', 1)[-1]}"
         for j in jobs
@@ -168,6 +222,9 @@ def experiment_status(workdir: Path, name: str, prepared, jobs) -> ExperimentSta
         gpu_hours_to_finish=to_finish,
         jobs=mine,
         last_failure=last_failure,
+        seconds_to_finish=seconds_to_finish,
+        log_age_s=log_age,
+        running_gpu_hours=running_seconds * layout.gpus / 3600,
     )
 
 
@@ -201,13 +258,50 @@ def _num(value, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def format_status(experiments: list[ExperimentStatus], sweeps: dict) -> str:
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 2 * 3600:
+        return f"{seconds // 60} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def text_status(workdir: Path, text: dict) -> list[str]:
+    """Per tokenizer and source: tokenized shards of the configured number, merged or not."""
     lines = []
+    for tok in text.get("tokenize", {}).get("tokenizers", []):
+        for source, cfg in text.get("sources", {}).items():
+            base = workdir / "data" / "tokenized" / tok
+            shards = cfg.get("shards", 1)
+            done = sum(
+                (base / source / f"{i:04d}_text_document.idx").is_file() for i in range(shards)
+            )
+            merged = (base / f"{source}_text_document.idx").is_file()
+            lines.append(
+                f"  {tok}/{source}: "
+                + ("merged" if merged else f"{done}/{shards} shards tokenized")
+            )
+    return lines
+
+
+def format_status(
+    experiments: list[ExperimentStatus],
+    sweeps: dict,
+    text_lines: Sequence[str] = (),
+    queue_error: str | None = None,
+) -> str:
+    lines = []
+    if text_lines:
+        lines += ["text", *text_lines]
     if experiments:
         lines.append("training")
     for e in experiments:
         lines.append(
-            f"  {e.name}: {e.segments_done}/{e.segments} segments, checkpoint iteration "
+            f"  {e.name}: {'done, ' if e.finished else ''}"
+            f"{e.segments_done}/{e.segments} segments, checkpoint iteration "
             f"{_num(e.iteration, 'd')}/{e.total_iterations} ({e.tokens / 1e6:.3f} M tokens)"
         )
         lines.append(
@@ -215,11 +309,27 @@ def format_status(experiments: list[ExperimentStatus], sweeps: dict) -> str:
             f"last segment {_num(e.tokens_per_second, ',.0f')} tokens/s, "
             f"{_num(e.tflops_per_gpu, '.1f')} TFLOP/s/GPU"
         )
+        running = (
+            f" ({e.running_gpu_hours:.2f} in the running attempt)" if e.running_gpu_hours else ""
+        )
+        finish = (
+            ""
+            if e.finished
+            else f", about {_num(e.gpu_hours_to_finish, '.2f')} to finish"
+            + (
+                f" (about {_duration(e.seconds_to_finish)} of training at the last "
+                "segment's speed, queue time not included)"
+                if e.seconds_to_finish is not None
+                else ""
+            )
+        )
         lines.append(
-            f"    {e.gpu_hours:.2f} GPU-hours spent, about "
-            f"{_num(e.gpu_hours_to_finish, '.2f')} to finish; jobs: {', '.join(e.jobs) or 'none'}"
+            f"    {e.gpu_hours:.2f} GPU-hours spent{running}{finish}; jobs: "
+            f"{queue_error or ', '.join(e.jobs) or 'none'}"
             + (f"; last failure: {e.last_failure}" if e.last_failure else "")
         )
+        if e.log_age_s is not None and not e.finished:
+            lines.append(f"    newest engine log line: {_duration(e.log_age_s)} ago")
     if sweeps:
         lines.append("benchmarks")
     for name, s in sweeps.items():
@@ -248,7 +358,14 @@ def campaign_status(
     cluster = load_cluster(
         config["cluster"], root=clusters if clusters.is_dir() else repo / "config" / "clusters"
     )
-    jobs = slurm_jobs() if jobs is None else jobs
+    queue_error = None
+    if jobs is None:
+        jobs = []
+        if cluster.uses_slurm:
+            try:
+                jobs = slurm_jobs()
+            except SlurmQueryError as e:
+                queue_error = str(e)
     training = config["training"]
     names = training.get("run") or list(training["experiments"])
     experiments = [
@@ -268,4 +385,9 @@ def campaign_status(
             p.id: p.row()
             for p in expand_all(bench["experiments"], facts_of(cluster), workdir, schema)
         }
-    return format_status(experiments, sweep_status(workdir, points, jobs))
+    return format_status(
+        experiments,
+        sweep_status(workdir, points, jobs),
+        text_status(workdir, config["text"]),
+        queue_error,
+    )

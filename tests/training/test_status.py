@@ -1,0 +1,123 @@
+"""`hpcllm status` on a campaign of weeks: the running attempt's GPU-hours, the time to
+finish, the age of the newest log line, text preparation, a failing squeue, "done"."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+from hpcllm.training import status
+
+
+def campaign(work, reached: int, segments_done: int) -> None:
+    """tiny_local of the built-in config (3 segments of 10 iterations) as files show it."""
+    save = work / "checkpoints" / "tiny_local"
+    (save / f"iter_{reached:07d}").mkdir(parents=True)
+    (save / "latest_checkpointed_iteration.txt").write_text(str(reached))
+    results = work / "results" / "train" / "tiny_local"
+    results.mkdir(parents=True)
+    for k in range(1, segments_done + 1):
+        (results / f"seg{k}.json").write_text("{}")
+    logs = work / "logs" / "train_segment" / "tiny_local"
+    logs.mkdir(parents=True)
+    line = (
+        " iteration {i:8d}/{t:8d} | consumed samples: {c:12d} | elapsed time per iteration "
+        "(ms): 2000.0 | lm loss: 5.0E+00 |\n"
+    )
+    (logs / "seg2.engine.log").write_text(
+        "".join(line.format(i=i, t=30, c=8 * i) for i in range(11, reached + 1))
+    )
+
+
+def attempts(work, entries) -> None:
+    path = work / "logs" / "train_segment" / "tiny_local" / "seg2.attempts.json"
+    path.write_text(json.dumps(entries))
+
+
+def test_a_running_slurm_attempt_counts_to_now_and_the_finish_is_estimated(tmp_path):
+    campaign(tmp_path, reached=14, segments_done=1)
+    now = time.time()
+    attempts(
+        tmp_path,
+        [
+            {"attempt": 1, "job_id": "77", "host": "n1", "start_iteration": 10,
+             "started": now - 7200, "reached_iteration": 12, "failure": "node_failure",
+             "ended": now - 5400},
+            {"attempt": 2, "job_id": "78", "host": "n2", "start_iteration": 12,
+             "started": now - 3600},
+        ],
+    )  # fmt: skip
+    log = tmp_path / "logs/train_segment/tiny_local/seg2.engine.log"
+    os.utime(log, (now - 600, now - 600))
+    jobs = [
+        {"id": "78", "state": "RUNNING", "comment": "rule_train_segment_wildcards_tiny_local_2"}
+    ]
+    out = status.campaign_status(tmp_path, jobs=jobs)
+    # 0.5 h of the failed attempt + 1 h of the running one, 1 GPU
+    assert "1.50 GPU-hours spent (1.00 in the running attempt)" in out, out
+    # 2 s per iteration, 30 - 14 iterations left
+    assert "(about 32 s of training at the last segment's speed, queue time not included)" in out
+    assert "newest engine log line: 10 min ago" in out
+    assert "jobs: 78 RUNNING seg2" in out
+    assert "tiny_local: 1/3 segments" in out and "tiny_local: done" not in out
+    assert "sample_bpe/sample_en: 0/2 shards tokenized" in out
+
+
+def test_a_finished_campaign_says_done_and_text_prep_counts_shards(tmp_path):
+    campaign(tmp_path, reached=30, segments_done=3)
+    tok = tmp_path / "data" / "tokenized" / "sample_bpe"
+    (tok / "sample_en").mkdir(parents=True)
+    (tok / "sample_en" / "0000_text_document.idx").write_bytes(b"")
+    (tok / "fineweb_text_document.idx").write_bytes(b"")
+    out = status.campaign_status(tmp_path, jobs=[])
+    assert "tiny_local: done, 3/3 segments, checkpoint iteration 30/30" in out, out
+    assert "to finish" not in out and "newest engine log line" not in out
+    assert "sample_bpe/sample_en: 1/2 shards tokenized" in out
+    assert "sample_bpe/fineweb: merged" in out
+
+
+def test_a_local_attempt_holding_the_lease_counts_to_now(tmp_path):
+    campaign(tmp_path, reached=12, segments_done=1)
+    now = time.time()
+    attempts(
+        tmp_path,
+        [{"attempt": 1, "job_id": None, "host": socket.gethostname(), "start_iteration": 10,
+          "started": now - 1800}],
+    )  # fmt: skip
+    lease = tmp_path / "checkpoints" / "tiny_local" / "writer.lease"
+    lease.write_text(
+        json.dumps({"job_id": None, "host": socket.gethostname(), "pid": os.getpid(),
+                    "renewed": now})
+    )  # fmt: skip
+    out = status.campaign_status(tmp_path, jobs=[])
+    assert "0.50 GPU-hours spent (0.50 in the running attempt)" in out, out
+
+
+def test_a_failing_squeue_is_reported_not_shown_as_no_jobs(tmp_path, monkeypatch):
+    campaign(tmp_path, reached=12, segments_done=1)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "squeue").write_text(
+        "#!/bin/sh\necho 'slurm_load_jobs error: Unable to contact slurm controller' >&2\nexit 1\n"
+    )
+    (fake / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("HPCLLM_ACCOUNT", "proj")
+    out = status.campaign_status(tmp_path, profile="profiles/testcluster")
+    assert "jobs: squeue failed (1): slurm_load_jobs error: Unable to contact" in out, out
+    assert "jobs: none" not in out
+
+
+def test_a_missing_configfile_is_named_without_a_traceback(tmp_path):
+    hpcllm = os.path.join(os.path.dirname(sys.executable), "hpcllm")
+    proc = subprocess.run(
+        [hpcllm, "status", "-d", str(tmp_path), "--configfile", "nope.yaml"],
+        capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "--configfile nope.yaml: no such file" in proc.stderr
+    assert "Traceback" not in proc.stderr
