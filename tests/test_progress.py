@@ -28,8 +28,8 @@ def test_lines_at_the_interval_with_share_rate_and_eta():
     clock.now += 65
     p.finish(5000)
     assert lines == [
-        "tokenize 0003: 1,500 of 5,000 documents (30.0%), 50 documents/s, ETA 0:01:10",
-        "tokenize 0003: 5,000 of 5,000 documents (100.0%), 50 documents/s, done in 0:01:40",
+        "tokenize 0003: 1,500 of 5,000 documents (30.0%), 50.0 documents/s, ETA 0:01:10",
+        "tokenize 0003: 5,000 of 5,000 documents (100.0%), 50.0 documents/s, done in 0:01:40",
     ]
 
 
@@ -40,7 +40,7 @@ def test_an_unknown_total_gives_count_and_rate_only():
     )
     clock.now += 4
     p.update(40)
-    assert lines == ["download fineweb 0000: 40 documents, 10 documents/s"]
+    assert lines == ["download fineweb 0000: 40 documents, 10.0 documents/s"]
 
 
 def test_progress_goes_to_the_log_file_and_to_stderr(tmp_path):
@@ -73,6 +73,7 @@ def test_a_segment_reports_its_iterations_from_the_engine_log(tmp_path, monkeypa
     engine_log = tmp_path / "seg2.engine.log"
     engine_log.write_text(line(30))  # segment 1's last line, from an earlier attempt
     update = iteration_progress("segment 2 of tiny", engine_log, start=30, stop=60)
+    assert hpcllm.progress._rate(0.05) == "0.05" and hpcllm.progress._rate(2658.27) == "2,658"
     update()
     assert lines == []  # nothing new yet
     with open(engine_log, "a") as f:

@@ -21,6 +21,13 @@ log = logging.getLogger("hpcllm.progress")
 INTERVAL_S = float(os.environ.get("HPCLLM_PROGRESS_S", "30"))
 
 
+def _rate(rate: float) -> str:
+    """Three significant digits or more: a segment's 0.05 iterations/s is not "0"."""
+    if rate >= 100:
+        return f"{rate:,.0f}"
+    return f"{rate:.1f}" if rate >= 10 else f"{rate:.2g}"
+
+
 def _eta(seconds: float) -> str:
     return str(timedelta(seconds=round(seconds)))
 
@@ -51,7 +58,7 @@ class Progress:
             share = f" of {self.total:,.0f} {self.unit} ({100 * done / self.total:.1f}%)"
         else:
             share = f" {self.unit}"
-        text = f"{self.what}: {done:,.0f}{share}, {rate:,.0f} {self.unit}/s"
+        text = f"{self.what}: {done:,.0f}{share}, {_rate(rate)} {self.unit}/s"
         if final:
             text += f", done in {_eta(elapsed)}"
         elif self.total and done < self.total and rate > 0:
