@@ -91,11 +91,17 @@ def config_reference(schema_dir: str | Path) -> str:
     return "\n".join(out) + "\n"
 
 
-def vision_split_errors(experiments: dict[str, Any], image_datasets: dict[str, Any]) -> list[str]:
+def vision_split_errors(
+    experiments: dict[str, Any], image_datasets: dict[str, Any], root: str | Path = "."
+) -> list[str]:
     """A vision benchmark's ``split`` / ``val_split`` that its dataset does not pack, named
-    by key (Snakemake would only report a missing ``data/vision/<dataset>/<split>.lmdb``)."""
+    by key (Snakemake would only report a missing ``data/vision/<dataset>/<split>.lmdb``).
+    An experiment given as a file path (config/experiments/*.yaml) is read from ``root``."""
+    from hpcllm.bench.sweeps import load_experiment
+
     errors = []
-    for name, exp in experiments.items():
+    for name, spec in experiments.items():
+        exp = load_experiment(name, spec, root)
         if exp.get("benchmark") != "vision" or exp.get("dataset") not in image_datasets:
             continue
         splits = image_datasets[exp["dataset"]].get("splits") or ["train", "val"]
