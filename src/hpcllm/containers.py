@@ -303,6 +303,18 @@ def check_build_arch(cpu_arch: str | None, machine: str | None = None) -> None:
         )
 
 
+def _run_build(cmd: list[str], cwd: Path, scratch: str | None, what: str) -> None:
+    """Run a build command, its output into the log; a failure names what was built."""
+    log.info("%s: %s", what, " ".join(cmd))
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=build_env(scratch))
+    for line in (proc.stdout + proc.stderr).splitlines():
+        log.info("%s", line)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"{what} failed (exit {proc.returncode}); the build output is in this log above"
+        )
+
+
 def build_image(
     executable: str | os.PathLike,
     definition: str | os.PathLike,
@@ -329,17 +341,7 @@ def build_image(
     ).stdout.strip()
     with atomic_paths(sif, digest) as (tmp_sif, tmp_digest):
         cmd = build_command(executable, definition, tmp_sif, fakeroot=fakeroot, extra=extra_args)
-        log.info("building %s: %s", sif.name, " ".join(cmd))
-        proc = subprocess.run(
-            cmd, cwd=definition.parent, capture_output=True, text=True, env=build_env(scratch)
-        )
-        for line in (proc.stdout + proc.stderr).splitlines():
-            log.info("%s", line)
-        if proc.returncode != 0:
-            raise RuntimeError(
-                f"building {sif.name} from {definition} failed (exit {proc.returncode}); "
-                "the build output is in this log above"
-            )
+        _run_build(cmd, definition.parent, scratch, f"building {sif.name} from {definition}")
         record = {
             "image": sif.name,
             "sha256": sha256_file(tmp_sif),
@@ -398,17 +400,9 @@ def build_image_cotainr(
     with atomic_paths(sif, env_file, digest) as (tmp_sif, tmp_env, tmp_digest):
         tmp_env.write_text(env_text)
         cmd = cotainr_command(executable, tmp_sif, base_image, tmp_env)
-        log.info("building %s: %s", sif.name, " ".join(cmd))
-        proc = subprocess.run(
-            cmd, cwd=template.parent, capture_output=True, text=True, env=build_env(scratch)
+        _run_build(
+            cmd, template.parent, scratch, f"building {sif.name} with cotainr from {template}"
         )
-        for line in (proc.stdout + proc.stderr).splitlines():
-            log.info("%s", line)
-        if proc.returncode != 0:
-            raise RuntimeError(
-                f"building {sif.name} with cotainr from {template} failed (exit "
-                f"{proc.returncode}); the build output is in this log above"
-            )
         record = {
             "image": sif.name,
             "sha256": sha256_file(tmp_sif),
