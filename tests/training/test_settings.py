@@ -80,6 +80,7 @@ CONTINUATION_CHANGES = {
     "segments": {"segments": 5},
     "iterations_per_segment": {"iterations_per_segment": 10},
     "save_interval": {"save_interval": 1},
+    "keep_checkpoints.last": {"keep_checkpoints": {"last": 2, "every": 10}},
     "eval_interval": {"eval_interval": 2},
     "time.margin_seconds": {"time": {"margin_seconds": 60, "signal_seconds": 30}},
     # the torch engine's one full checkpoint resumes on any number of processes

@@ -123,7 +123,10 @@ def test_a_signalled_segment_is_resubmitted_and_continues_by_itself(text_workdir
     into a 60-iteration segment: the engine saves and stops, the segment fails with class
     ``signal``, and Snakemake's second attempt resumes it to the end in the same run."""
     work = text_workdir
-    cfg = write_config(work, "again", tiny(segments=1, iterations_per_segment=60))
+    keep = {"last": 2, "every": 20}  # retention while the segment runs and after it
+    cfg = write_config(
+        work, "again", tiny(segments=1, iterations_per_segment=60, keep_checkpoints=keep)
+    )
     engine_log = work / "logs/train_segment/again/seg1.engine.log"
     args = ["results/train/again/seg1.json", "--profile", "profiles/local", "--configfile", cfg]
     proc = subprocess.Popen(
@@ -153,6 +156,14 @@ def test_a_signalled_segment_is_resubmitted_and_continues_by_itself(text_workdir
     assert "Build and save" not in text and "Load the GPTDataset train indices" in text
     cache = json.loads((work / "data/index_cache/again.json").read_text())
     assert cache["samples"]["train"] == 60 * 8 and cache["files"]
+    from hpcllm.training.checkpoints import iteration_dirs
+
+    # kept: the newest 2 committed (58, 60) and every 20th; the rest deleted by the segment
+    assert iteration_dirs(work / "checkpoints/again") == [20, 40, 58, 60]
+    assert (
+        "keep_checkpoints: deleted iterations"
+        in (work / "logs/train_segment/again/seg1.log").read_text()
+    )
 
 
 def tensorboard_tags(folder: Path) -> set[str]:

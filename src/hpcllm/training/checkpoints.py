@@ -106,3 +106,37 @@ def finish_iteration_dir(save: str | os.PathLike, iteration: int) -> None:
         shutil.rmtree(final)  # an uncommitted directory of the same iteration
     os.replace(tmp, final)
     write_tracker(save, iteration)
+
+
+DELETING = ".deleting"  # an iter_* directory renamed for deletion (one step, then rmtree)
+
+
+def prune(save: str | os.PathLike, keep_last: int, keep_every: int | None = None) -> list[int]:
+    """Delete committed checkpoints beyond the newest ``keep_last`` (iterations that are a
+    multiple of ``keep_every`` are kept for good); returns the iterations deleted.
+
+    Only iterations below the one the tracker names are candidates: never the committed
+    checkpoint, never one being written (above it, or under a temporary name). Each is first
+    renamed out of the ``iter_*`` namespace in one step, then removed, so a kill at any
+    point leaves the tracker's checkpoint loadable and no half-deleted ``iter_*``; a
+    leftover ``*.deleting`` directory is removed by the next call."""
+    save = Path(save)
+    for leftover in save.glob(f"iter_*{DELETING}") if save.is_dir() else []:
+        shutil.rmtree(leftover, ignore_errors=True)
+    committed = latest_iteration(save)
+    if committed is None:
+        return []
+    older = [i for i in iteration_dirs(save) if i < committed]
+    keep = set(older[-(keep_last - 1) :]) if keep_last > 1 else set()
+    if keep_every:
+        keep |= {i for i in older if i % keep_every == 0}
+    deleted = []
+    for iteration in older:
+        if iteration in keep:
+            continue
+        path = iteration_dir(save, iteration)
+        doomed = path.with_name(path.name + DELETING)
+        os.replace(path, doomed)
+        shutil.rmtree(doomed)
+        deleted.append(iteration)
+    return deleted

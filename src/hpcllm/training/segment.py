@@ -386,6 +386,28 @@ def iteration_progress(what: str, engine_log: Path, start: int, stop: int) -> Ca
     return update
 
 
+def retention(experiment: dict[str, Any], save: str) -> Callable[[], None]:
+    """Deletes the checkpoints ``keep_checkpoints`` does not keep (nothing when unset);
+    called while the engine runs and after it (checkpoints.prune says what is safe)."""
+    keep = experiment.get("keep_checkpoints")
+
+    def prune() -> None:
+        if keep:
+            deleted = checkpoints.prune(save, keep["last"], keep.get("every"))
+            if deleted:
+                log.info("keep_checkpoints: deleted iterations %s of %s", deleted, save)
+
+    return prune
+
+
+def both(*calls: Callable[[], None]) -> Callable[[], None]:
+    def call() -> None:
+        for c in calls:
+            c()
+
+    return call
+
+
 def run_segment(
     name: str,
     prepared: Prepared,
@@ -500,11 +522,15 @@ def _train_segment(
             engine_log,
             env,
             signals,
-            while_running=iteration_progress(
-                f"segment {segment} of {name}", engine_log, start_iteration, stop
+            while_running=both(
+                iteration_progress(
+                    f"segment {segment} of {name}", engine_log, start_iteration, stop
+                ),
+                retention(experiment, paths.save),
             ),
         )
         log.info("engine exited with %d", rc)
+        retention(experiment, paths.save)()
         oom_after = oom_kill_count()
         oom_kills = (oom_after or 0) - (oom_before or 0) if oom_before is not None else 0
     else:

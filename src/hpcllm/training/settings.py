@@ -53,6 +53,8 @@ _CONTINUATION = (
     "segments",
     "iterations_per_segment",
     "save_interval",
+    "keep_checkpoints.last",
+    "keep_checkpoints.every",
     "eval_interval",
     "eval_iters",
     "log_interval",
