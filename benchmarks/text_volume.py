@@ -113,7 +113,7 @@ def write_config(work: Path, files: list[Path], tokenizer: Path) -> None:
 def stage_figures(work: Path, rule: str) -> dict:
     """Sum of job seconds and peak RSS per job from Snakemake's benchmark files."""
     rows = []
-    for path in sorted((work / "benchmarks" / rule).rglob("*.tsv")):
+    for path in sorted((work / "results" / "timings" / rule).rglob("*.tsv")):
         with open(path) as f:
             rows += list(csv.DictReader(f, delimiter="\t"))
     if not rows:
@@ -156,7 +156,7 @@ print(json.dumps({{"tokens": n, "seconds": time.perf_counter() - t}}))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     bare = json.loads(out.stdout)
-    with open(work / "benchmarks/tokenize/bench/volume/0000.tsv") as f:
+    with open(work / "results/timings/tokenize/bench/volume/0000.tsv") as f:
         stage_s = float(next(csv.DictReader(f, delimiter="\t"))["s"])
     stage_tokens = bare["tokens"] + count_documents(work, "0000")  # + one EOD per document
     return {

@@ -131,8 +131,14 @@ def test_ctrl_c_in_a_job_script_is_one_line_not_a_traceback(tmp_path):
         time.sleep(120)
         """
     )
+    # As at a terminal: SIGINT at its default (a suite started in the background by a
+    # non-interactive shell inherits it ignored, and Python then never raises on Ctrl-C).
     proc = subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert proc.stdout.readline() == "ready\n"
     proc.send_signal(signal.SIGINT)

@@ -41,7 +41,14 @@ def hpcllm_parser(monkeypatch) -> argparse.ArgumentParser:
 def test_hpcllm_help_is_plain_text_and_every_option_says_what_it_does(monkeypatch, capsys):
     parser = hpcllm_parser(monkeypatch)
     parsers = {"hpcllm": parser, **subparsers(parser)}
-    assert set(parsers) == {"hpcllm", "sample-corpus", "config-docs", "inspect", "status"}
+    assert set(parsers) == {
+        "hpcllm",
+        "sample-corpus",
+        "config-docs",
+        "inspect",
+        "status",
+        "restart-training",
+    }
     for name, p in parsers.items():
         text = p.format_help()
         assert not RST.search(text), f"{name} --help shows markup:\n{text}"
