@@ -223,9 +223,9 @@ def test_job_script_resolves_the_rendezvous_host_and_exports_the_environment(tmp
     ]
 
 
-def test_job_script_reads_cpus_per_task_back_when_the_job_step_hid_it(tmp_path):
-    """The Slurm plugin's job step removes SLURM_CPUS_PER_TASK (and the node list) before
-    the rule runs; srun's tasks would then get one core each. The script asks the job."""
+def juwels_job_script(tmp_path):
+    """A 2-node, 4-rank JUWELS launch script with fake srun/scontrol (they record what the
+    step gets): the script, the job's environment and the record's path."""
     fake_tools(tmp_path / "bin")
     launch = build_launch(
         load_cluster("juwels", ROOT), nodes=2, procs_per_node=4, command=["python", "t.py"]
@@ -240,6 +240,13 @@ def test_job_script_reads_cpus_per_task_back_when_the_job_step_hid_it(tmp_path):
         "SLURM_JOB_ID": "4711",
         "SCRATCH": "/p/scratch/proj",
     }
+    return script, env, record
+
+
+def test_job_script_reads_cpus_per_task_back_when_the_job_step_hid_it(tmp_path):
+    """The Slurm plugin's job step removes SLURM_CPUS_PER_TASK (and the node list) before
+    the rule runs; srun's tasks would then get one core each. The script asks the job."""
+    script, env, record = juwels_job_script(tmp_path)
     proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(record.read_text())
@@ -494,22 +501,8 @@ def test_every_rank_gets_the_cores_of_one_gpu_and_no_hub(name):
 def test_the_ranks_thread_count_is_not_the_jobs(tmp_path):
     """Snakemake exports OMP_NUM_THREADS = the rule's threads (a whole node's 48 cores on
     JUWELS) to the job; the script sets each rank's share of the node instead."""
-    fake_tools(tmp_path / "bin")
-    launch = build_launch(
-        load_cluster("juwels", ROOT), nodes=2, procs_per_node=4, command=["python", "t.py"]
-    )
-    script = tmp_path / "job.sh"
-    script.write_text(launch.shell())
-    record = tmp_path / "record.json"
-    env = {
-        "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
-        "RECORD": str(record),
-        "SLURM_JOB_NODELIST": "jwb[0042-0043]",
-        "SLURM_JOB_ID": "4711",
-        "SCRATCH": "/p/scratch/proj",
-        "OMP_NUM_THREADS": "48",
-        "HF_HUB_OFFLINE": "0",
-    }
+    script, env, record = juwels_job_script(tmp_path)
+    env.update(OMP_NUM_THREADS="48", HF_HUB_OFFLINE="0")
     proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(record.read_text())["env"]
