@@ -122,3 +122,21 @@ def test_environment_variable_in_a_tokenizer_path_is_refused():
         r"vocab.json' names the environment variable \$SCRATCH",
     ):
         job("juwels", opengptx(), text)
+
+
+def test_memory_on_lumi_counts_activations_without_sequence_parallelism():
+    """LUMI's image has no Transformer Engine, so Megatron runs there without sequence
+    parallelism (megatron_args.py): the activations are not split over TP, and the plan
+    must count them so (an estimate below what runs would let an OOM through)."""
+    exp = opengptx(tp=2, sequence_parallel=True, nodes=4)
+    lumi = load_cluster("lumi", REPO / "config/clusters", environ={"HPCLLM_SCRATCH": "/s"})
+    on_lumi = prepare_experiment("opengptx_800m", copy.deepcopy(exp), TEXT, lumi)
+    without = copy.deepcopy(exp)
+    without["layout"]["sequence_parallel"] = False
+    on_lumi_off = prepare_experiment("opengptx_800m", without, TEXT, lumi)
+    assert on_lumi.memory_gb == pytest.approx(on_lumi_off.memory_gb)
+    # the experiment itself still asks for it (tracked setting; other sites use it)
+    assert on_lumi.experiment["layout"]["sequence_parallel"] is True
+    juwels = load_cluster("juwels", REPO / "config/clusters", environ={"HPCLLM_SCRATCH": "/s"})
+    on_juwels = prepare_experiment("opengptx_800m", copy.deepcopy(exp), TEXT, juwels)
+    assert on_juwels.memory_gb < on_lumi.memory_gb

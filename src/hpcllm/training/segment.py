@@ -693,7 +693,15 @@ def prepare_experiment(name: str, raw: dict[str, Any], text: dict[str, Any], clu
         )
     vocab = exp["model"].get("vocab_size") or text["tokenizers"][tok].get("vocab_size") or 50257
     gpu_gb = cluster.gpu.memory_gb if cluster.gpu is not None else None
-    layout, memory = plan(name, exp, gpus, vocab, gpu_gb, lay["procs_per_node"])
+    # Memory for the layout the engine runs: Megatron-LM without Transformer Engine (the
+    # ROCm image) runs without sequence parallelism (megatron_args.py), whose activations
+    # are then not split over TP.
+    from hpcllm.training.megatron_args import transformer_impl_for
+
+    runs = exp
+    if lay.get("sequence_parallel") and transformer_impl_for(cluster) == "local":
+        runs = {**exp, "layout": {**lay, "sequence_parallel": False}}
+    layout, memory = plan(name, runs, gpus, vocab, gpu_gb, lay["procs_per_node"])
     warmup, total = exp["optim"]["warmup_iters"], total_iterations(exp)
     if warmup >= total:
         # Megatron-LM refuses it at start-up (OptimizerParamScheduler asserts
