@@ -10,6 +10,7 @@ import sys
 import time
 
 import numpy as np
+import orjson
 import pytest
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 from support import hang_guard
@@ -313,6 +314,79 @@ def test_a_difference_in_the_second_batch_stops_the_job(tmp_path, trained_tokeni
             load_tokenizer(trained_tokenizer),
             EOD,
             batch_bytes=1024,
+        )
+    assert not list(tmp_path.glob("out_text_document.*"))
+
+
+def test_the_check_is_a_bounded_share_of_the_text_spread_over_it():
+    """The documents checked against tokenizers: at most the fraction plus the reserve,
+    in every batch, at every position of a batch (not only its first document)."""
+    from hpcllm.text.tokenization import SampledCheck
+
+    check = SampledCheck(fraction=0.01, reserve=2000)
+    batches = [[f"d{b}-{i} " + "w" * 190 for i in range(500)] for b in range(40)]
+    picks = [check.pick(batch) for batch in batches]
+    assert all(picked and window is None for picked, window in picks)  # every batch
+    positions = {i for picked, _ in picks for i in picked}
+    assert len(positions) > 100 and max(positions) > 400  # spread over the batch
+    chars = sum(len(t) for b in batches for t in b)
+    assert check.seen_chars == chars
+    assert 0.01 * chars - 200 <= check.checked_chars <= 0.01 * chars + 2000
+    # Documents longer than the allowance: a window of one of them instead.
+    check = SampledCheck(fraction=0.01, reserve=0)
+    assert check.pick(["x" * 100_000]) == ([], None)  # 1,000 characters allowed: nothing
+    picked, window = check.pick(["y" * 100_000] * 9)  # 10,000 allowed: a 4,096 window
+    assert picked == [] and window == "y" * 4096
+
+
+def per_document_wrong(real, marker):
+    """gigatoken with the ids of every document holding ``marker`` off by one."""
+
+    def make(tk):
+        enc = real(tk)
+        inner = enc._encode
+
+        def encode(texts):
+            flat, lengths = inner(texts)
+            flat = flat.copy()
+            offsets = np.concatenate([[0], np.cumsum(lengths)])
+            for i, text in enumerate(texts):
+                if marker in text:
+                    flat[offsets[i] : offsets[i + 1]] += 1
+            return flat, lengths
+
+        enc._encode = encode
+        return enc
+
+    return make
+
+
+def test_a_wrong_document_inside_a_late_batch_stops_the_job(
+    tmp_path, trained_tokenizer, monkeypatch
+):
+    """Past the shard's reserve only the fraction is checked, documents picked at random:
+    wrong ids on every fourth document, never the first of a batch, still stop the job."""
+    import hpcllm.text.tokenization as t
+
+    monkeypatch.setattr(t, "gigatoken_encoder", per_document_wrong(t.gigatoken_encoder, "late"))
+    texts = [
+        f"document {i:05d} " + ("late " if i >= 1200 and i % 4 == 3 else "fine ") + "text " * 36
+        for i in range(2400)
+    ]  # 490 k characters: the first 1200 documents use up the 64 Ki reserve
+    shard = tmp_path / "shard.jsonl.zst"
+    write_jsonl_zst(((f"{i:05d}", x) for i, x in enumerate(texts)), shard)
+    line = len(orjson.dumps({"id": "00000", "text": texts[0]})) + 1
+    batches = list(read_texts(shard, 40 * line - 10))
+    assert {len(b) for b in batches} == {40}  # so no batch starts with a wrong document
+    assert not any("late" in b[0] for b in batches)
+    with pytest.raises(TokenizerError, match=r"other ids than tokenizers for the document after"):
+        tokenize_shard(
+            shard,
+            tmp_path / "out_text_document",
+            load_tokenizer(trained_tokenizer),
+            EOD,
+            batch_bytes=40 * line - 10,
+            check_fraction=0.1,
         )
     assert not list(tmp_path.glob("out_text_document.*"))
 
