@@ -83,6 +83,7 @@ CONTINUATION_CHANGES = {
     "keep_checkpoints.last": {"keep_checkpoints": {"last": 2, "every": 10}},
     "eval_interval": {"eval_interval": 2},
     "time.margin_seconds": {"time": {"margin_seconds": 60, "signal_seconds": 30}},
+    "time.limit_minutes": {"time__limit_minutes": 90},
     # the torch engine's one full checkpoint resumes on any number of processes
     "layout.procs_per_node": {"layout": {"nodes": 1, "procs_per_node": 2}},
 }

@@ -59,6 +59,7 @@ _CONTINUATION = (
     "eval_iters",
     "log_interval",
     "threads",
+    "time.limit_minutes",
     "time.margin_seconds",
     "time.signal_seconds",
     "batch.micro",
