@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import yaml
 
 DEFAULT_ROOT = "config/clusters"
@@ -302,6 +301,10 @@ def load_cluster(
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
         raise ClusterError(f"{path}: not valid YAML: {e}") from e
+    # Imported here: jsonschema costs 0.3-0.6 s, and every compute job's script imports
+    # this module (through hpcllm.launch.go_offline) without validating a cluster file.
+    import jsonschema
+
     errors = sorted(
         jsonschema.Draft202012Validator(SCHEMA).iter_errors(raw), key=lambda e: list(e.path)
     )
