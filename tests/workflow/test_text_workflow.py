@@ -266,8 +266,14 @@ def test_a_tokenizer_trains_on_its_sources_only(workdir):
     assert "sample_en" not in block and "fineweb" not in block
 
 
-def test_training_on_a_tokenizer_json_only_tokenizer_is_refused_at_plan_time(workdir):
-    (workdir / "tok.json").write_text("{}")
+def test_a_tokenizer_json_only_tokenizer_is_planned_for_training_or_refused_by_its_key(
+    workdir,
+):
+    """A given tokenizer.json alone plans training (its engine folder from
+    tokenizer_folder); one that cannot be loaded, or lacks the end-of-document token, is
+    refused at plan time naming the key and what to set."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
     (workdir / "json.yaml").write_text(
         "text:\n  tokenizers:\n    given:\n      type: files\n      tokenizer_json: tok.json\n"
         "  tokenize:\n    tokenizers: [sample_bpe, given]\n"
@@ -277,16 +283,36 @@ def test_training_on_a_tokenizer_json_only_tokenizer_is_refused_at_plan_time(wor
         "      layout: {nodes: 1, procs_per_node: 1}\n      segments: 1\n"
         "      iterations_per_segment: 3\n"
     )
-    proc = run_snakemake(
-        workdir,
-        "-n",
-        "results/train/tiny_given/seg1.json",
-        "--configfile",
-        "json.yaml",
-        check=False,
+
+    def plan():
+        return run_snakemake(
+            workdir,
+            "-n",
+            "results/train/tiny_given/seg1.json",
+            "--configfile",
+            "json.yaml",
+            check=False,
+        )
+
+    (workdir / "tok.json").write_text("{}")
+    proc = plan()
+    assert proc.returncode != 0
+    assert "text.tokenizers.given.tokenizer_json: tok.json: not a loadable tokenizer.json" in (
+        proc.stdout + proc.stderr
     )
+    words = Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    words.save(str(workdir / "tok.json"))
+    proc = plan()
     assert proc.returncode != 0
     assert (
-        "text.tokenizers.given: training and benchmarks read GPT-2 style"
-        in proc.stdout + proc.stderr
-    )
+        "text.tokenizers.given: the end-of-document token eod_token '<|endoftext|>' is not in "
+        "tok.json (WordLevel, special tokens: none); set text.tokenizers.given.eod_token"
+    ) in proc.stdout + proc.stderr
+    words.add_special_tokens(["<|endoftext|>"])
+    words.save(str(workdir / "tok.json"))
+    proc = plan()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for job in ("tokenizer_folder", "prepare_data_cache", "train_segment"):
+        assert f"rule {job}:" in proc.stdout, proc.stdout
+    assert "data/tokenizers/given/hf/tokenizer_config.json" in proc.stdout

@@ -9,6 +9,7 @@ from snakemake.utils import validate
 
 from hpcllm.configuration import SECTIONS, check_section
 from hpcllm.text.sources import offline_source_error, resolve_local_files
+from hpcllm.text.tokenizers_config import plan_problem as tokenizer_plan_problem
 from hpcllm.text.tokenizers_config import retrain_warning, tokenizer_files
 
 check_section("", config, f"{workflow.basedir}/workflow/schemas/config.schema.yaml")
@@ -48,6 +49,13 @@ for _name in TOKENIZE["tokenizers"]:
             f"text.tokenize.tokenizers names '{_name}', which is not in text.tokenizers "
             f"({', '.join(TOKENIZERS) or 'none defined'})"
         )
+# A tokenizer without its end-of-document token, or whose given files cannot be loaded
+# (by the controller only: it loads a given tokenizer.json, which jobs need not repeat).
+if workflow.is_main_process:
+    for _name in TOKENIZE["tokenizers"]:
+        _problem = tokenizer_plan_problem(_name, TOKENIZERS[_name])
+        if _problem:
+            raise ValueError(_problem)
 
 # The cluster this run targets: config/clusters/<cluster>.yaml (the profile sets
 # `cluster`). Site facts left to the user and profile resources that name an unset
@@ -194,6 +202,16 @@ if workflow.is_main_process:
 
 def tokenizer_inputs(wildcards):
     return tokenizer_files(wildcards.tok, TOKENIZERS[wildcards.tok])
+
+
+# Given (type: files) tokenizers named by a tokenizer.json: rule tokenizer_folder's.
+GIVEN_JSON_TOKENIZERS = (
+    "|".join(n for n, t in TOKENIZERS.items() if t.get("tokenizer_json")) or "NONE"
+)
+
+
+def given_tokenizer_json(wildcards):
+    return TOKENIZERS[wildcards.tok]["tokenizer_json"]
 
 
 def tokenized_shard_prefixes(wildcards):
@@ -567,8 +585,9 @@ def training_data(wildcards):
 
 
 def training_tokenizer(wildcards):
-    """The vocab.json and merges.txt the tokenizer config names (a type: files tokenizer
-    is never trained: its own files are the input)."""
+    """The files the engines read (hpcllm.text.tokenizers_config.engine_files): a trained
+    tokenizer's vocab.json and merges.txt, the tokenizer_folder of a given tokenizer.json,
+    or the GPT-2 files a type: files tokenizer names."""
     return list(EXPERIMENTS[wildcards.experiment].tokenizer_files)
 
 

@@ -48,6 +48,28 @@ rule train_tokenizer:
         "../scripts/train_tokenizer.py"
 
 
+rule tokenizer_folder:
+    # A given tokenizer.json (type: files) as the engines read it: Megatron's
+    # HuggingFaceTokenizer takes the folder, its EOD from tokenizer_config.json.
+    input:
+        tokenizer_json=given_tokenizer_json,
+    output:
+        tokenizer="data/tokenizers/{tok}/hf/tokenizer.json",
+        hf_config="data/tokenizers/{tok}/hf/tokenizer_config.json",
+    log:
+        "logs/tokenizer_folder/{tok}.log",
+    wildcard_constraints:
+        tok=GIVEN_JSON_TOKENIZERS,
+    localrule: True
+    conda:
+        "../../envs/workflow.yaml"
+    params:
+        tokenizer=tokenizer_use,
+        out_dir=subpath(output.tokenizer, parent=True),
+    script:
+        "../scripts/tokenizer_folder.py"
+
+
 rule tokenize:
     input:
         jsonl="data/raw/{source}/{shard}.jsonl.zst",

@@ -2,15 +2,31 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
-from hpcllm.text.tokenization import check_tokenizer, load_tokenizer, tokenizer_from_gpt2_files
+from hpcllm.atomic import atomic_paths
+from hpcllm.text.tokenization import (
+    TokenizerError,
+    check_tokenizer,
+    load_tokenizer,
+    special_tokens_of,
+    tokenizer_from_gpt2_files,
+)
+
+# Special tokens that usually end a document (</s>, <|endoftext|>, <eos>, [SEP]): the one a
+# plan-time message suggests for eod_token.
+_END = re.compile(r"</s>|end|eos|sep", re.IGNORECASE)
 
 
 def tokenizer_files(name: str, cfg: dict[str, Any]) -> list[str]:
-    """The files a tokenizer is loaded from (inputs of the rules that use it)."""
+    """The files tokenize loads a tokenizer from (inputs of the rules that use it):
+    ``tokenizer_json`` wins over GPT-2 files named beside it."""
     if cfg["type"] == "train":
         return [f"data/tokenizers/{name}/tokenizer.json"]
     if cfg.get("tokenizer_json"):
@@ -48,19 +64,158 @@ def retrain_warning(
     )
 
 
-def gpt2_files(name: str, cfg: dict[str, Any]) -> tuple[str, str]:
-    """The GPT-2 style ``vocab.json`` and ``merges.txt`` of a tokenizer, for the engines
-    (Megatron's GPT2BPETokenizer): trained ones from ``train_tokenizer``, given ones
-    exactly as the config names them (never a freshly trained stand-in)."""
+def hf_folder(name: str) -> str:
+    """The folder the engines read a ``tokenizer_json`` tokenizer from (rule
+    ``tokenizer_folder``): a copy of the file as ``tokenizer.json`` and a
+    ``tokenizer_config.json`` naming the end-of-document token as ``eos_token``."""
+    return f"data/tokenizers/{name}/hf"
+
+
+def engine_files(name: str, cfg: dict[str, Any]) -> tuple[str, str]:
+    """The two files the training engines and the index cache read for a tokenizer.
+
+    Trained ones: ``train_tokenizer``'s GPT-2 style ``vocab.json`` and ``merges.txt``
+    (their folder also holds the tokenizer.json and tokenizer_config.json Megatron's
+    HuggingFaceTokenizer reads). Given ones with ``tokenizer_json`` (any model Hugging
+    Face ``tokenizers`` loads; it wins over ``vocab_file``/``merges_file`` given beside
+    it): ``tokenizer.json`` and ``tokenizer_config.json`` of :func:`hf_folder`. Given GPT-2
+    files alone: exactly those the config names (never a freshly trained stand-in)."""
     if cfg.get("type", "train") == "train":
         return f"data/tokenizers/{name}/vocab.json", f"data/tokenizers/{name}/merges.txt"
-    if cfg.get("vocab_file") and cfg.get("merges_file"):
-        return cfg["vocab_file"], cfg["merges_file"]
-    raise ValueError(
-        f"text.tokenizers.{name}: training and benchmarks read GPT-2 style vocab.json + "
-        f"merges.txt, but this tokenizer names only tokenizer_json ({cfg['tokenizer_json']}); "
-        "set vocab_file and merges_file (e.g. saved from it with "
-        "tokenizers' model.save) or train one (type: train)"
+    if cfg.get("tokenizer_json"):
+        folder = hf_folder(name)
+        return f"{folder}/tokenizer.json", f"{folder}/tokenizer_config.json"
+    return cfg["vocab_file"], cfg["merges_file"]
+
+
+def is_hf_folder(files: tuple[str, str] | list[str]) -> bool:
+    """Whether :func:`engine_files` named a Hugging Face folder (tokenizer.json and
+    tokenizer_config.json) rather than GPT-2 style vocab and merges files."""
+    return len(files) == 2 and [Path(f).name for f in files] == [
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+
+
+def engine_vocabulary(files: tuple[str, str] | list[str], eod_token: str) -> tuple[int, int]:
+    """(vocabulary size, end-of-document id) of :func:`engine_files` as the engines see
+    them: for a Hugging Face folder Megatron's HuggingFaceTokenizer's ``len(tokenizer)``
+    (every token, added ones included) and the id of its ``eos_token``; for GPT-2 files
+    the largest id of ``vocab.json`` plus one and the id of ``eod_token``."""
+    if is_hf_folder(files):
+        tok = load_tokenizer(files[0])
+        eod = tok.token_to_id(eod_token)
+        if eod is None:
+            raise TokenizerError(
+                f"{files[0]}: has no end-of-document token {eod_token!r}; set the "
+                "tokenizer's eod_token to one of its special tokens "
+                f"({', '.join(special_tokens_of(tok)) or 'it has none'})"
+            )
+        try:
+            eos = json.loads(Path(files[1]).read_text()).get("eos_token")
+        except (OSError, ValueError, AttributeError) as e:
+            raise TokenizerError(
+                f"{files[1]}: not a readable tokenizer_config.json ({e})"
+            ) from None
+        if eos != eod_token:
+            # Megatron's EOD is the eos_token: it must be the token the data ends documents with
+            raise TokenizerError(
+                f"{files[1]}: names eos_token {eos!r}, but the documents end with "
+                f"{eod_token!r}; delete the folder and rerun (rule tokenizer_folder writes it)"
+            )
+        return tok.get_vocab_size(with_added_tokens=True), eod
+    try:
+        vocab = json.loads(Path(files[0]).read_text())
+    except (OSError, ValueError) as e:
+        raise TokenizerError(f"{files[0]}: not a readable vocab.json ({e})") from None
+    if eod_token not in vocab:
+        raise TokenizerError(f"{files[0]}: has no end-of-document token {eod_token!r}")
+    return max(vocab.values()) + 1, vocab[eod_token]
+
+
+def write_hf_folder(cfg: dict[str, Any], tokenizer_json: str, out_dir: str | os.PathLike) -> Path:
+    """Write :func:`hf_folder`: the given ``tokenizer.json`` (checked: ``tokenizers`` loads
+    it, it has the end-of-document token and, when the config says, ``vocab_size`` tokens)
+    and a ``tokenizer_config.json`` naming ``eod_token`` as ``eos_token``, which
+    Megatron's HuggingFaceTokenizer takes its EOD id from (AutoTokenizer reads the folder
+    offline as a PreTrainedTokenizerFast whatever the model: BPE, Unigram, WordPiece)."""
+    from hpcllm.text.tokenizer_train import hf_tokenizer_config
+
+    tokenizer_for(cfg, [tokenizer_json])
+    out = Path(out_dir)
+    with atomic_paths(out / "tokenizer.json", out / "tokenizer_config.json") as (tok, config):
+        shutil.copyfile(tokenizer_json, tok)
+        config.write_text(json.dumps(hf_tokenizer_config(cfg["eod_token"]), indent=2) + "\n")
+    return out
+
+
+def plan_problem(name: str, cfg: dict[str, Any], exists: Callable[[str], bool] = os.path.exists):
+    """At plan time: what keeps a tokenizer's end-of-document token from being found, as
+    a message naming the key and what to set; None if nothing does (or its files are not
+    there yet: the job that reads them checks again)."""
+    where = f"text.tokenizers.{name}"
+    eod = cfg.get("eod_token", "<|endoftext|>")
+    if cfg.get("type", "train") == "train":
+        specials = cfg.get("special_tokens") or []
+        if eod not in specials:
+            return (
+                f"{where}: the end-of-document token eod_token {eod!r} is not one of its "
+                f"special_tokens ({', '.join(specials) or 'none'}), so the trained tokenizer "
+                f"would not have it; add it to {where}.special_tokens (first) or set "
+                f"{where}.eod_token to one of them"
+            )
+        return None
+    if cfg.get("tokenizer_json"):
+        path = cfg["tokenizer_json"]
+        if not exists(path):
+            return None
+        try:
+            tok = load_tokenizer(path)
+        except TokenizerError as e:
+            return f"{where}.tokenizer_json: {e}"
+        if tok.token_to_id(eod) is None:
+            specials = special_tokens_of(tok)
+            ends = [t for t in specials if _END.search(t)]
+            return (
+                f"{where}: the end-of-document token eod_token {eod!r} is not in "
+                f"{path} ({type(tok.model).__name__}, special tokens: "
+                f"{', '.join(specials) or 'none'}); set {where}.eod_token to its "
+                "end-of-document token" + (f" (e.g. eod_token: {ends[0]!r})" if ends else "")
+            )
+        if cfg.get("vocab_file") and exists(cfg["vocab_file"]):
+            return _vocab_disagreement(where, tok, path, cfg["vocab_file"])
+        return None
+    vocab_file = cfg["vocab_file"]
+    if not exists(vocab_file):
+        return None
+    try:
+        vocab = json.loads(Path(vocab_file).read_text())
+    except (OSError, ValueError) as e:
+        return f"{where}.vocab_file: {vocab_file} is not a readable vocab.json ({e})"
+    if eod not in vocab:
+        return (
+            f"{where}: the end-of-document token eod_token {eod!r} is not in {vocab_file}; "
+            f"set {where}.eod_token to its end-of-document token"
+        )
+    return None
+
+
+def _vocab_disagreement(where: str, tok, tokenizer_json: str, vocab_file: str) -> str | None:
+    """vocab_file and merges_file given beside tokenizer_json must describe the same
+    tokenizer (tokenizer_json wins everywhere): every token of vocab_file has its id there."""
+    try:
+        vocab = json.loads(Path(vocab_file).read_text())
+    except (OSError, ValueError) as e:
+        return f"{where}.vocab_file: {vocab_file} is not a readable vocab.json ({e})"
+    ids = tok.get_vocab(with_added_tokens=True)
+    wrong = [t for t, i in vocab.items() if ids.get(t) != i]
+    if not wrong:
+        return None
+    return (
+        f"{where}: vocab_file {vocab_file} and tokenizer_json {tokenizer_json} disagree "
+        f"({len(wrong)} of {len(vocab)} tokens, e.g. {wrong[0]!r}: {vocab[wrong[0]]} against "
+        f"{ids.get(wrong[0])}); tokenizer_json is what tokenize and the engines read, so "
+        "drop vocab_file and merges_file or point them at that tokenizer's files"
     )
 
 

@@ -107,23 +107,17 @@ def _one_process_group():
 
 def build_index_cache(prepared, folder: str | os.PathLike, manifest: str | os.PathLike) -> dict:
     """Build (or find complete) the index files of ``prepared``; write ``manifest``."""
+    from hpcllm.text.tokenizers_config import engine_vocabulary
     from hpcllm.training.data import build_datasets
     from hpcllm.training.segment import (
         check_segment_data,
         dataset_samples,
         megatron_tokenizer_model,
     )
-    from hpcllm.training.torch_engine import vocabulary
 
     check_segment_data(prepared)
     exp = prepared.experiment
-
-    class _Args:  # what vocabulary() reads
-        vocab_file = prepared.tokenizer_files[0]
-        eod_token = prepared.eod_token
-        vocab_size = None
-
-    vocab_size, eod = vocabulary(_Args)
+    vocab_size, eod = engine_vocabulary(prepared.tokenizer_files, prepared.eod_token)
     tokenizer = None  # the torch engine's key
     if exp["engine"] == "megatron":
         tokenizer = MegatronTokenizerKey(

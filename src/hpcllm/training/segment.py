@@ -126,11 +126,17 @@ def parse_slurm_time(text: str) -> float | None:
 
 
 def megatron_tokenizer_model(tokenizer_files: tuple[str, str]) -> str | None:
-    """The ``--tokenizer-model`` folder of Megatron's HuggingFaceTokenizer: the tokenizer's
-    folder where it holds a tokenizer.json and a tokenizer_config.json naming the
-    ``eos_token`` (Megatron's EOD; a trained tokenizer has both), read offline; else None
-    (GPT2BPETokenizer, which asks the hub for gpt2's configuration)."""
+    """The ``--tokenizer-model`` folder of Megatron's HuggingFaceTokenizer: the folder of a
+    given tokenizer.json (``tokenizers_config.engine_files``, written by the workflow's
+    tokenizer_folder rule), or the tokenizer's folder where it holds a tokenizer.json and a
+    tokenizer_config.json naming the ``eos_token`` (Megatron's EOD; a trained tokenizer
+    has both), read offline; else None (GPT2BPETokenizer, which asks the hub for gpt2's
+    configuration)."""
+    from hpcllm.text.tokenizers_config import is_hf_folder
+
     folder = Path(tokenizer_files[0]).parent
+    if is_hf_folder(tokenizer_files):
+        return str(folder)
     try:
         config = json.loads((folder / "tokenizer_config.json").read_text())
     except (OSError, ValueError):
@@ -142,9 +148,10 @@ def megatron_tokenizer_model(tokenizer_files: tuple[str, str]) -> str | None:
 def hub_tokenizer_warning(
     name: str, engine: str, tokenizer_cfg: dict, tokenizer_files: tuple[str, str], eod: str
 ) -> str | None:
-    """At plan time: why a megatron experiment's given (``type: files``) tokenizer would
-    make the job reach for the hub at start-up, or None. A trained one gets its
-    tokenizer.json and tokenizer_config.json from train_tokenizer."""
+    """At plan time: why a megatron experiment's given (``type: files``) GPT-2 tokenizer
+    would make the job reach for the hub at start-up, or None. A trained one gets its
+    tokenizer.json and tokenizer_config.json from train_tokenizer, a given tokenizer.json
+    its folder from tokenizer_folder."""
     if engine != "megatron" or tokenizer_cfg.get("type", "train") == "train":
         return None
     if megatron_tokenizer_model(tokenizer_files) is not None:
@@ -157,7 +164,8 @@ def hub_tokenizer_warning(
         "gets GPT2BPETokenizer, which loads gpt2's configuration from the Hugging Face hub "
         "when the job starts; on compute nodes without internet the job fails there. Put "
         f"both files beside {tokenizer_files[0]} (tokenizer_config.json: "
-        f"{json.dumps(hf_tokenizer_config(eod))}), or fill "
+        f"{json.dumps(hf_tokenizer_config(eod))}), or name the tokenizer.json as the "
+        "tokenizer's tokenizer_json, or fill "
         "HF_HOME with gpt2's configuration and set HF_HUB_OFFLINE=1 for the jobs."
     )
 
@@ -229,8 +237,7 @@ def engine_command(
         "--data-path", *blend.megatron_data_path(),
         "--split", split,
         "--data-cache-path", paths.data_cache,
-        "--vocab-file", vocab,
-        "--merge-file", merges,
+        *torch_tokenizer_args(tokenizer_files),
         "--eod-token", eod_token,
         "--save", paths.save,
         "--load", paths.save,
@@ -249,6 +256,16 @@ def engine_command(
     if exit_minutes is not None:
         argv += ["--exit-duration-in-mins", f"{exit_minutes:.2f}"]
     return argv
+
+
+def torch_tokenizer_args(tokenizer_files: tuple[str, str]) -> list[str]:
+    """The torch engine's tokenizer flags: the Hugging Face folder of a given
+    tokenizer.json, or GPT-2 style vocab and merges files."""
+    from hpcllm.text.tokenizers_config import is_hf_folder
+
+    if is_hf_folder(tokenizer_files):
+        return ["--tokenizer-model", str(Path(tokenizer_files[0]).parent)]
+    return ["--vocab-file", tokenizer_files[0], "--merge-file", tokenizer_files[1]]
 
 
 def exit_duration(experiment: dict[str, Any], left: float | None) -> float | None:
@@ -637,7 +654,9 @@ class Prepared:
     experiment: dict[str, Any]
     layout: Layout
     blend: Blend
-    tokenizer_files: tuple[str, str]  # vocab.json, merges.txt: those the config names
+    # What the engines read (tokenizers_config.engine_files): vocab.json and merges.txt,
+    # or a given tokenizer.json's folder (tokenizer.json, tokenizer_config.json)
+    tokenizer_files: tuple[str, str]
     eod_token: str
     memory_gb: float
 
@@ -728,23 +747,18 @@ def prepare_experiment(name: str, raw: dict[str, Any], text: dict[str, Any], clu
             "'98,2,0') or set eval_iters: 0"
         )
     eod = text["tokenizers"][tok].get("eod_token", "<|endoftext|>")
-    from hpcllm.text.tokenizers_config import gpt2_files
+    from hpcllm.text.tokenizers_config import engine_files
 
-    files = gpt2_files(tok, text["tokenizers"][tok])
+    files = engine_files(tok, text["tokenizers"][tok])
     return Prepared(exp, layout, blend, files, eod, memory.total)
 
 
 def check_segment_data(prepared: Prepared) -> None:
     """At run time: the data exist, match the tokenizer, and every split gets documents."""
+    from hpcllm.text.tokenizers_config import engine_vocabulary
     from hpcllm.training.data import check_blend, check_splits
-    from hpcllm.training.torch_engine import vocabulary
 
-    class _Args:  # what vocabulary() reads
-        vocab_file = prepared.tokenizer_files[0]
-        eod_token = prepared.eod_token
-        vocab_size = None
-
-    vocab_size, _ = vocabulary(_Args)
+    vocab_size, _ = engine_vocabulary(prepared.tokenizer_files, prepared.eod_token)
     check_blend(prepared.blend, vocab_size)
     check_splits(prepared.blend, prepared.experiment["data"]["split"], dataset_samples(prepared))
 

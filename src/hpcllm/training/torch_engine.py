@@ -98,6 +98,12 @@ def parser() -> argparse.ArgumentParser:
     a("--split", default="969,30,1")
     a("--data-cache-path", default=None)
     a("--vocab-file", default=None, help="GPT-2 style vocab.json (gives size and EOD)")
+    a(
+        "--tokenizer-model",
+        default=None,
+        help="a folder with a Hugging Face tokenizer.json and tokenizer_config.json (any "
+        "model: BPE, Unigram, WordPiece), as Megatron's HuggingFaceTokenizer reads it",
+    )
     a("--merge-file", default=None, help="accepted for Megatron compatibility")
     a("--vocab-size", type=int, default=None, help="without --vocab-file (mock data)")
     a("--eod-token", default="<|endoftext|>")
@@ -340,15 +346,17 @@ def _unwrap(model):
 
 
 def vocabulary(args) -> tuple[int, int]:
-    """(vocabulary size, end-of-document id) from ``--vocab-file`` or ``--vocab-size``."""
-    if args.vocab_file:
-        try:
-            vocab = json.loads(Path(args.vocab_file).read_text())
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{args.vocab_file}: not a readable vocab.json ({e})") from None
-        if args.eod_token not in vocab:
-            raise ValueError(f"{args.vocab_file}: has no end-of-document token {args.eod_token!r}")
-        return max(vocab.values()) + 1, vocab[args.eod_token]
+    """(vocabulary size, end-of-document id) from ``--tokenizer-model``, ``--vocab-file``
+    or ``--vocab-size``."""
+    if getattr(args, "tokenizer_model", None) or args.vocab_file:
+        from hpcllm.text.tokenizers_config import engine_vocabulary
+
+        if getattr(args, "tokenizer_model", None):
+            folder = Path(args.tokenizer_model)
+            files = (str(folder / "tokenizer.json"), str(folder / "tokenizer_config.json"))
+        else:
+            files = (args.vocab_file, args.merge_file or "")
+        return engine_vocabulary(files, args.eod_token)
     if not args.vocab_size:
         raise ValueError("give --vocab-file (with real data) or --vocab-size (mock data)")
     return args.vocab_size, args.vocab_size - 1
