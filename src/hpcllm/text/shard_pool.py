@@ -1,0 +1,264 @@
+"""Many tokenize shards in one Slurm job, side by side over the node's cores.
+
+On sites where every Slurm job gets a whole node and there is no CPU partition (JUWELS
+Booster, JUPITER, Leonardo Booster), one job per shard would hold a GPU node for a few
+threads' work. Snakemake's job groups were meant to pack the shards per node, but inside
+the group job the Slurm job step's Snakemake runs them one at a time (the executor plugin
+starts it with ``--jobs 1`` and its job-step executor waits for each job before the next:
+docs/text.md, "Many CPU jobs on GPU-only sites"). So a batch of shards is one Snakemake
+job, and this module runs its shards in parallel, each in its own process.
+
+What a batch guarantees:
+
+- every shard's ``.bin/.idx`` are renamed into place only when complete (the writer's
+  temporary names), and a per-shard record (``<prefix>.shard.json``: inputs' sizes and
+  modification times, the settings, the outputs' sizes, start and end times) is written
+  after them, atomically;
+- a shard that fails (bad input, killed process) does not stop the others; the batch then
+  fails naming every failed shard and its log;
+- a rerun of the batch redoes only the shards whose record is missing or no longer matches
+  (inputs, settings or outputs changed): the Snakemake job declares only the batch's own
+  record as output, so the shards that succeeded are not deleted when the batch fails.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import multiprocessing
+import os
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+RECORD_SUFFIX = ".shard.json"
+
+
+class ShardPoolError(RuntimeError):
+    """Some shards of a batch failed; the others are done and kept."""
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    """One shard of a batch: ``work(**kwargs)`` writes ``{prefix}.bin/.idx``."""
+
+    name: str
+    prefix: str
+    inputs: tuple[str, ...]
+    log: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def record(self) -> Path:
+        return Path(self.prefix + RECORD_SUFFIX)
+
+    def outputs(self) -> tuple[Path, Path]:
+        return Path(self.prefix + ".bin"), Path(self.prefix + ".idx")
+
+
+def _stat(path: str | os.PathLike) -> list[int]:
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns]
+
+
+def task_identity(task: ShardTask) -> dict[str, Any]:
+    """What a shard's outputs depend on: its inputs (path, size, mtime) and its settings."""
+    return {
+        "inputs": [[str(p), *_stat(p)] for p in task.inputs],
+        "kwargs": json.loads(json.dumps(task.kwargs, default=str)),
+    }
+
+
+def shard_done(task: ShardTask) -> bool:
+    """True when the shard's record matches its inputs, settings and output files."""
+    try:
+        record = json.loads(task.record.read_text())
+        identity = task_identity(task)
+        outputs = [_stat(p) for p in task.outputs()]
+    except (OSError, ValueError):
+        return False
+    return record.get("identity") == identity and record.get("outputs") == outputs
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def resolve(work: str) -> Callable[..., Any]:
+    """``"package.module:function"`` -> the function (importable in a spawned process)."""
+    module, _, name = work.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _run_task(work: str, task: ShardTask) -> None:
+    """In the shard's own process: its log, the work, then its record."""
+    from hpcllm import logs
+
+    Path(task.log).parent.mkdir(parents=True, exist_ok=True)
+    logs.setup(task.log)
+    start = time.time()
+    log.info("shard %s started (pid %d)", task.name, os.getpid())
+    try:
+        identity = task_identity(task)
+        result = resolve(work)(**task.kwargs)
+    except BaseException:
+        logging.getLogger("hpcllm").error("shard %s failed:\n%s", task.name, traceback.format_exc())
+        raise
+    end = time.time()
+    record = {
+        "shard": task.name,
+        "identity": identity,
+        "outputs": [_stat(p) for p in task.outputs()],
+        "start": start,
+        "end": end,
+        "pid": os.getpid(),
+        "result": json.loads(json.dumps(getattr(result, "__dict__", result), default=str)),
+    }
+    _write_json_atomic(task.record, record)
+    log.info("shard %s done in %.1f s", task.name, end - start)
+
+
+def _child(work: str, task: ShardTask) -> None:
+    try:
+        _run_task(work, task)
+    except BaseException:
+        os._exit(1)
+
+
+@dataclass
+class BatchResult:
+    done: list[str]  # shards run by this call
+    skipped: list[str]  # shards already done (record matches)
+
+
+def run_batch(
+    tasks: Sequence[ShardTask],
+    work: str,
+    workers: int,
+    context: str = "spawn",
+) -> BatchResult:
+    """Run ``work`` for every task not yet done, at most ``workers`` processes at a time.
+
+    ``work`` names a function ``"module:function"`` called as ``work(**task.kwargs)`` in a
+    fresh process per shard (``spawn``: no thread pool of the parent is copied into it).
+    Raises :class:`ShardPoolError` naming the failed shards and their logs after every
+    other shard has run.
+    """
+    names = [t.name for t in tasks]
+    if len(set(names)) != len(names):
+        raise ValueError(f"shard names repeat in the batch: {names}")
+    todo = [t for t in tasks if not shard_done(t)]
+    skipped = [t.name for t in tasks if t not in todo]
+    if skipped:
+        log.info("%d shard(s) already done, kept: %s", len(skipped), ", ".join(skipped))
+    for t in todo:
+        t.record.unlink(missing_ok=True)  # stale: inputs, settings or outputs changed
+    ctx = multiprocessing.get_context(context)
+    pending = list(todo)
+    running: dict[Any, tuple[ShardTask, Any]] = {}
+    failed: list[tuple[ShardTask, int]] = []
+    done: list[str] = []
+    workers = max(1, workers)
+    log.info("%d shard(s) to tokenize, %d at a time", len(todo), workers)
+    while pending or running:
+        while pending and len(running) < workers:
+            task = pending.pop(0)
+            proc = ctx.Process(target=_child, args=(work, task), name=f"shard-{task.name}")
+            proc.start()
+            running[proc.sentinel] = (task, proc)
+        for sentinel in wait(list(running)):
+            task, proc = running.pop(sentinel)
+            proc.join()
+            if proc.exitcode == 0 and task.record.exists():
+                done.append(task.name)
+                log.info("shard %s done", task.name)
+            else:
+                failed.append((task, proc.exitcode))
+                log.error(
+                    "shard %s failed (exit code %s): see %s", task.name, proc.exitcode, task.log
+                )
+    if failed:
+        lines = "\n".join(
+            f"  - shard {t.name}: exit code {code}, log {t.log}" for t, code in failed
+        )
+        raise ShardPoolError(
+            f"{len(failed)} of {len(tasks)} shard(s) failed (the other shards are done and "
+            f"kept; a rerun redoes only the failed ones):\n{lines}"
+        )
+    return BatchResult(done=done, skipped=skipped)
+
+
+# The tokenize rate assumed per shard process (4 threads), MB of input per second: a
+# floor well under what the tokenize jobs reach (docs/text.md, "Many CPU jobs on GPU-only
+# sites": measured ~10-30 MB/s of JSONL per 4-thread job with gigatoken), so a slower
+# file system or node does not hit the limit.
+ASSUMED_MB_PER_S = 2.0
+# Margin on the estimate and minutes outside the shards (job start, spawning, imports).
+MARGIN = 1.5
+STARTUP_MINUTES = 5
+ROUND_MINUTES = 5
+
+
+def batch_minutes(
+    shard_bytes: Sequence[int],
+    workers: int,
+    mb_per_s: float = ASSUMED_MB_PER_S,
+    max_minutes: float | None = None,
+) -> int:
+    """A batch job's time limit from its work: its shards' input bytes spread over
+    ``workers`` processes (largest first, each to the least loaded), the busiest
+    process's bytes at ``mb_per_s``, times the margin, plus the start-up, rounded up to
+    ``ROUND_MINUTES``, at most ``max_minutes`` (the partition's longest limit)."""
+    loads = [0] * max(1, workers)
+    for size in sorted(shard_bytes, reverse=True):
+        loads[loads.index(min(loads))] += size
+    minutes = max(loads) / (mb_per_s * 1e6) / 60 * MARGIN + STARTUP_MINUTES
+    minutes = -(-minutes // ROUND_MINUTES) * ROUND_MINUTES
+    if max_minutes is not None:
+        minutes = min(minutes, max_minutes)
+    return int(minutes)
+
+
+def overlapping(records: Sequence[dict[str, Any]]) -> bool:
+    """True when some two shards' [start, end] intervals overlap (ran side by side)."""
+    spans = sorted((r["start"], r["end"]) for r in records)
+    return any(b[0] < a[1] for a, b in zip(spans, spans[1:]))
+
+
+def read_record(prefix: str | os.PathLike) -> dict[str, Any]:
+    return json.loads(Path(str(prefix) + RECORD_SUFFIX).read_text())
+
+
+def tokenize_task(
+    input: str,
+    prefix: str,
+    tokenizer: dict[str, Any],
+    tokenizer_files: list[str],
+    settings: dict[str, Any],
+    total_documents: int | None = None,
+) -> dict[str, Any]:
+    """One shard of a batch: the same call as the one-shard tokenize job's script."""
+    from hpcllm.text.tokenization import tokenize_shard
+    from hpcllm.text.tokenizers_config import tokenizer_for
+
+    stats = tokenize_shard(
+        input,
+        prefix,
+        tokenizer_for(tokenizer, tokenizer_files),
+        tokenizer["eod_token"],
+        append_eod=settings["append_eod"],
+        encoder=settings["encoder"],
+        batch_bytes=settings["batch_bytes"],
+        special_tokens_in_text=settings["special_tokens_in_text"],
+        total_documents=total_documents,
+    )
+    return {"documents": stats.documents, "tokens": stats.tokens, "encoder": stats.encoder}
