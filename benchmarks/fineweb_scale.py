@@ -1,0 +1,246 @@
+"""FineWeb-shaped Parquet through tokenize -> merge on the two-node test Slurm cluster.
+
+Generates a mirror with FineWeb's layout in ``--workdir`` (never the checkout's data/):
+``--files`` Parquet files with FineWeb's columns (text, id, dump, url, date, file_path,
+language, language_score, token_count), several row groups each, ``--gigabytes`` of text
+in all (the shipped sample corpus, each round perturbed: benchmarks/text_volume.py). A
+32k byte-level BPE is trained on part of it. The workflow's text stage then runs from a
+``type: local`` source over those files through the official Slurm executor with
+profiles/testcluster (tests/slurm/testcluster.py; root, slurm-wlm and munge needed), and
+the script prints:
+
+- tokens/s end to end (Snakemake's start to the merged dataset);
+- per stage (every rule that ran): first start to last end, sum and median of its jobs,
+  peak RSS per job (Snakemake's benchmark files);
+- bytes on disk per token: the Parquet inputs, the intermediates (data/raw/ if the
+  workflow wrote any, the per-shard ``.bin/.idx``) and the merged output;
+- bare pyarrow + gigatoken on the same files (one process, the machine's cores: read the
+  text column by row group, encode, count), and the workflow's ratio to it.
+
+The load average is printed with the figures (read ratios; the machine may be shared).
+
+Usage: sudo .venv/bin/python benchmarks/fineweb_scale.py [--gigabytes 2] [--files 8]
+       [--shards 16] [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "slurm"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+EOD = "<|endoftext|>"
+
+BARE = """
+import json, os, sys, time
+os.environ["RAYON_NUM_THREADS"] = sys.argv[2]
+t0 = time.perf_counter()
+import pyarrow.parquet as pq
+from hpcllm.text.tokenization import gigatoken_encoder, load_tokenizer, special_handling
+tok = load_tokenizer(sys.argv[1])
+with special_handling(tok, "text"):
+    enc = gigatoken_encoder(tok)
+tokens = docs = 0
+for path in sys.argv[3:]:
+    f = pq.ParquetFile(path)
+    for batch in f.iter_batches(batch_size=4096, columns=["text"]):
+        flat, lengths = enc.encode(batch.column(0).to_pylist())
+        tokens += len(flat)
+        docs += len(lengths)
+print(json.dumps({"tokens": tokens, "documents": docs, "seconds": time.perf_counter() - t0}))
+"""
+
+
+def fineweb_rows(docs, start: int) -> dict:
+    """FineWeb's columns for ``docs`` (id, text) pairs; metadata shaped like the real one."""
+    texts = [t for _, t in docs]
+    n = len(texts)
+    return {
+        "text": texts,
+        "id": [f"<urn:uuid:{start + i:08x}-0000-4000-8000-000000000000>" for i in range(n)],
+        "dump": ["CC-MAIN-2024-10"] * n,
+        "url": [f"https://example.org/{doc_id}" for doc_id, _ in docs],
+        "date": ["2024-02-21T10:11:12Z"] * n,
+        "file_path": [
+            "s3://commoncrawl/crawl-data/CC-MAIN-2024-10/segments/1707947473347.0/warc/"
+            f"CC-MAIN-20240220211055-20240221001055-{(start + i) % 100000:05d}.warc.gz"
+            for i in range(n)
+        ],
+        "language": ["en"] * n,
+        "language_score": [0.9] * n,
+        "token_count": [len(t) // 4 for t in texts],
+    }
+
+
+def build_mirror(folder: Path, target_bytes: int, files: int, row_group_bytes: int) -> list[Path]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from text_volume import varied_documents
+
+    paths = [folder / f"{i:03d}_00000.parquet" for i in range(files)]
+    if all(p.exists() for p in paths):
+        return paths
+    folder.mkdir(parents=True, exist_ok=True)
+    docs = varied_documents(target_bytes)
+    per_file = target_bytes // files
+    start = 0
+    for path in paths:
+        tmp = path.with_suffix(".part")
+        writer = None
+        taken = 0
+        while taken < per_file:
+            group, size = [], 0
+            for doc in docs:
+                group.append(doc)
+                size += len(doc[1].encode())
+                if size >= row_group_bytes:
+                    break
+            if not group:
+                break
+            table = pa.table(fineweb_rows(group, start))
+            start += len(group)
+            if writer is None:
+                writer = pq.ParquetWriter(tmp, table.schema)
+            writer.write_table(table, row_group_size=len(group))  # one row group
+            taken += size
+        writer.close()
+        tmp.rename(path)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gigabytes", type=float, default=2.0, help="text to generate, in GB")
+    ap.add_argument("--files", type=int, default=8, help="Parquet files of the mirror")
+    ap.add_argument("--row-group-mb", type=float, default=64, help="text per row group, MB")
+    ap.add_argument("--shards", type=int, default=16, help="the source's shards")
+    ap.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path("/tmp/hpcllm-fineweb-scale"),
+        help="the mirror, the tokenizer and the workflow's run folder",
+    )
+    args = ap.parse_args(argv)
+    import testcluster
+    from text_volume import stage_figures, stage_span, train_tokenizer, write_config
+
+    why = testcluster.missing_requirements()
+    if why:
+        raise SystemExit(why)
+    work = args.workdir.resolve()
+    t = time.monotonic()
+    files = build_mirror(
+        work / "mirror", int(args.gigabytes * 1e9), args.files, int(args.row_group_mb * 1e6)
+    )
+    import pyarrow.parquet as pq
+
+    layout = [
+        (p.name, pq.ParquetFile(p).metadata.num_row_groups, pq.ParquetFile(p).metadata.num_rows)
+        for p in files
+    ]
+    sample = work / "tokenizer-sample.jsonl"
+    if not sample.exists():
+        import orjson
+
+        texts = pq.ParquetFile(files[0]).read_row_group(0, columns=["text"]).column(0)
+        sample.write_bytes(b"".join(orjson.dumps({"text": x}) + b"\n" for x in texts.to_pylist()))
+    tokenizer = train_tokenizer(sample, work / "tokenizer")
+    print(f"mirror {layout} and tokenizer ready in {time.monotonic() - t:.0f} s", flush=True)
+
+    run = work / "run"
+    shutil.rmtree(run, ignore_errors=True)
+    run.mkdir()
+    write_config(run, files, tokenizer)
+    config = run / "config" / "config.yaml"
+    config.write_text(config.read_text().replace(f"shards: {len(files)}", f"shards: {args.shards}"))
+    target = [f"data/tokenized/bench/volume_text_document.{e}" for e in ("bin", "idx")]
+    load_before = os.getloadavg()
+    shutil.rmtree(work / "cluster", ignore_errors=True)
+    with testcluster.running(work / "cluster") as cluster:
+        cmd = [str(Path(sys.executable).parent / "snakemake"), "-s", str(REPO / "Snakefile")]
+        cmd += ["-d", str(run), "--profile", "profiles/testcluster", *target]
+        start = time.monotonic()
+        proc = subprocess.run(
+            cmd, cwd=run, env={**os.environ, **cluster.env}, capture_output=True, text=True
+        )
+        wall = time.monotonic() - start
+    load_after = os.getloadavg()
+    if proc.returncode != 0:
+        raise SystemExit(f"the workflow failed:\n{proc.stderr[-5000:]}")
+    from hpcllm.text.indexed_dataset import check_dataset
+
+    index = check_dataset(str(run / "data/tokenized/bench/volume_text_document"))
+    tokens = int(index.num_tokens)
+    text_bytes = sum(
+        pq.ParquetFile(p)
+        .read(columns=["text"])
+        .column(0)
+        .combine_chunks()
+        .value_lengths()
+        .sum()
+        .as_py()
+        for p in files
+    )
+
+    def size(paths) -> int:
+        return sum(p.stat().st_size for p in paths if p.is_file())
+
+    merged = list((run / "data/tokenized/bench").glob("volume_text_document.*"))
+    disk = {
+        "inputs_parquet": size(files),
+        "intermediate_raw": size((run / "data/raw").rglob("*")),
+        "intermediate_shards": size((run / "data/tokenized/bench/volume").rglob("*")),
+        "outputs_merged": size(merged),
+    }
+    cores = os.cpu_count() or 2
+    out = subprocess.run(
+        [sys.executable, "-c", BARE, str(tokenizer), str(cores), *map(str, files)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    bare = json.loads(out.stdout)
+    result = {
+        "load_1min_5min_15min_before": load_before,
+        "load_after": load_after,
+        "load_after_bare": os.getloadavg(),
+        "mirror": {
+            "files": layout,
+            "parquet_bytes": disk["inputs_parquet"],
+            "text_bytes": text_bytes,
+        },
+        "shards": args.shards,
+        "documents": int(len(index.sequence_lengths)),
+        "tokens": tokens,
+        "end_to_end_s": wall,
+        "end_to_end_tokens_per_s": tokens / wall,
+        "stages": {
+            rule: {**stage_figures(run, rule), "span_s": stage_span(run, rule)}
+            for rule in ("download_text", "tokenize", "merge_tokenized")
+        },
+        "bytes_on_disk_per_token": {k: v / tokens for k, v in disk.items()},
+        "bytes_on_disk": disk,
+        "bare_pyarrow_gigatoken": {
+            **bare,
+            "threads": cores,
+            "tokens_per_s": bare["tokens"] / bare["seconds"],
+        },
+        # The merged dataset has one EOD per document more than the bare count.
+        "ratio_end_to_end_to_bare": (tokens - bare["documents"])
+        / wall
+        / (bare["tokens"] / bare["seconds"]),
+    }
+    print(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()
