@@ -412,13 +412,23 @@ def test_a_huge_document_is_encoded_in_pieces_with_the_same_ids(
 
 
 def test_pieces_only_where_they_keep_the_ids():
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
     from hpcllm.text.tokenization import pieces, splits_at_whitespace
 
     meta = Tokenizer(models.BPE())
     meta.pre_tokenizer = pre_tokenizers.Metaspace()
     assert not splits_at_whitespace(meta)
+    byte_level = Tokenizer(models.BPE())
+    byte_level.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    assert splits_at_whitespace(byte_level)
+    byte_level.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    assert not splits_at_whitespace(byte_level)
+    byte_level.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    assert not splits_at_whitespace(byte_level)
+    byte_level.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level.normalizer = normalizers.NFC()
+    assert not splits_at_whitespace(byte_level)
     # A run without whitespace longer than a piece stays whole.
     assert pieces("x" * 50 + " y" * 10, 20) == ["x" * 50] + [" y" * 10]
 

@@ -217,11 +217,14 @@ def splits_at_whitespace(tok) -> bool:
     whitespace starts with exactly one such character, and none ends with a non-space
     followed by whitespace), not of others (Llama 3's regex keeps a space before newlines
     together with them)."""
-    pre = orjson.loads(tok.to_str()).get("pre_tokenizer") or {}
+    from tokenizers import pre_tokenizers
+
+    # From the tokenizer's objects: its JSON (to_str) costs 0.1-0.4 s for a 32k vocabulary.
+    pre = tok.pre_tokenizer
     return (
-        pre.get("type") == "ByteLevel"
-        and pre.get("use_regex", True)
-        and not pre.get("add_prefix_space", False)
+        isinstance(pre, pre_tokenizers.ByteLevel)
+        and pre.use_regex
+        and not pre.add_prefix_space
         and tok.normalizer is None
     )
 
