@@ -193,12 +193,13 @@ def test_benchmark_tokenizer_is_the_file_named_not_files_beside_it(tmp_path):
         "data": str(tmp_path / "data_text_document"),
         "tokenizer": str(folder / "tokenizer.json"),
     }
-    # the torch engine: the vocabulary file written from the named tokenizer
+    # the torch engine: a copy of the named tokenizer, never the GPT-2 pair beside it
     argv = engine_command({**point, "engine": "torch"}, tmp_path / "run", "python")
-    vocab = argv[argv.index("--vocab-file") + 1]
-    assert vocab.startswith(str(tmp_path / "run"))
-    assert json.loads(open(vocab).read()) == tok.get_vocab()
-    assert json.loads(open(vocab).read()) != other.get_vocab()
+    assert "--vocab-file" not in argv
+    model = Path(argv[argv.index("--tokenizer-model") + 1])
+    assert str(model).startswith(str(tmp_path / "run"))
+    copied = json.loads((model / "tokenizer.json").read_text())["model"]["vocab"]
+    assert copied == tok.get_vocab() != other.get_vocab()
     # Megatron: the named file itself, read offline (HuggingFaceTokenizer on its copy)
     argv = engine_command(point, tmp_path / "run", "python")
     assert "--mock-data" not in argv and "--vocab-file" not in argv

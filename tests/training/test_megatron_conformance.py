@@ -130,3 +130,71 @@ def test_megatron_loads_the_index_cache_that_the_cpu_rule_built(text_workdir, mo
     assert (
         result["eod"] == json.loads(Path(prepared.tokenizer_files[0]).read_text())["<|endoftext|>"]
     )
+
+
+def test_megatron_reads_a_given_unigram_tokenizer_json_and_its_index_cache(tmp_path, monkeypatch):
+    """A type: files tokenizer given as tokenizer.json alone, not BPE (a SentencePiece-style
+    Unigram, EOD </s>): the segment's command line passes Megatron-LM's parser and
+    start-up (HuggingFaceTokenizer with the tokenizer_folder), and Megatron-LM's dataset
+    construction finds the index cache prepare_data_cache built (the same key) with the
+    workflow's EOD id."""
+    import numpy as np
+    from snakemake.utils import validate
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    from hpcllm.text.indexed_dataset import IndexedDatasetWriter
+    from hpcllm.text.tokenization import read_texts
+    from hpcllm.text.tokenizers_config import write_hf_folder
+    from hpcllm.training.cache import build_index_cache
+    from hpcllm.training.segment import prepare_experiment
+
+    texts = [t for b in read_texts(REPO / "resources/sample_text/en.jsonl.zst", 1 << 20) for t in b]
+    tok = Tokenizer(models.Unigram())
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.train_from_iterator(
+        texts,
+        trainers.UnigramTrainer(
+            vocab_size=500, special_tokens=["<unk>", "<s>", "</s>"], unk_token="<unk>"
+        ),
+    )
+    monkeypatch.chdir(tmp_path)  # relative paths, as the workflow runs
+    tok.save("given.json")
+    eod = tok.token_to_id("</s>")
+    with IndexedDatasetWriter("data/tokenized/euro/sample_en_text_document", np.uint16) as w:
+        for text in texts:
+            w.add_document(tok.encode(text).ids + [eod])
+    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    given = {"type": "files", "tokenizer_json": "given.json", "eod_token": "</s>"}
+    config["text"]["tokenizers"]["euro"] = given
+    config["text"]["tokenize"]["tokenizers"] = ["euro"]
+    for section in ("text", "training"):
+        validate(config[section], str(REPO / f"workflow/schemas/{section}.schema.yaml"))
+    write_hf_folder(config["text"]["tokenizers"]["euro"], "given.json", "data/tokenizers/euro/hf")
+    raw = {**config["training"]["experiments"]["tiny_local"], "engine": "megatron"}
+    raw["data"] = {"tokenizer": "euro", "sources": {"sample_en": 1.0}, "split": "90,8,2"}
+    prepared = prepare_experiment("euro", raw, config["text"], load_cluster("juwels", CLUSTERS))
+    cache = "data/index_cache/euro"
+    paths = Paths("checkpoints/euro", "seg1.json", "seg1.engine.log", cache, "tb")
+    record = build_index_cache(prepared, cache, "data/index_cache/euro.json")
+    argv = segment_command(
+        prepared.experiment, prepared.layout, prepared.blend, prepared.tokenizer_files,
+        paths, 1, None, transformer_impl="local", eod_token=prepared.eod_token,
+    )  # fmt: skip
+    at = argv.index("--tokenizer-type")
+    assert argv[at : at + 4] == [
+        "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "data/tokenizers/euro/hf"
+    ]  # fmt: skip
+    case = {
+        "name": "euro",
+        "argv": argv[2:],
+        "world_size": prepared.layout.gpus,
+        "env": MEGATRON_ENV,
+    }
+    parsed = run_parser("parse", [case])
+    assert parsed[0]["ok"], parsed[0]["error"]
+    result = run_parser("datasets", case)
+    assert result["after"] == result["before"] == record["files"], result["log"]
+    assert result["sizes"] == record["built"]
+    assert result["eod"] == eod
+    print(f"Megatron-LM {MEGATRON_LM_COMMIT[:12]}: Unigram folder, EOD {eod}, cache found")

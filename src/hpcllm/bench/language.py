@@ -46,39 +46,40 @@ def experiment_of(point: dict) -> dict:
     return exp
 
 
-def tokenizer_files(point: dict, run_dir: str | Path) -> tuple[str | None, str | None]:
-    """GPT-2 style vocab.json and merges.txt of the point's ``tokenizer.json``, written
-    from that very file into the run folder with a copy of it (never other files that lie
-    beside it) and a tokenizer_config.json naming the end-of-document token; Megatron
-    reads the folder, the torch engine the vocab file."""
+def eod_token_of(point: dict) -> str:
+    """The end-of-document token of the point's tokenizer (the experiment's eod_token)."""
+    return point.get("eod_token") or EOD_TOKEN
+
+
+def tokenizer_folder(point: dict, run_dir: str | Path) -> str | None:
+    """The point's ``tokenizer.json`` (any model Hugging Face ``tokenizers`` loads: BPE,
+    Unigram, WordPiece) as both engines read it: a copy of that very file in the run
+    folder (never other files that lie beside it) and a tokenizer_config.json naming the
+    end-of-document token as ``eos_token``; Megatron's HuggingFaceTokenizer takes its EOD
+    from it (its datasets fail without one), the torch engine the same folder."""
     if not point.get("tokenizer"):
-        return None, None
-    from tokenizers import Tokenizer, models
+        return None
+    from hpcllm.text.tokenization import TokenizerError, load_tokenizer, special_tokens_of
 
     source = point["tokenizer"]
+    eod = eod_token_of(point)
     try:
-        tokenizer = Tokenizer.from_file(str(source))
-    except Exception as exc:  # tokenizers raises plain Exceptions for unreadable files
-        raise ValueError(f"{source}: not a readable tokenizer.json ({exc})") from None
-    model = tokenizer.model
-    if not isinstance(model, models.BPE):
+        tokenizer = load_tokenizer(source)
+    except TokenizerError as exc:
+        raise ValueError(str(exc)) from None
+    if tokenizer.token_to_id(eod) is None:
         raise ValueError(
-            f"{source}: a {type(model).__name__} tokenizer; the benchmark engines read "
-            "GPT-2 style BPE files, so name a byte-level BPE tokenizer.json"
-        )
-    if tokenizer.token_to_id(EOD_TOKEN) is None:
-        raise ValueError(
-            f"{source}: has no end-of-document token {EOD_TOKEN!r}, which the benchmark's "
-            "engines append to documents; name a tokenizer that has it"
+            f"{source}: has no end-of-document token {eod!r}, which the benchmark's engines "
+            f"append to documents (its special tokens: "
+            f"{', '.join(special_tokens_of(tokenizer)) or 'none'}); set "
+            f"benchmarks.experiments.{point.get('experiment', '<name>')}.eod_token to the "
+            "token its data was tokenized with"
         )
     out = Path(run_dir) / "tokenizer"
     out.mkdir(parents=True, exist_ok=True)
-    vocab, merges = model.save(str(out))
-    # and the file itself, for Megatron's HuggingFaceTokenizer (--tokenizer-model out),
-    # whose datasets need an eos_token (None without this config: a TypeError at start-up)
     shutil.copyfile(source, out / "tokenizer.json")
-    (out / "tokenizer_config.json").write_text(json.dumps(hf_tokenizer_config(EOD_TOKEN)))
-    return str(Path(vocab).resolve()), str(Path(merges).resolve())
+    (out / "tokenizer_config.json").write_text(json.dumps(hf_tokenizer_config(eod)))
+    return str(out.resolve())
 
 
 def engine_command(
@@ -86,7 +87,7 @@ def engine_command(
 ) -> list[str]:
     exp = experiment_of(point)
     model = exp["model"]
-    vocab, merges = tokenizer_files(point, run_dir)
+    folder = tokenizer_folder(point, run_dir)
     mock = point["data"] == "mock"
     if point["engine"] == "torch":
         cmd = [
@@ -114,8 +115,8 @@ def engine_command(
             cmd += ["--mock-data", "--vocab-size", str(model.get("vocab_size") or 50257)]
         else:
             cmd += ["--data-path", str(Path(point["data"]).resolve())]
-        if vocab:
-            cmd += ["--vocab-file", vocab]
+        if folder:
+            cmd += ["--tokenizer-model", folder, "--eod-token", eod_token_of(point)]
         return cmd
     from hpcllm.training.megatron_args import pretrain_gpt_args
 
@@ -132,8 +133,8 @@ def engine_command(
         layout,
         data_path=None if mock else [point["data"]],
         split="100,0,0",
-        vocab_file=vocab,
-        merge_file=merges,
+        vocab_file=None,
+        merge_file=None,
         save=None,  # a benchmark writes no checkpoint and never resumes one
         tensorboard_dir=str(Path(run_dir) / "tensorboard"),
         data_cache_path=str(Path(run_dir).resolve() / "index-cache"),
@@ -141,7 +142,7 @@ def engine_command(
         stop_iteration=point["iterations"],
         exit_minutes=None,
         transformer_impl=transformer_impl,
-        tokenizer_model=str(Path(vocab).parent) if vocab else None,
+        tokenizer_model=folder,
     )
     return [python, PRETRAIN_GPT, *args]
 

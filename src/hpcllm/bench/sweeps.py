@@ -336,6 +336,8 @@ def _expand_language(name: str, exp: dict, cluster: ClusterFacts, notes: list[st
                         "data": exp.get("data", "mock"),
                         "tokenizer": exp.get("tokenizer"),
                     }
+                    if exp.get("eod_token"):  # only where set: other points keep their params
+                        settings["eod_token"] = exp["eod_token"]
                     points.append(
                         Point(
                             id=_point_id(name, model, scaling, precision, nodes),
