@@ -229,6 +229,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--repeat", type=int, default=3, help="rounds (medians)")
     ap.add_argument("--cores", type=int, default=2, help="cores every tool gets")
     ap.add_argument("--megabytes", type=float, default=50, help="corpus size")
+    ap.add_argument(
+        "--stage-only", action="store_true", help="only the stage against bare gigatoken"
+    )
     args = ap.parse_args(argv)
     work = args.workdir
     whole, parts, tok = build(work, int(args.megabytes * 1e6))
@@ -251,7 +254,7 @@ def main(argv: list[str] | None = None) -> dict:
         row["stage_vs_bare_gigatoken"] = (
             row["stage_tokens_per_s"] / row["bare_gigatoken_tokens_per_s"]
         )
-        for n, files in ((1, [whole]), (4, parts)):
+        for n, files in () if args.stage_only else ((1, [whole]), (4, parts)):
             row[f"workflow_{n}_shards_s"] = workflow(work, files, tok, args.cores)
             if args.megatron_lm:
                 row[f"megatron_{n}_shards_s"] = megatron(args, work, files, tok)
