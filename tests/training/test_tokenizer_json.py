@@ -190,6 +190,13 @@ def test_gpt2_files_beside_a_tokenizer_json_must_agree_with_it(tmp_path, tokeniz
         "data/tokenizers/given/hf/tokenizer.json",
         "data/tokenizers/given/hf/tokenizer_config.json",
     )
+    # Megatron gets HuggingFaceTokenizer with that folder: no hub warning at plan time,
+    # before tokenizer_folder has written it
+    from hpcllm.training.segment import hub_tokenizer_warning, megatron_tokenizer_model
+
+    files = engine_files("given", cfg)
+    assert megatron_tokenizer_model(files) == "data/tokenizers/given/hf"
+    assert hub_tokenizer_warning("exp", "megatron", cfg, files, eod) is None
     other, _ = tokenizers_made["wordpiece"]
     other_vocab = tmp_path / "other.json"
     other_vocab.write_text(json.dumps(load_tokenizer(other).get_vocab()))
