@@ -2,7 +2,7 @@
 
 Each job is priced by what it holds: a GPU job asks Slurm for ``nodes`` whole nodes for
 up to ``runtime`` minutes, and so does every CPU job on a site where all jobs get whole
-GPU nodes (no CPU partition: tokenize groups, train_tokenizer, merges, pack_lmdb,
+GPU nodes (no CPU partition: tokenize batches, train_tokenizer, merges, pack_lmdb,
 prepare_data_cache there hold a GPU node each). That is what the allocation can be
 charged, so the cost is counted from the time limits: an upper bound. Beside it, the
 time to train each experiment is estimated from its tokens and a per-GPU rate (the one
@@ -15,7 +15,6 @@ warn.
 from __future__ import annotations
 
 import csv
-import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
@@ -64,12 +63,6 @@ def cost_per_rule(jobs: list[Job], gpus_per_node: int) -> list[RuleCost]:
         RuleCost(rule, int(n), node_h, node_h * gpus_per_node)
         for rule, (n, node_h) in sorted(totals.items())
     ]
-
-
-def group_jobs(rule: str, count: int, per_group: int, runtime_min: float) -> list[Job]:
-    """The Slurm jobs of ``count`` jobs of ``rule`` packed ``per_group`` to a node (Snakemake
-    job groups that run side by side on one node: each group holds it for one time limit)."""
-    return [Job(rule, 1, runtime_min)] * math.ceil(count / max(1, per_group))
 
 
 def describe(costs: list[RuleCost], cluster: str) -> list[str]:

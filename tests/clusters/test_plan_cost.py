@@ -7,7 +7,6 @@ from hpcllm.plan_cost import (
     TrainingEstimate,
     cost_per_rule,
     describe,
-    group_jobs,
     measured_tflops,
     over_limit,
     runtime_minutes,
@@ -52,19 +51,19 @@ def test_unreadable_runtime_is_refused():
 
 def test_cpu_jobs_on_whole_gpu_nodes_are_priced():
     """A 240-shard plan on JUWELS (no CPU partition: every job holds a Booster node):
-    tokenize packed 12 to a node, a merge, a tokenizer, the index cache; not 0 hours."""
+    tokenize in batches of 12 shards (one node each), a merge, a tokenizer, the index
+    cache; not 0 hours."""
     jobs = (
-        group_jobs("tokenize", 240, 12, 60)
+        [Job("tokenize_batch", 1, 60)] * 20
         + [Job("merge_tokenized", 1, 60), Job("train_tokenizer", 1, 120)]
         + [Job("prepare_data_cache", 1, 120)]
     )
     costs = {c.rule: c for c in cost_per_rule(jobs, gpus_per_node=4)}
-    assert costs["tokenize"].jobs == 20 and costs["tokenize"].node_hours == 20
-    assert costs["tokenize"].gpu_hours == 80
+    assert costs["tokenize_batch"].jobs == 20 and costs["tokenize_batch"].node_hours == 20
+    assert costs["tokenize_batch"].gpu_hours == 80
     assert costs["train_tokenizer"].gpu_hours == 8
     lines = describe(list(costs.values()), "juwels")
     assert lines[-1] == "  total: 25.0 node-hours, 100.0 GPU-hours"
-    assert len(group_jobs("tokenize", 13, 12, 60)) == 2
 
 
 def test_time_limit_from_work_gpt3_175b_on_16_lumi_nodes():

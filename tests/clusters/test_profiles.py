@@ -141,7 +141,10 @@ def test_dry_run_per_profile(name, dry_runs):
     jobs = planned_jobs(out)
     cluster = load_cluster(name, REPO / "config" / "clusters", environ=USER_ENV)
     rules = {rule for rule, _ in jobs}
-    assert {"tokenize", "merge_tokenized", "train_tokenizer", "train_segment"} <= rules, rules
+    # Where every job holds a whole node, a node's worth of shards per tokenize job.
+    tokenize = "tokenize_batch" if cluster.whole_nodes else "tokenize"
+    assert {tokenize, "merge_tokenized", "train_tokenizer", "train_segment"} <= rules, rules
+    assert not ({"tokenize", "tokenize_batch"} - {tokenize}) & rules, rules
     cpu_partition = cluster.partitions.cpu or cluster.partitions.gpu
     for rule, resources in jobs:
         if rule == "all":
@@ -160,7 +163,7 @@ def test_dry_run_per_profile(name, dry_runs):
     hours = exp["segments"] * exp["layout"]["nodes"] * min(runtimes) / 60
     assert f"train_segment: {exp['segments']} job(s), {hours:,.1f} node-hours" in out
     if cluster.partitions.cpu is None:  # CPU jobs hold whole GPU nodes: priced too
-        for rule in ("tokenize", "merge_tokenized", "train_tokenizer", "prepare_data_cache"):
+        for rule in (tokenize, "merge_tokenized", "train_tokenizer", "prepare_data_cache"):
             assert re.search(rf"\n  {rule}: \d+ job\(s\), [\d.,]+ node-hours", out), rule
     assert re.search(r"Time to train on .*\n  opengptx_800m: [\d.]+B tokens", out)
     total = re.search(r"\n  total: [\d.,]+ node-hours, ([\d.,]+) GPU-hours", out)
@@ -286,11 +289,11 @@ def test_plain_cluster_run_is_what_a_user_expects(tmp_path, no_slurm):
     )
     out = proc.stdout + proc.stderr
     rules = {rule for rule, _ in planned_jobs(out)}
-    assert {"tokenize", "merge_tokenized"} <= rules
+    assert {"tokenize_batch", "merge_tokenized"} <= rules
     assert not rules & {"train_segment", "bench_language", "bench_vision", "pack_lmdb"}, rules
     # the CPU jobs hold whole Booster nodes there (no CPU partition): priced, not "0 hours"
     assert re.search(r"Cost on juwels .*\n(  \w+: .*GPU-hours\n)+  total: ", out), out[-3000:]
-    assert re.search(r"\n  tokenize: \d+ job\(s\), [1-9][\d.,]* node-hours", out)
+    assert re.search(r"\n  tokenize_batch: \d+ job\(s\), [1-9][\d.,]* node-hours", out)
     assert "no jobs that hold GPU nodes" not in out
 
 

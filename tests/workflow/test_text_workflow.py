@@ -218,25 +218,20 @@ def test_config_docs_cli_writes_the_reference_of_the_schemas_it_is_given(tmp_pat
 GPU_ONLY_SITES = ("juwels", "jupiter", "leonardo")
 
 
-def test_gpu_only_sites_pack_a_node_of_tokenize_jobs_into_one_slurm_job():
-    threads = int(
-        (REPO / "workflow/rules/text.smk")
-        .read_text()
-        .split("rule tokenize:")[1]
-        .split("threads: ")[1]
-        .split()[0]
-    )
+def test_gpu_only_sites_tokenize_a_node_of_shards_per_job_without_job_groups():
+    """A Snakemake group job runs its jobs one at a time inside the Slurm job (the job
+    step's Snakemake gets --jobs 1 from plugin 2.8.0), so GPU-only sites use no groups: one
+    tokenize_batch job per node's worth of shards (auto: cores / the tokenize threads)."""
     for site in GPU_ONLY_SITES:
         cluster = yaml.safe_load((REPO / f"config/clusters/{site}.yaml").read_text())
         profile = yaml.safe_load((REPO / f"profiles/{site}/config.yaml").read_text())
         assert cluster["partitions"]["cpu"] is None
-        assert profile["groups"] == ["tokenize=text_cpu"]
-        assert profile["group-components"] == [f"text_cpu={cluster['cpus_per_node'] // threads}"], (
-            site
-        )
+        assert "groups" not in profile and "group-components" not in profile, site
+        partition = profile["set-resources"]["tokenize"]["slurm_partition"]
+        assert profile["set-resources"]["tokenize_batch"]["slurm_partition"] == partition
 
 
-def test_a_juwels_plan_groups_twelve_tokenize_jobs_per_slurm_job(workdir):
+def test_a_juwels_plan_tokenizes_twelve_shards_per_slurm_job(workdir):
     (workdir / "many.yaml").write_text("text:\n  sources:\n    sample_en:\n      shards: 30\n")
     env = {"HPCLLM_ACCOUNT": "proj0042"}
     proc = run_snakemake(
@@ -250,10 +245,25 @@ def test_a_juwels_plan_groups_twelve_tokenize_jobs_per_slurm_job(workdir):
         env=env,
         timeout=hang_guard(15),  # a dry run: ~15 s quiet
     )
-    groups = proc.stdout.split("Group job text_cpu (jobs in lexicogr. order):")[1:]
-    sizes = sorted(g.split("Group job")[0].split("\n[")[0].count("rule tokenize:") for g in groups)
-    # 30 + 2 + 2 tokenize jobs in groups of at most 12 (48 cores / 4 threads).
-    assert sum(sizes) == 34 and max(sizes) == 12 and len(sizes) == 3, sizes
+    threads = int(
+        (REPO / "workflow/rules/text.smk")
+        .read_text()
+        .split("rule tokenize:")[1]
+        .split("threads: ")[1]
+        .split()[0]
+    )
+    cores = yaml.safe_load((REPO / "config/clusters/juwels.yaml").read_text())["cpus_per_node"]
+    per_job = cores // threads
+    assert per_job == 12
+    jobs = proc.stdout.split("rule tokenize_batch:")[1:]
+    shards = sorted(j.split("input: ")[1].split("\n")[0].count("data/raw/") for j in jobs)
+    # 30 + 2 + 2 shards in batches of at most 12; no one-shard jobs. (A dry run shows
+    # every job with 1 thread; the Slurm test sees a batch's shards side by side.)
+    assert shards == [2, 2, 6, 12, 12], shards
+    assert "rule tokenize:" not in proc.stdout and "Group job" not in proc.stdout
+    # The merge waits for the batches of its source.
+    merge = proc.stdout.split("rule merge_tokenized:")[1:]
+    assert any(m.split("input: ")[1].split("\n")[0].count("batch") == 3 for m in merge)
 
 
 def test_a_tokenizer_trains_on_its_sources_only(workdir):

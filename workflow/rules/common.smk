@@ -1,6 +1,7 @@
 # Config validation, wildcard constraints and the input/params functions of every rule.
 import os
 import sys
+from types import SimpleNamespace
 
 # The package, importable also where it is not installed.
 sys.path.insert(0, os.path.join(workflow.basedir, "src"))
@@ -75,13 +76,13 @@ from hpcllm.plan_cost import (
     TrainingEstimate,
     cost_per_rule,
     describe_training,
-    group_jobs,
     measured_tflops,
     over_limit,
     runtime_minutes,
 )
 from hpcllm.plan_cost import Job as PlanJob
 from hpcllm.plan_cost import describe as describe_cost
+from hpcllm.text.shard_pool import batch_minutes
 
 _clusters_dir = "config/clusters"
 if not os.path.isdir(_clusters_dir):  # a working directory without its own config/
@@ -125,6 +126,7 @@ wildcard_constraints:
     source="|".join(SOURCES) or "NONE",
     tok="|".join(TOKENIZERS) or "NONE",
     shard=r"\d{4}\d*",
+    batch=r"\d{4}\d*",
 
 
 def shard_ids(source):
@@ -221,7 +223,65 @@ def tokenized_shard_prefixes(wildcards):
     ]
 
 
+# Threads of one shard's tokenize (the tokenize rule's; a batch runs shards of this many).
+TOKENIZE_THREADS = 4
+
+
+def shards_per_job():
+    """Shards per tokenize job (text.tokenize.shards_per_job; auto: a whole node's worth
+    where every job holds a whole node, else 1)."""
+    n = TOKENIZE.get("shards_per_job", "auto")
+    if n == "auto":
+        if CLUSTER.whole_nodes:
+            return max(1, CLUSTER.cpus_per_node // TOKENIZE_THREADS)
+        return 1
+    return n
+
+
+def batch_ids(source):
+    n = shards_per_job()
+    return [f"{i:04d}" for i in range(-(-SOURCES[source]["shards"] // n))]
+
+
+def batch_shards(wildcards):
+    """The shard ids of batch ``wildcards.batch`` of ``wildcards.source``."""
+    n, b = shards_per_job(), int(wildcards.batch)
+    return shard_ids(wildcards.source)[b * n : (b + 1) * n]
+
+
+def shard_input(source, shard):
+    """The file one shard is tokenized from."""
+    return f"data/raw/{source}/{shard}.jsonl.zst"
+
+
+def batch_inputs(wildcards):
+    return [shard_input(wildcards.source, s) for s in batch_shards(wildcards)]
+
+
+def batch_threads(wildcards):
+    """A batch's threads: TOKENIZE_THREADS per shard, at most a node's cores."""
+    threads = TOKENIZE_THREADS * len(batch_shards(wildcards))
+    return min(threads, CLUSTER.cpus_per_node) if CLUSTER.uses_slurm else threads
+
+
+def batch_runtime(wildcards, input, threads):
+    """A batch's time limit from its work (hpcllm.text.shard_pool.batch_minutes)."""
+    return batch_minutes(
+        [os.path.getsize(f) for f in input.shards],
+        max(1, threads // TOKENIZE_THREADS),
+        max_minutes=CLUSTER.max_minutes,
+    )
+
+
 def tokenized_shards(wildcards):
+    """What a merge waits for: the batches' records, or the shards of one-shard jobs."""
+    if shards_per_job() > 1:
+        return expand(
+            "data/tokenized/{tok}/{source}/batch{batch}.json",
+            tok=wildcards.tok,
+            source=wildcards.source,
+            batch=batch_ids(wildcards.source),
+        )
     return [
         p + ext for p in tokenized_shard_prefixes(wildcards) for ext in (".bin", ".idx")
     ]
@@ -291,12 +351,11 @@ def trained_experiments(training):
 
 def planned_cpu_jobs(training, vision):
     """The CPU jobs still to run, where each holds a whole GPU node (a GPU site without a
-    CPU partition): priced like GPU jobs. Tokenize jobs packed into job groups (the
-    profile's `groups` and `group-components`) hold one node per group."""
+    CPU partition): priced like GPU jobs. Shards tokenized in batches (one job per
+    text.tokenize.shards_per_job shards) hold one node per batch still to run, for the
+    batch's time limit where its inputs exist (else the tokenize rule's)."""
     jobs = []
-    group = workflow.group_settings.overwrite_groups.get("tokenize")
-    per_group = workflow.group_settings.group_components.get(group, 1) if group else 1
-    tokenize = 0
+    per_job = shards_per_job()
     for tok in TOKENIZE["tokenizers"]:
         cfg = TOKENIZERS[tok]
         if cfg["type"] == "train" and not os.path.exists(
@@ -311,13 +370,26 @@ def planned_cpu_jobs(training, vision):
             jobs.append(
                 PlanJob("merge_tokenized", 1, rule_runtime_min("merge_tokenized"))
             )
-            tokenize += sum(
-                not os.path.exists(
-                    f"data/tokenized/{tok}/{source}/{shard}_text_document.idx"
-                )
-                for shard in shard_ids(source)
-            )
-    jobs += group_jobs("tokenize", tokenize, per_group, rule_runtime_min("tokenize"))
+            if per_job == 1:
+                jobs += [
+                    PlanJob("tokenize", 1, rule_runtime_min("tokenize"))
+                    for shard in shard_ids(source)
+                    if not os.path.exists(
+                        f"data/tokenized/{tok}/{source}/{shard}_text_document.idx"
+                    )
+                ]
+                continue
+            for batch in batch_ids(source):
+                if os.path.exists(f"data/tokenized/{tok}/{source}/batch{batch}.json"):
+                    continue
+                w = SimpleNamespace(source=source, batch=batch)
+                inputs = batch_inputs(w)
+                if all(os.path.exists(f) for f in inputs):
+                    threads = batch_threads(w)
+                    minutes = batch_runtime(w, SimpleNamespace(shards=inputs), threads)
+                else:
+                    minutes = rule_runtime_min("tokenize")
+                jobs.append(PlanJob("tokenize_batch", 1, minutes))
     for target in vision:
         if not os.path.exists(target):
             jobs.append(PlanJob("pack_lmdb", 1, rule_runtime_min("pack_lmdb")))

@@ -94,6 +94,38 @@ rule tokenize:
         "../scripts/tokenize.py"
 
 
+# Many shards in one job, side by side (text.tokenize.shards_per_job > 1: GPU sites where
+# every job holds a whole node). Its output is the batch's record only: the shards'
+# .bin/.idx are written by hpcllm.text.shard_pool, so a failed shard does not delete the
+# others' and a rerun redoes it alone (docs/text.md, "Many CPU jobs on GPU-only sites").
+rule tokenize_batch:
+    input:
+        shards=batch_inputs,
+        tokenizer=tokenizer_inputs,
+    output:
+        "data/tokenized/{tok}/{source}/batch{batch}.json",
+    log:
+        "logs/tokenize_batch/{tok}/{source}/batch{batch}.log",
+    benchmark:
+        "results/timings/tokenize_batch/{tok}/{source}/batch{batch}.tsv"
+    conda:
+        "../../envs/workflow.yaml"
+    threads: batch_threads
+    resources:
+        mem_mb=lambda wildcards, threads: 1000 * threads,
+        runtime=batch_runtime,
+    params:
+        shards=batch_shards,
+        tokenizer=tokenizer_use,
+        tokenize=TOKENIZE_SETTINGS,
+        shard_threads=TOKENIZE_THREADS,
+        cpus=batch_threads,
+        out_dir=subpath(output[0], parent=True),
+        log_dir=lambda wildcards: f"logs/tokenize/{wildcards.tok}/{wildcards.source}",
+    script:
+        "../scripts/tokenize_batch.py"
+
+
 rule merge_tokenized:
     input:
         shards=tokenized_shards,

@@ -26,13 +26,13 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-import multiprocessing
 import os
+import subprocess
+import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
@@ -121,17 +121,23 @@ def _run_task(work: str, task: ShardTask) -> None:
         "start": start,
         "end": end,
         "pid": os.getpid(),
+        "slurm_job": os.environ.get("SLURM_JOB_ID"),
         "result": json.loads(json.dumps(getattr(result, "__dict__", result), default=str)),
     }
     _write_json_atomic(task.record, record)
     log.info("shard %s done in %.1f s", task.name, end - start)
 
 
-def _child(work: str, task: ShardTask) -> None:
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m hpcllm.text.shard_pool WORK TASK_JSON``: one shard, in its own process
+    (a fresh interpreter: nothing of the batch job's script or its threads is copied)."""
+    work, task_json = argv if argv is not None else sys.argv[1:]
+    task = ShardTask(**json.loads(task_json))
     try:
-        _run_task(work, task)
+        _run_task(work, ShardTask(**{**task.__dict__, "inputs": tuple(task.inputs)}))
     except BaseException:
-        os._exit(1)
+        return 1
+    return 0
 
 
 @dataclass
@@ -144,12 +150,13 @@ def run_batch(
     tasks: Sequence[ShardTask],
     work: str,
     workers: int,
-    context: str = "spawn",
+    poll_seconds: float = 0.2,
 ) -> BatchResult:
     """Run ``work`` for every task not yet done, at most ``workers`` processes at a time.
 
     ``work`` names a function ``"module:function"`` called as ``work(**task.kwargs)`` in a
-    fresh process per shard (``spawn``: no thread pool of the parent is copied into it).
+    fresh Python process per shard (``python -m hpcllm.text.shard_pool``; a killed one
+    fails its shard only).
     Raises :class:`ShardPoolError` naming the failed shards and their logs after every
     other shard has run.
     """
@@ -162,30 +169,35 @@ def run_batch(
         log.info("%d shard(s) already done, kept: %s", len(skipped), ", ".join(skipped))
     for t in todo:
         t.record.unlink(missing_ok=True)  # stale: inputs, settings or outputs changed
-    ctx = multiprocessing.get_context(context)
     pending = list(todo)
-    running: dict[Any, tuple[ShardTask, Any]] = {}
+    running: list[tuple[ShardTask, subprocess.Popen]] = []
     failed: list[tuple[ShardTask, int]] = []
     done: list[str] = []
     workers = max(1, workers)
     log.info("%d shard(s) to tokenize, %d at a time", len(todo), workers)
+    # The shards' processes import this hpcllm (the checkout that planned the run).
+    src = str(Path(__file__).resolve().parents[2])
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")])),
+    }
     while pending or running:
         while pending and len(running) < workers:
             task = pending.pop(0)
-            proc = ctx.Process(target=_child, args=(work, task), name=f"shard-{task.name}")
-            proc.start()
-            running[proc.sentinel] = (task, proc)
-        for sentinel in wait(list(running)):
-            task, proc = running.pop(sentinel)
-            proc.join()
-            if proc.exitcode == 0 and task.record.exists():
+            cmd = [sys.executable, "-m", "hpcllm.text.shard_pool", work, json.dumps(task.__dict__)]
+            running.append((task, subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=env)))
+        time.sleep(poll_seconds)
+        for task, proc in list(running):
+            code = proc.poll()
+            if code is None:
+                continue
+            running.remove((task, proc))
+            if code == 0 and task.record.exists():
                 done.append(task.name)
                 log.info("shard %s done", task.name)
             else:
-                failed.append((task, proc.exitcode))
-                log.error(
-                    "shard %s failed (exit code %s): see %s", task.name, proc.exitcode, task.log
-                )
+                failed.append((task, code))
+                log.error("shard %s failed (exit code %s): see %s", task.name, code, task.log)
     if failed:
         lines = "\n".join(
             f"  - shard {t.name}: exit code {code}, log {t.log}" for t, code in failed
@@ -197,11 +209,12 @@ def run_batch(
     return BatchResult(done=done, skipped=skipped)
 
 
-# The tokenize rate assumed per shard process (4 threads), MB of input per second: a
-# floor well under what the tokenize jobs reach (docs/text.md, "Many CPU jobs on GPU-only
-# sites": measured ~10-30 MB/s of JSONL per 4-thread job with gigatoken), so a slower
-# file system or node does not hit the limit.
-ASSUMED_MB_PER_S = 2.0
+# The tokenize rate assumed per shard process (4 threads), in MB of the shard's input
+# file per second (compressed: .jsonl.zst, Parquet). Measured here with gigatoken: ~12 MB/s
+# of text per 4-thread process on the 2-core test machine under a load of 17; web text
+# compresses 3-5x, so ~2.5-4 MB/s of file. 1 MB/s leaves room for a slower file system,
+# a busier node and better-compressed text.
+ASSUMED_MB_PER_S = 1.0
 # Margin on the estimate and minutes outside the shards (job start, spawning, imports).
 MARGIN = 1.5
 STARTUP_MINUTES = 5
@@ -238,6 +251,21 @@ def read_record(prefix: str | os.PathLike) -> dict[str, Any]:
     return json.loads(Path(str(prefix) + RECORD_SUFFIX).read_text())
 
 
+def write_batch_record(
+    path: str | os.PathLike, tasks: Sequence[ShardTask], result: BatchResult
+) -> None:
+    """The batch job's output: its shards' records (start and end times, documents,
+    tokens), which ran now and which were kept from an earlier run."""
+    shards = []
+    for t in tasks:
+        r = read_record(t.prefix)
+        shards.append({k: r[k] for k in ("shard", "start", "end", "pid", "slurm_job", "result")})
+    _write_json_atomic(
+        Path(path),
+        {"shards": shards, "ran": result.done, "kept": result.skipped},
+    )
+
+
 def tokenize_task(
     input: str,
     prefix: str,
@@ -262,3 +290,7 @@ def tokenize_task(
         total_documents=total_documents,
     )
     return {"documents": stats.documents, "tokens": stats.tokens, "encoder": stats.encoder}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
