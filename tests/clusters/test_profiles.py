@@ -72,7 +72,7 @@ def no_slurm(tmp_path_factory) -> dict[str, str]:
 def planned_jobs(output: str) -> list[tuple[str, dict[str, str]]]:
     """(rule, resources) of every job a dry run lists."""
     jobs = []
-    # Jobs of a group (tokenize on GPU-only sites) are listed indented under "Group job".
+    # Jobs of a group, if any, are listed indented under "Group job".
     for block in re.split(r"\n(?=\s*(?:local)?rule \w+:)", output):
         head = re.match(r"\s*(?:local)?rule (\w+):", block)
         res = re.search(r"^\s+resources: (.*)$", block, re.M)
