@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from hpcllm.text.shard_pool import (
     overlapping,
     read_record,
     run_batch,
+    shard_done,
 )
 from hpcllm.text.tokenization import load_tokenizer, tokenize_shard
 
@@ -123,6 +125,9 @@ def test_a_shard_is_redone_when_its_settings_or_outputs_change(
     assert run_batch(changed[:1] + tasks[1:], WORK, workers=1).done == ["0000"]
     Path(tasks[1].prefix + ".bin").write_bytes(b"")  # damaged output
     assert run_batch(changed[:1] + tasks[1:], WORK, workers=1).done == ["0001"]
+    assert shard_done(tasks[1])
+    # An output the shard should have written (its own manifest) is missing: not done.
+    assert not shard_done(replace(tasks[1], suffixes=(".bin", ".idx", ".manifest.json")))
 
 
 def test_repeated_shard_names_are_refused(tmp_path, trained_tokenizer):

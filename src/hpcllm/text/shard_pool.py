@@ -54,13 +54,16 @@ class ShardTask:
     inputs: tuple[str, ...]
     log: str
     kwargs: dict[str, Any] = field(default_factory=dict)
+    # The files ``work`` writes: the prefix with these endings (a shard's own manifest too,
+    # where the work writes one).
+    suffixes: tuple[str, ...] = (".bin", ".idx")
 
     @property
     def record(self) -> Path:
         return Path(self.prefix + RECORD_SUFFIX)
 
-    def outputs(self) -> tuple[Path, Path]:
-        return Path(self.prefix + ".bin"), Path(self.prefix + ".idx")
+    def outputs(self) -> tuple[Path, ...]:
+        return tuple(Path(self.prefix + s) for s in self.suffixes)
 
 
 def _stat(path: str | os.PathLike) -> list[int]:
@@ -134,7 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     work, task_json = argv if argv is not None else sys.argv[1:]
     task = ShardTask(**json.loads(task_json))
     try:
-        _run_task(work, ShardTask(**{**task.__dict__, "inputs": tuple(task.inputs)}))
+        fields = {**task.__dict__, "inputs": tuple(task.inputs), "suffixes": tuple(task.suffixes)}
+        _run_task(work, ShardTask(**fields))
     except BaseException:
         return 1
     return 0
