@@ -146,3 +146,21 @@ def test_the_time_limit_comes_from_the_batch_work():
     assert batch_minutes([4 * 10**10] + [10**6] * 11, workers=12, mb_per_s=10) == 105
     # At most the partition's longest limit.
     assert batch_minutes([10**10] * 12, workers=1, mb_per_s=10, max_minutes=240) == 240
+
+
+def test_a_killed_shard_process_fails_that_shard_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent / "pool_work"))
+    tasks = [
+        ShardTask(
+            name=name,
+            prefix=str(tmp_path / name),
+            inputs=(),
+            log=str(tmp_path / f"{name}.log"),
+            kwargs={"prefix": str(tmp_path / name), "kill": name == "0001"},
+        )
+        for name in ("0000", "0001", "0002")
+    ]
+    with pytest.raises(ShardPoolError, match=r"shard 0001: exit code -9") as e:
+        run_batch(tasks, "pool_work:work", workers=3)
+    assert "0000" not in str(e.value) and "0002" not in str(e.value)
+    assert shard_done(tasks[0]) and shard_done(tasks[2]) and not shard_done(tasks[1])
