@@ -116,6 +116,24 @@ def build_mirror(folder: Path, target_bytes: int, files: int, row_group_bytes: i
     return paths
 
 
+def stage_span(run: Path, rule: str) -> float | None:
+    """Seconds from the first job's first log line to the last log's last write (a log's
+    ctime changes with every write, so it cannot give the start)."""
+    import datetime
+
+    starts, ends = [], []
+    for path in (run / "logs" / rule).rglob("*.log"):
+        ends.append(path.stat().st_mtime)
+        with open(path) as f:
+            first = f.readline()
+        try:
+            stamp = datetime.datetime.strptime(first[:23], "%Y-%m-%d %H:%M:%S,%f")
+            starts.append(stamp.timestamp())
+        except ValueError:
+            starts.append(path.stat().st_mtime)
+    return max(ends) - min(starts) if ends else None
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gigabytes", type=float, default=2.0, help="text to generate, in GB")
@@ -133,7 +151,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     args = ap.parse_args(argv)
     import testcluster
-    from text_volume import stage_figures, stage_span, train_tokenizer, write_config
+    from text_volume import stage_figures, train_tokenizer, write_config
 
     why = testcluster.missing_requirements()
     if why:
@@ -182,14 +200,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     index = check_dataset(str(run / "data/tokenized/bench/volume_text_document"))
     tokens = int(index.num_tokens)
+    import pyarrow.compute as pc
+
     text_bytes = sum(
-        pq.ParquetFile(p)
-        .read(columns=["text"])
-        .column(0)
-        .combine_chunks()
-        .value_lengths()
-        .sum()
-        .as_py()
+        pc.sum(pc.binary_length(pq.ParquetFile(p).read(columns=["text"]).column(0))).as_py()
         for p in files
     )
 
