@@ -51,7 +51,29 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("experiment", help="the experiment's name (checkpoints/<experiment>)")
     p.add_argument("-d", "--directory", default=".", help="the workflow's working directory")
+    p = sub.add_parser(
+        "cancel-training",
+        help="cancel an experiment's whole chain of Slurm jobs (this user's; scancel)",
+    )
+    p.add_argument("experiment", help="the experiment's name (training.experiments.<name>)")
+    p.add_argument("-d", "--directory", default=".", help="the workflow's working directory")
     args = parser.parse_args(argv)
+    if args.command == "cancel-training":
+        from hpcllm.training.chain import ChainError, cancel_training
+
+        try:
+            cancelled = cancel_training(args.directory, args.experiment)
+        except ChainError as e:
+            print(f"not cancelled: {e}", file=sys.stderr)
+            return 1
+        if cancelled:
+            print(
+                f"cancelled the chain of {args.experiment}: job(s) {', '.join(cancelled)}; "
+                "its checkpoints stay, and the workflow run again continues from the newest"
+            )
+        else:
+            print(f"{args.experiment}: no job of its chain is in Slurm; nothing to cancel")
+        return 0
     if args.command == "restart-training":
         from pathlib import Path
 

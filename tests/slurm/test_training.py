@@ -9,7 +9,9 @@ end, wherever the interruption lands on a loaded machine.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
 import signal
@@ -404,3 +406,250 @@ def test_a_signal_during_start_up_or_training_ends_cleanly_and_attempts_follow(
         assert (
             "added no iteration" in (work / f"logs/train_segment/{EXPERIMENT}/seg1.log").read_text()
         )
+
+
+# ---- the chain: a campaign Slurm carries without a controller (hpcllm.training.chain)
+
+
+def chain_campaign(work: Path, cluster, monkeypatch, *configs: Path):
+    """tiny_2n's campaign as the workflow would make it on the test cluster: the prepared
+    experiment, the cluster, and the segment job's sbatch options as the official plugin
+    builds them from the rule's resources and the profile's."""
+    from types import SimpleNamespace
+
+    from hpcllm.clusters import load_cluster
+    from hpcllm.training.chain import Campaign, sbatch_geometry
+    from hpcllm.training.segment import prepare_experiment
+    from hpcllm.training.status import load_config
+
+    monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
+    monkeypatch.chdir(work)
+    config = load_config(work, [str(CONFIG), *map(str, configs)], "profiles/testcluster")
+    slurm_cluster = load_cluster("testcluster")
+    prepared = prepare_experiment(
+        EXPERIMENT, config["training"]["experiments"][EXPERIMENT], config["text"], slurm_cluster
+    )
+    resources = {  # train_segment's resources with the test cluster profile's
+        "nodes": 2,
+        "tasks": 2,
+        "tasks_per_gpu": 0,
+        "mpi": "",
+        "runtime": 30,
+        "mem_mb": 4000,
+        "slurm_partition": "batch",
+        "slurm_extra": "--ntasks-per-node=1 --signal=TERM@30",
+    }
+    settings = SimpleNamespace(requeue=False, no_requeue=True, qos=None, reservation=None)
+    return Campaign(
+        name=EXPERIMENT,
+        prepared=prepared,
+        cluster=slurm_cluster,
+        workdir=str(work),
+        container=None,
+        sbatch=sbatch_geometry(resources, settings=settings),
+        max_attempts=config["training"]["max_attempts"],
+        environment={"PATH": slurmruns.environment(cluster)["PATH"]},
+    )
+
+
+def index_cache(work: Path, *configs: Path) -> None:
+    slurmruns.run(
+        work,
+        None,
+        "--configfile",
+        str(CONFIG),
+        *map(str, configs),
+        "--until",
+        "prepare_data_cache",
+        profile="local",
+    )
+
+
+def chain_jobs_of(cluster, campaign) -> list[dict[str, str]]:
+    return [j for j in cluster.jobs() if j["name"] == campaign.job_name()]
+
+
+def test_a_chain_trains_every_segment_with_no_controller_alive(
+    uninterrupted, cluster, text_data, tmp_path, monkeypatch
+):
+    """No Snakemake at all once the chain is submitted: each chain job submits its
+    successor first, trains the next segment, and the last one cancels its successor.
+    Never more than two jobs of the chain in Slurm; bitwise equal to the uninterrupted run."""
+    from hpcllm.training import chain
+
+    work = training_workdir(text_data, tmp_path / "work")
+    index_cache(work)
+    campaign = chain_campaign(work, cluster, monkeypatch)
+    assert campaign.sbatch[:4] == ["-p", "batch", "-t", "30"], campaign.sbatch
+    state, jobs = chain.ensure(campaign)
+    assert state == "submitted" and len(jobs) == 1
+    # Asked again while it runs (a controller reattaching): nothing is submitted.
+    again, live = chain.ensure(chain.load(campaign.file()))
+    assert again == "running" and [j["id"] for j in live] == [jobs[0]["id"]]
+    most = 0
+    deadline = time.monotonic() + hang_guard(120)  # 2 segments: ~60 s quiet
+    while chain.next_segment(campaign) is not None or chain.chain_jobs(campaign.job_name()):
+        assert time.monotonic() < deadline, cluster.jobs()
+        most = max(most, len(chain.chain_jobs(campaign.job_name())))
+        time.sleep(0.5)
+    assert most <= 2
+    submitted = chain.submitted_jobs(work / SAVE)
+    # seg1's job, seg2's job, and seg2's successor, cancelled when the campaign completed
+    assert len(submitted) == 3, submitted
+    assert [s["after"] for s in submitted] == [None, submitted[0]["job"], submitted[1]["job"]]
+    states = {j["id"]: j["state"] for j in chain_jobs_of(cluster, campaign)}
+    assert [states[s["job"]] for s in submitted] == ["COMPLETED", "COMPLETED", "CANCELLED"]
+    for k, s in ((1, submitted[0]), (2, submitted[1])):
+        (entry,) = json.loads(
+            (work / f"logs/train_segment/{EXPERIMENT}/seg{k}.attempts.json").read_text()
+        )
+        assert (entry["job_id"], entry["failure"]) == (s["job"], None)
+        assert (
+            json.loads((work / f"results/train/{EXPERIMENT}/seg{k}.json").read_text())[
+                "last_iteration"
+            ]
+            == 40 * k
+        )
+    assert chain.stopped(work / SAVE) is None
+    reference = final_weights(uninterrupted[0])
+    chained = final_weights(work)
+    assert all(torch.equal(chained[k], reference[k]) for k in reference)
+
+
+def test_a_deterministic_failure_in_segment_2_stops_the_chain(
+    cluster, text_data, tmp_path, monkeypatch
+):
+    """Three segments; segment 2's data file is removed after segment 1 committed (its job
+    held until then): segment 2 fails for good (the data check's class), its job cancels
+    its successor, and segment 3 never starts; the stop names the class and the job id."""
+    from hpcllm.training import chain
+
+    work = training_workdir(text_data, tmp_path / "work")
+    short = work / "three.yaml"
+    short.write_text(
+        "training: {experiments: {tiny_2n: {segments: 3, iterations_per_segment: 4, "
+        "save_interval: 2, eval_interval: 4}}}\n"
+    )
+    index_cache(work, short)
+    campaign = chain_campaign(work, cluster, monkeypatch, short)
+    _, (first,) = chain.ensure(campaign)
+    second = cluster.wait_job(
+        lambda j: j["name"] == campaign.job_name() and j["id"] != first["id"],
+        timeout=hang_guard(60),  # job 1 starts and submits its successor: seconds quiet
+    )["id"]
+    cluster.run("scontrol", "hold", second)
+    cluster.wait_job(
+        lambda j: j["id"] == first["id"] and j["state"] == "COMPLETED",
+        timeout=hang_guard(60),  # segment 1, 4 iterations: ~20 s quiet
+    )
+    assert (work / f"results/train/{EXPERIMENT}/seg1.json").exists()
+    (work / "data/tokenized/sample_bpe/fineweb_text_document.bin").unlink()
+    cluster.run("scontrol", "release", second)
+    deadline = time.monotonic() + hang_guard(60)  # segment 2 refuses at its start
+    while chain.chain_jobs(campaign.job_name()):
+        assert time.monotonic() < deadline, cluster.jobs()
+        time.sleep(0.5)
+    stop = chain.stopped(work / SAVE)
+    (entry,) = json.loads(
+        (work / f"logs/train_segment/{EXPERIMENT}/seg2.attempts.json").read_text()
+    )
+    assert entry["job_id"] == second and entry["failure"] in ("missing_file", "config_error")
+    assert stop is not None and (stop["segment"], stop["failure"], stop["job_id"]) == (
+        2,
+        entry["failure"],
+        second,
+    ), stop
+    assert "fineweb_text_document" in stop["message"], stop
+    submitted = [s["job"] for s in chain.submitted_jobs(work / SAVE)]
+    assert submitted[:2] == [first["id"], second] and len(submitted) == 3
+    third = submitted[2]
+    states = {j["id"]: j for j in chain_jobs_of(cluster, campaign)}
+    assert states[second]["state"] == "FAILED"
+    # segment 3's job was cancelled while pending: it never ran on a node
+    assert states[third]["state"] == "CANCELLED" and not states[third]["nodes"], states
+    assert not (work / f"logs/train_segment/{EXPERIMENT}/seg3.attempts.json").exists()
+    assert not (work / f"results/train/{EXPERIMENT}/seg2.json").exists()
+    from hpcllm.training.status import campaign_status
+
+    shown = campaign_status(work, [str(CONFIG), str(short)], "profiles/testcluster")
+    failure = stop["failure"]
+    assert f"last failure: {failure} (job {second}); the chain stopped at segment 2" in shown, shown
+
+
+def hpcllm_status(work: Path, cluster, *configfiles: str) -> str:
+    """`hpcllm status` as a user runs it next to the campaign (real squeue)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpcllm", "status", "--profile", "profiles/testcluster",
+         "--configfile", *configfiles],
+        cwd=work, env=slurmruns.environment(cluster), capture_output=True, text=True,
+        timeout=hang_guard(60),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_a_chained_campaign_outlives_its_controller_and_the_rerun_reattaches(
+    uninterrupted, cluster, text_data, tmp_path
+):
+    """training.chain: the controller (SIGKILLed once segment 1 trains, its waiting
+    script with it) is gone; Slurm's chain finishes every segment. The same command run
+    again submits no training job: it finds every segment committed, writes the records
+    on the login node and draws the loss curve. Bitwise equal to the uninterrupted run."""
+    from hpcllm.training import chain
+
+    work = training_workdir(text_data, tmp_path / "work")
+    chained = work / "chained.yaml"
+    chained.write_text("training: {chain: true}\n")
+    args = ("--configfile", str(CONFIG), str(chained), "--", FINAL, CURVE)
+    proc = slurmruns.start(work, cluster, *args, log=work / "snakemake.out")
+    engine_log = work / f"logs/train_segment/{EXPERIMENT}/seg1.engine.log"
+    deadline = time.monotonic() + hang_guard(90)  # data cache, then segment 1: ~60 s quiet
+    while not (engine_log.exists() and f"iteration {1:8d}/" in engine_log.read_text()):
+        assert proc.poll() is None, (work / "snakemake.out").read_text()[-4000:]
+        assert time.monotonic() < deadline, cluster.jobs()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)  # the controller dies ...
+    proc.wait(timeout=hang_guard(1))
+    for pid in cluster.processes():  # ... and its waiting script (as at a logout)
+        with contextlib.suppress(OSError):
+            if b"train_segment_chain" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)
+    output = (work / "snakemake.out").read_text()
+    assert (
+        "submitted the chain of tiny_2n"
+        in (work / f"logs/train_segment/{EXPERIMENT}/seg1.log").read_text()
+    ), output[-4000:]
+    name = chain.job_name_of(work, EXPERIMENT)
+    deadline = time.monotonic() + hang_guard(120)  # both segments: ~60 s quiet
+    shown = ""
+    while True:
+        live = [j for j in cluster.jobs() if j["name"] == name and j["state"] in chain.LIVE_STATES]
+        if not live:
+            break
+        if " chain " not in shown:  # `hpcllm status` while the chain runs, no controller
+            shown = hpcllm_status(work, cluster, str(CONFIG), str(chained))
+        assert time.monotonic() < deadline, cluster.jobs()
+        time.sleep(0.5)
+    assert chain.committed_iteration(work / SAVE) == 80
+    (work / "status_while_chained.txt").write_text(shown)  # docs/training.md shows one
+    assert re.search(r"jobs: \d+ (RUNNING|PENDING) chain", shown), shown
+    assert chain.stopped(work / SAVE) is None
+    submitted = chain.submitted_jobs(work / SAVE)
+    assert len(submitted) == 3  # seg1, seg2, seg2's successor (cancelled)
+
+    slurmruns.run(work, cluster, *args[:3], "--unlock")
+    again = slurmruns.run(work, cluster, *args)
+    out = again.stdout + again.stderr
+    remote, local = slurmruns.rule_headers(out)
+    assert "train_segment" not in remote and local.get("plot_training") == 1, out[-4000:]
+    assert chain.submitted_jobs(work / SAVE) == submitted  # no training job submitted
+    assert (work / CURVE).stat().st_size > 10_000
+    for k in (1, 2):
+        record = json.loads((work / f"results/train/{EXPERIMENT}/seg{k}.json").read_text())
+        assert record["last_iteration"] == 40 * k
+    reference = final_weights(uninterrupted[0])
+    chained_weights = final_weights(work)
+    assert all(torch.equal(chained_weights[k], reference[k]) for k in reference)

@@ -71,6 +71,37 @@ for _name in TRAINING.get("run") or []:
             f"({', '.join(EXPERIMENTS) or 'none defined'})"
         )
 
+# training.chain on a Slurm run: train_segment runs on the login node, submits the
+# experiment's self-continuing chain of Slurm jobs (or reattaches to it) and waits for its
+# segment (hpcllm.training.chain; docs/training.md). Elsewhere it trains in place.
+CHAINED = (
+    bool(TRAINING["chain"])
+    and CLUSTER.uses_slurm
+    and (
+        getattr(workflow.executor_plugin, "name", None)
+        not in ("local", "slurm-jobstep")
+    )
+)
+# Only the controller retries (in a Slurm job a retry would run in the same allocation,
+# whose time is up); in a chain the chain's jobs make the attempts.
+SEGMENT_RETRIES = (
+    TRAINING["max_attempts"] - 1 if workflow.is_main_process and not CHAINED else 0
+)
+if CHAINED:
+    import json as _json
+
+    _settings = getattr(workflow, "executor_settings", None)
+    # What the plugin adds to a job's sbatch line from its own settings; for the script.
+    # (set for the script, which runs as a child of this process; not read here)
+    os.environ.update(
+        HPCLLM_CHAIN_SLURM_SETTINGS=_json.dumps(
+            {
+                key: getattr(_settings, key, None)
+                for key in ("requeue", "no_requeue", "qos", "reservation")
+            }
+        )
+    )
+
 
 rule prepare_data_cache:
     # Megatron Core's dataset index cache, on a CPU job: the GPU jobs only load it.
@@ -121,7 +152,9 @@ rule train_segment:
     # attempt itself refuses to train after a deterministic failure or no progress.
     # Only the controller retries: inside a Slurm job a retry would run in the same
     # allocation, whose time is up.
-    retries: TRAINING["max_attempts"] - 1 if workflow.is_main_process else 0
+    # In a chain the chain's jobs make the attempts (hpcllm.training.chain).
+    retries: SEGMENT_RETRIES
+    localrule: CHAINED
     conda:
         "../../envs/workflow.yaml"
     threads: 1
@@ -154,7 +187,9 @@ rule train_segment:
         # output of every attempt, appended, for the loss curve and `hpcllm status`.
         engine_log="logs/train_segment/{experiment}/seg{k}.engine.log",
     script:
-        "../scripts/train_segment.py"
+        "../scripts/train_segment_chain.py"
+        if CHAINED
+        else "../scripts/train_segment.py"
 
 
 rule plot_training:

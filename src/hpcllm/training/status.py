@@ -96,10 +96,11 @@ def _merge(into: dict, new: dict) -> None:
 
 
 def slurm_jobs() -> list[dict[str, str]]:
-    """Queued and running jobs of this user: id, state, comment (the plugin's rule tag)."""
+    """Queued and running jobs of this user: id, state, job name, dependency, comment (the
+    plugin's rule tag)."""
     try:
         out = subprocess.run(
-            ["squeue", "--me", "-h", "-o", "%i|%T|%k"],
+            ["squeue", "--me", "-h", "-o", "%i|%T|%j|%E|%k"],
             capture_output=True,
             text=True,
             timeout=30,
@@ -112,9 +113,17 @@ def slurm_jobs() -> list[dict[str, str]]:
         )
     jobs = []
     for line in out.stdout.splitlines():
-        parts = line.split("|", 2)
-        if len(parts) == 3:
-            jobs.append({"id": parts[0], "state": parts[1], "comment": parts[2]})
+        parts = line.split("|", 4)
+        if len(parts) == 5:
+            jobs.append(
+                {
+                    "id": parts[0],
+                    "state": parts[1],
+                    "name": parts[2],
+                    "dependency": parts[3],
+                    "comment": parts[4],
+                }
+            )
     return jobs
 
 
@@ -207,6 +216,32 @@ def experiment_status(
         for j in jobs
         if j["comment"].startswith(f"rule_train_segment_wildcards_{name}_")
     ]
+    # The experiment's chain (hpcllm.training.chain): the running job trains the next
+    # segment, the pending one is its successor.
+    from hpcllm.training.chain import job_name_of, stopped
+
+    chain_name = job_name_of(workdir, name)
+    next_k = next(
+        (
+            k
+            for k in range(1, exp["segments"] + 1)
+            if k * exp["iterations_per_segment"] > (iteration or 0)
+        ),
+        None,
+    )
+    for j in sorted(jobs, key=lambda j: int(re.sub(r"\D.*", "", j["id"]) or 0)):
+        if j.get("name") != chain_name:
+            continue
+        what = f"seg{next_k}" if j["state"] == "RUNNING" and next_k else "next"
+        after = j.get("dependency") or ""
+        after = f" ({after})" if after and after != "(null)" else ""
+        mine.append(f"{j['id']} {j['state']} chain {what}{after}")
+    stop = stopped(save)
+    if stop:
+        last_failure = (
+            f"{stop['failure']} (job {stop['job_id'] or '-'}); the chain stopped at "
+            f"segment {stop['segment']}"
+        )
     return ExperimentStatus(
         name=name,
         segments_done=len(done),

@@ -1,0 +1,603 @@
+"""A training campaign that Slurm carries through its segments without a Snakemake controller.
+
+The official Slurm plugin sees one job at a time and cannot set dependencies (plugin
+issues 133 and 109, snakemake issue 4084), so a campaign that must outlive its controller
+(kill -9, logout, a login-node reboot) is a chain of our own jobs:
+
+- ``start`` writes the campaign file ``checkpoints/<experiment>/chain/campaign.pickle``
+  (the prepared experiment, the cluster, paths, container, the sbatch arguments of a
+  segment job) and submits the chain's first job.
+- Every chain job (``python -m hpcllm.training.chain step <campaign file>``) first submits
+  its own successor with ``--dependency=afterany:<its own job id>``: a job killed by
+  SIGKILL, a failed node or a time limit still has a successor, which classifies the dead
+  attempt from Slurm's state (:func:`hpcllm.training.attempts.classify_unfinished`). It
+  then trains the next segment whose target the checkpoint has not reached
+  (:func:`hpcllm.training.segment.run_segment`: the lease, the settings check, the
+  attempts file; never Snakemake's records). At its end it cancels its successor when the
+  campaign is complete, or when the next attempt would be refused (a deterministic class,
+  an attempt that added no iteration, ``max_attempts`` of the segment used): so after a
+  deterministic failure in segment 2, segment 3 never starts on GPUs. At most two jobs of
+  an experiment are in Slurm at once, and the successor waits for its predecessor to end:
+  one writer per checkpoint folder, which the lease guarantees anyway.
+- A stopped chain leaves ``chain/stopped.json`` (segment, class, job id, message); the
+  jobs submitted are logged in ``chain/jobs.jsonl``.
+
+Compute nodes must be allowed to call ``sbatch``. No site document of the clusters here
+says so either way (JSC's and LUMI's user docs describe job chains submitted from the
+login node only); where a node cannot, the successor's submission fails loudly: the job
+logs the error, finishes its segment and then fails (the chain stops there), and
+``ensure`` (the controller's rule, run again) submits the chain anew.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import pickle
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from hpcllm.atomic import atomic_path
+from hpcllm.bench.failures import classify_text, is_transient
+from hpcllm.training import attempts, checkpoints
+
+log = logging.getLogger(__name__)
+
+CHAIN = "chain"
+CAMPAIGN = "campaign.pickle"
+STOPPED = "stopped.json"
+JOBS = "jobs.jsonl"
+# Slurm states of a job that is still to run or running.
+LIVE_STATES = {"PENDING", "RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING", "REQUEUED"}
+
+
+class ChainError(RuntimeError):
+    """The chain cannot be submitted or asked about; the message says what to do."""
+
+
+@dataclass
+class Campaign:
+    """What a chain job needs to train the next segment (pickled into the campaign file)."""
+
+    name: str
+    prepared: Any  # hpcllm.training.segment.Prepared
+    cluster: Any  # hpcllm.clusters.Cluster
+    workdir: str  # absolute; paths below are relative to it
+    container: str | None
+    sbatch: list[str]  # the segment job's geometry (the plugin's own sbatch line)
+    max_attempts: int
+    python: str = sys.executable
+    chain_id: str = ""  # set when a chain is submitted; attempts before it are not counted
+    started: float = 0.0
+    environment: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def save(self) -> str:
+        return f"checkpoints/{self.name}"
+
+    def folder(self) -> Path:
+        return Path(self.workdir) / self.save / CHAIN
+
+    def file(self) -> Path:
+        return self.folder() / CAMPAIGN
+
+    def paths(self, segment: int):
+        from hpcllm.training.segment import Paths
+
+        return Paths(
+            save=self.save,
+            record=f"results/train/{self.name}/seg{segment}.json",
+            engine_log=f"logs/train_segment/{self.name}/seg{segment}.engine.log",
+            data_cache=f"data/index_cache/{self.name}",
+            tensorboard=f"{self.save}/tensorboard",
+        )
+
+    @property
+    def segments(self) -> int:
+        return self.prepared.experiment["segments"]
+
+    def target(self, segment: int) -> int:
+        return segment * self.prepared.experiment["iterations_per_segment"]
+
+    def job_name(self) -> str:
+        """One name per checkpoint folder (two checkouts may train the same experiment)."""
+        digest = hashlib.sha256(str(Path(self.workdir).resolve() / self.save).encode())
+        return f"hpcllm-chain-{self.name}-{digest.hexdigest()[:8]}"
+
+
+def job_name_of(workdir: str | os.PathLike, name: str) -> str:
+    digest = hashlib.sha256(str(Path(workdir).resolve() / "checkpoints" / name).encode())
+    return f"hpcllm-chain-{name}-{digest.hexdigest()[:8]}"
+
+
+def load(path: str | os.PathLike) -> Campaign:
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
+def save(campaign: Campaign) -> None:
+    campaign.folder().mkdir(parents=True, exist_ok=True)
+    with atomic_path(campaign.file()) as tmp:
+        tmp.write_bytes(pickle.dumps(campaign))
+
+
+def committed_iteration(save: str | os.PathLike) -> int:
+    """The iteration the tracker names (0 without one), as an observer sees it while a
+    job writes: a save in progress (an ``iter_*`` before its tracker) is not committed.
+    The segment itself checks the folder strictly before it loads anything."""
+    try:
+        return int((Path(save) / checkpoints.TRACKER).read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def next_segment(campaign: Campaign) -> int | None:
+    """The first segment whose target the committed checkpoint has not reached."""
+    reached = committed_iteration(Path(campaign.workdir) / campaign.save)
+    for k in range(1, campaign.segments + 1):
+        if campaign.target(k) > reached:
+            return k
+    return None
+
+
+# ---- submitting
+
+
+def sbatch_geometry(
+    resources: Mapping[str, Any],
+    threads: int = 1,
+    settings: Any = None,
+) -> list[str]:
+    """The sbatch options the official plugin would give a job with these resources
+    (its own ``get_submit_command`` and ``set_gres_string``), without its job name, log,
+    comment, working directory and command, which the chain sets itself."""
+    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+    class _Resources(dict):
+        __getattr__ = dict.get
+
+    res = _Resources({k: v for k, v in resources.items() if v is not None})
+    job = SimpleNamespace(resources=res, threads=threads)
+    account = f" -A {shlex.quote(str(res['slurm_account']))}" if res.get("slurm_account") else ""
+    partition = (
+        f" -p {shlex.quote(str(res['slurm_partition']))}" if res.get("slurm_partition") else ""
+    )
+    params = {
+        "run_uuid": "X",
+        "slurm_logfile": "X",
+        "comment_str": "X",
+        "account": account,
+        "partition": partition,
+        "workdir": None,
+    }
+    call = get_submit_command(job, params, settings=settings) + set_gres_string(job)
+    words = shlex.split(call)
+    assert words[:8] == ["sbatch", "--parsable", "--job-name", "X", "--output", "X"] + [
+        "--export=ALL",
+        "--comment",
+    ], words
+    return words[9:]
+
+
+def _clean_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The submitter's environment without the SLURM_*/SBATCH_* of a job it runs in (sbatch
+    and srun read some of them as options); SLURM_CONF stays."""
+    return {
+        k: v
+        for k, v in environ.items()
+        if not (k.startswith(("SLURM_", "SBATCH_", "SRUN_")) and k != "SLURM_CONF")
+    }
+
+
+def submit(campaign: Campaign, after: str | None = None) -> str:
+    """Submit one chain job (after job ``after`` ended, whatever its state); its id."""
+    logs = Path(campaign.workdir) / f"logs/train_segment/{campaign.name}/chain"
+    logs.mkdir(parents=True, exist_ok=True)
+    command = (
+        f"{shlex.quote(campaign.python)} -m hpcllm.training.chain step "
+        f"{shlex.quote(str(campaign.file()))}"
+    )
+    argv = [
+        "sbatch",
+        "--parsable",
+        "--job-name",
+        campaign.job_name(),
+        "--output",
+        str(logs / "%j.log"),
+        "--export=ALL",
+        "--comment",
+        f"hpcllm_chain_{campaign.name}",
+        *campaign.sbatch,
+        "-D",
+        campaign.workdir,
+    ]
+    if after:
+        argv.append(f"--dependency=afterany:{after}")
+    argv += ["--wrap", command]
+    env = {**_clean_environment(os.environ), **campaign.environment}
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ChainError(f"sbatch could not be run ({e}): {shlex.join(argv)}") from e
+    if proc.returncode != 0:
+        raise ChainError(
+            f"sbatch failed ({proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}; "
+            f"the command was: {shlex.join(argv)}"
+        )
+    job_id = proc.stdout.strip().split(";")[0]
+    _log_job(campaign, job_id, after)
+    return job_id
+
+
+def _log_job(campaign: Campaign, job_id: str, after: str | None) -> None:
+    entry = {"job": job_id, "after": after, "chain": campaign.chain_id, "time": time.time()}
+    with open(campaign.folder() / JOBS, "a") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
+def submitted_jobs(save: str | os.PathLike) -> list[dict[str, Any]]:
+    path = Path(save) / CHAIN / JOBS
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def chain_jobs(job_name: str) -> list[dict[str, str]]:
+    """This user's live jobs of a chain: id, state, dependency, reason (squeue by name)."""
+    try:
+        proc = subprocess.run(
+            ["squeue", "--me", "-h", "-n", job_name, "-o", "%i|%T|%E|%r"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ChainError(f"squeue could not be run: {e}") from e
+    if proc.returncode != 0:
+        raise ChainError(f"squeue failed ({proc.returncode}): {proc.stderr.strip()}")
+    jobs = []
+    for line in proc.stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) == 4 and parts[1] in LIVE_STATES:
+            jobs.append(
+                {"id": parts[0], "state": parts[1], "dependency": parts[2], "reason": parts[3]}
+            )
+    return sorted(jobs, key=lambda j: int(j["id"].split("_")[0]))
+
+
+def cancel(job_ids: list[str]) -> None:
+    if job_ids:
+        subprocess.run(["scancel", *job_ids], capture_output=True, text=True, timeout=60)
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "chain.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def ensure(campaign: Campaign) -> tuple[str, list[dict[str, str]]]:
+    """Make sure the experiment's chain is in Slurm: ``("running", jobs)`` when it already
+    is (a controller reattaching), ``("complete", [])`` when every segment is committed,
+    else a new chain is submitted: ``("submitted", jobs)``. A new chain has a fresh
+    attempt budget (as a new Snakemake run had)."""
+    with _locked(campaign.folder()):
+        live = chain_jobs(campaign.job_name())
+        if live:
+            return "running", live
+        if next_segment(campaign) is None:
+            return "complete", []
+        campaign.started = time.time()
+        campaign.chain_id = f"{campaign.started:.6f}"
+        with contextlib.suppress(FileNotFoundError):
+            (campaign.folder() / STOPPED).unlink()
+        save(campaign)
+        job = submit(campaign)
+        return "submitted", [{"id": job, "state": "PENDING", "dependency": "", "reason": ""}]
+
+
+def stopped(save: str | os.PathLike) -> dict[str, Any] | None:
+    path = Path(save) / CHAIN / STOPPED
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _stop(campaign: Campaign, segment: int, failure: str, job: str | None, message: str) -> None:
+    entry = {
+        "chain": campaign.chain_id,
+        "segment": segment,
+        "failure": failure,
+        "job_id": job,
+        "message": message,
+        "time": time.time(),
+    }
+    with atomic_path(campaign.folder() / STOPPED) as tmp:
+        tmp.write_text(json.dumps(entry, indent=2) + "\n")
+    log.error("the chain of %s stopped at segment %d: %s", campaign.name, segment, message)
+
+
+def attempt_number(campaign: Campaign, segment: int) -> int:
+    """This chain's attempt at ``segment`` (1 for its first): attempts recorded since the
+    chain was submitted, plus one."""
+    path = attempts.attempts_path(Path(campaign.workdir) / campaign.paths(segment).engine_log)
+    return 1 + sum(1 for a in attempts.load(path) if a.started >= campaign.started)
+
+
+# ---- a chain job
+
+
+def step(campaign_file: str | os.PathLike, environ: Mapping[str, str] = os.environ) -> int:
+    """Train the campaign's next segment as one job of its chain (see the module's doc)."""
+    from hpcllm.training.segment import SegmentIncomplete, SegmentRefused, run_segment
+
+    campaign = load(campaign_file)
+    os.chdir(campaign.workdir)
+    me = environ.get("SLURM_JOB_ID")
+    segment = next_segment(campaign)
+    if segment is None:
+        log.info("%s: every segment is committed; nothing to train", campaign.name)
+        return 0
+    done = stopped(campaign.save)
+    if done and done.get("chain") == campaign.chain_id:
+        log.error("the chain of %s stopped before (%s); not training", campaign.name, done)
+        return 1
+    successor, successor_error = None, None
+    try:
+        successor = submit(campaign, after=me) if me else None
+        log.info("successor submitted: job %s (after job %s ends)", successor, me)
+    except ChainError as e:
+        # Loud: the chain ends with this job; the controller run again submits it anew.
+        successor_error = str(e)
+        log.error("the successor of job %s could not be submitted: %s", me, e)
+    attempt = attempt_number(campaign, segment)
+    record_file = attempts.attempts_path(campaign.paths(segment).engine_log)
+    status = 0
+    try:
+        if attempt > campaign.max_attempts:
+            raise SegmentRefused(
+                f"segment {segment} of {campaign.name}: {attempt - 1} attempts used "
+                f"(training.max_attempts = {campaign.max_attempts}); look at "
+                f"{record_file} and the engine log, then rerun"
+            )
+        run_segment(
+            campaign.name,
+            campaign.prepared,
+            segment,
+            campaign.paths(segment),
+            campaign.cluster,
+            container=campaign.container,
+            attempt=attempt,
+        )
+    except SegmentRefused as e:
+        last = attempts.current_chain(attempts.load(record_file))
+        failure, job = "max_attempts", me
+        if last and attempt <= campaign.max_attempts:
+            failure = last[-1].failure or attempts.classify_unfinished(
+                last[-1], attempts.slurm_state(last[-1].job_id)
+            )
+            job = last[-1].job_id
+        _stop(campaign, segment, failure, job, str(e))
+        cancel([successor] if successor else [])
+        return 1
+    except SegmentIncomplete as e:
+        status = 1
+        log.error("%s", e)
+        reached = committed_iteration(campaign.save)
+        why = attempts.refusal(attempts.load(record_file), attempt + 1, reached)
+        if why is None and attempt + 1 > campaign.max_attempts:
+            why = f"{attempt} attempts used (training.max_attempts = {campaign.max_attempts})"
+        if why or not is_transient(e.failure):
+            _stop(campaign, segment, e.failure, me, f"{e}; {why or ''}".rstrip("; "))
+            cancel([successor] if successor else [])
+            return status
+    except Exception as e:
+        # run_segment recorded this attempt's class (e.g. missing_file for a data file
+        # gone) unless it failed before it could
+        entries = attempts.load(record_file)
+        failure = entries[-1].failure if entries and entries[-1].job_id == me else None
+        failure = failure or classify_text(f"{type(e).__name__}: {e}") or "error"
+        _stop(campaign, segment, failure, me, f"{type(e).__name__}: {e}")
+        cancel([successor] if successor else [])
+        raise
+    keep_record(campaign, segment)
+    if next_segment(campaign) is None:
+        log.info("%s: the campaign is complete", campaign.name)
+        cancel([successor] if successor else [])
+    if successor_error:
+        raise ChainError(
+            f"the chain of {campaign.name} ends with job {me}: its successor could not be "
+            f"submitted ({successor_error}). Run the workflow again (or `python -m "
+            f"hpcllm.training.chain resume {campaign.file()}`) to continue it."
+        )
+    return status
+
+
+def kept_record(campaign: Campaign, segment: int) -> Path:
+    """The chain's own copy of a segment's result record (Snakemake deletes the output of
+    a job it reruns; this copy it does not know)."""
+    return campaign.folder() / f"seg{segment}.json"
+
+
+def keep_record(campaign: Campaign, segment: int) -> None:
+    record = Path(campaign.workdir) / campaign.paths(segment).record
+    if record.is_file():
+        with atomic_path(kept_record(campaign, segment)) as tmp:
+            tmp.write_bytes(record.read_bytes())
+
+
+# ---- on the login node
+
+
+class ChainStopped(RuntimeError):
+    """The chain stopped before the segment was committed; the message names class and job."""
+
+
+def commit_record(campaign: Campaign, segment: int, settled: bool = False) -> bool:
+    """Write segment ``segment``'s result record from the chain's copy when the checkpoint
+    reached its target and was trained with the current settings; whether it did.
+    ``settled``: no chain job runs, so a missing copy will not come (made from the log)."""
+    from hpcllm.training import settings as tracked
+    from hpcllm.training.megatron_args import transformer_impl_for
+
+    save = Path(campaign.workdir) / campaign.save
+    if committed_iteration(save) < campaign.target(segment):
+        return False
+    recorded = tracked.load_recorded(save)
+    current = tracked.weight_settings(campaign.prepared, transformer_impl_for(campaign.cluster))
+    changed = tracked.differences(recorded["weights"], current) if recorded else []
+    if changed:
+        raise tracked.SettingsChanged(
+            tracked.refusal_message(campaign.name, campaign.save, changed)
+        )
+    kept = kept_record(campaign, segment)
+    record = Path(campaign.workdir) / campaign.paths(segment).record
+    record.parent.mkdir(parents=True, exist_ok=True)
+    if kept.is_file():
+        text = kept.read_text()
+    elif settled:  # committed before the chain kept records (or by a run without one)
+        text = json.dumps(_record_from_log(campaign, segment), indent=2) + "\n"
+    else:
+        return False  # committed, but its job has not written the record yet
+    with atomic_path(record) as tmp:
+        tmp.write_text(text)
+    return True
+
+
+def _record_from_log(campaign: Campaign, segment: int) -> dict[str, Any]:
+    """A committed segment's record from its engine log (the fields the job would write)."""
+    from hpcllm.training.segment import parse_log_lines
+
+    exp, stop = campaign.prepared.experiment, campaign.target(segment)
+    engine_log = Path(campaign.workdir) / campaign.paths(segment).engine_log
+    text = engine_log.read_text(errors="replace") if engine_log.is_file() else ""
+    lines = [r for r in parse_log_lines(text) if r["iteration"] <= stop]
+    return {
+        "experiment": campaign.name,
+        "engine": exp["engine"],
+        "segment": segment,
+        "segments": exp["segments"],
+        "first_iteration": campaign.target(segment - 1) + 1,
+        "last_iteration": stop,
+        "consumed_samples": stop * campaign.prepared.layout.global_batch,
+        "lm_loss": lines[-1].get("lm loss") if lines else None,
+        "gpus": campaign.prepared.layout.gpus,
+        "checkpoint": str(checkpoints.iteration_dir(campaign.save, stop)),
+        "written_by": "the controller, from the engine log (the chain kept no record)",
+    }
+
+
+def describe_jobs(jobs: list[dict[str, str]]) -> str:
+    return ", ".join(
+        f"{j['id']} {j['state']}"
+        + (f" after {j['dependency']}" if j.get("dependency") not in ("", "(null)", None) else "")
+        for j in jobs
+    )
+
+
+def wait_for_segment(
+    campaign: Campaign, segment: int, poll_seconds: float = 10.0, say=log.info
+) -> None:
+    """The controller's rule on a Slurm cluster: make sure the chain is in Slurm (submit
+    it, or reattach to the one running), then wait until segment ``segment`` is committed
+    and write its record; raise :class:`ChainStopped` naming the class and job id when the
+    chain stopped before."""
+    if commit_record(campaign, segment):
+        say(f"segment {segment} of {campaign.name} is done (committed by the chain)")
+        return
+    state, jobs = ensure(campaign)
+    if state == "complete" and commit_record(campaign, segment, settled=True):
+        say(f"segment {segment} of {campaign.name} is done (committed by the chain)")
+        return
+    if state == "submitted":
+        say(f"submitted the chain of {campaign.name}: job {jobs[0]['id']}")
+    elif state == "running":
+        say(f"the chain of {campaign.name} is in Slurm: {describe_jobs(jobs)}; waiting")
+    campaign = load(campaign.file())
+    seen = ""
+    while True:
+        if commit_record(campaign, segment):
+            say(f"segment {segment} of {campaign.name} is done")
+            return
+        jobs = chain_jobs(campaign.job_name())
+        if not jobs:
+            time.sleep(min(poll_seconds, 5.0))  # the last job may be writing the record
+            if commit_record(campaign, segment, settled=True):
+                say(f"segment {segment} of {campaign.name} is done")
+                return
+            stop = stopped(campaign.save)
+            if stop and stop.get("chain") == campaign.chain_id:
+                raise ChainStopped(
+                    f"the chain of {campaign.name} stopped at segment {stop['segment']}: "
+                    f"{stop['failure']} in Slurm job {stop['job_id']}: {stop['message']}"
+                )
+            last = submitted_jobs(campaign.save)[-1:]
+            where = f" (its last job: {last[0]['job']})" if last else ""
+            raise ChainStopped(
+                f"the chain of {campaign.name} is no longer in Slurm{where} and segment "
+                f"{segment} is not committed: see logs/train_segment/{campaign.name}/chain/. "
+                "Run the workflow again to submit the chain anew."
+            )
+        now = describe_jobs(jobs)
+        if now != seen:
+            reached = committed_iteration(Path(campaign.workdir) / campaign.save)
+            say(
+                f"waiting for segment {segment} of {campaign.name} (checkpoint iteration "
+                f"{reached or 0} of {campaign.target(segment)}); chain jobs: {now}"
+            )
+            seen = now
+        time.sleep(poll_seconds)
+
+
+def chain_status(workdir: str | os.PathLike, name: str) -> dict[str, Any]:
+    """The chain's live jobs and how it stopped (if it did), for ``hpcllm status``."""
+    save = Path(workdir) / "checkpoints" / name
+    return {"jobs": chain_jobs(job_name_of(workdir, name)), "stopped": stopped(save)}
+
+
+def cancel_training(workdir: str | os.PathLike, name: str) -> list[str]:
+    """Cancel every live job of the experiment's chain (this user's); their ids."""
+    jobs = chain_jobs(job_name_of(workdir, name))
+    cancel([j["id"] for j in jobs])
+    return [j["id"] for j in jobs]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hpcllm.training.chain", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("step", help="a chain job: train the next segment (Slurm runs this)")
+    p.add_argument("campaign", help="checkpoints/<experiment>/chain/campaign.pickle")
+    p = sub.add_parser("resume", help="submit the chain again unless it is in Slurm")
+    p.add_argument("campaign", help="checkpoints/<experiment>/chain/campaign.pickle")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if args.command == "step":
+        from hpcllm.launch import go_offline
+
+        go_offline()  # a compute job: no Hugging Face hub lookups (docs/clusters.md)
+        return step(args.campaign)
+    state, jobs = ensure(load(args.campaign))
+    print(state, " ".join(j["id"] for j in jobs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

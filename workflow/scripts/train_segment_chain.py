@@ -1,0 +1,33 @@
+# train_segment with training.chain on a Slurm run (a login-node job): submit the
+# experiment's chain of Slurm jobs, or reattach to the one in Slurm, and wait until this
+# segment is committed (hpcllm.training.chain, docs/training.md).
+import json
+import os
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import hpcllm_checkout  # noqa: F401  (hpcllm from the checkout that planned the run)
+
+import hpcllm
+from hpcllm import logs
+from hpcllm.training.chain import Campaign, sbatch_geometry, wait_for_segment
+
+logs.setup(snakemake.log.main)
+settings = SimpleNamespace(**json.loads(os.environ.get("HPCLLM_CHAIN_SLURM_SETTINGS", "{}")))
+resources = {k: v for k, v in dict(snakemake.resources).items() if not k.startswith("_")}
+source = str(Path(hpcllm.__file__).resolve().parents[1])  # the checkout's src/
+campaign = Campaign(
+    name=snakemake.wildcards.experiment,
+    prepared=snakemake.params.prepared,
+    cluster=snakemake.params.cluster,
+    workdir=os.getcwd(),
+    container=snakemake.input.container[0] if snakemake.input.container else None,
+    sbatch=sbatch_geometry(resources, snakemake.threads, settings),
+    max_attempts=snakemake.config["training"]["max_attempts"],
+    python=sys.executable,
+    environment={
+        "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))
+    },
+)
+wait_for_segment(campaign, int(snakemake.wildcards.k), poll_seconds=5.0)
