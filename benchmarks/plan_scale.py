@@ -1,7 +1,8 @@
 """Planning cost of the text stages at FineWeb size, against bare Snakemake in the same run.
 
 For each size N (total shards over two local sources, tokenized with two tokenizers:
-N download_text, 2N tokenize and 4 merge_tokenized jobs) this dry-runs
+2N tokenize and 4 merge_tokenized jobs; the sources are read in place, no
+login-node step) this dry-runs
 
 - the workflow (``-s Snakefile``) with a cluster profile (default: juwels), and
 - a bare Snakefile of the same shape (the same rule names, so the profile gives the same
@@ -35,6 +36,7 @@ BARE = """
 SOURCES = {sources!r}
 TOKENIZERS = {tokenizers!r}
 SHARDS = {shards!r}
+FILES = {{s: ["in.jsonl"] for s in SOURCES}}
 
 
 wildcard_constraints:
@@ -48,23 +50,12 @@ rule all:
         expand("data/tokenized/{{tok}}/{{source}}_text_document.{{ext}}", tok=TOKENIZERS, source=SOURCES, ext=("bin", "idx")),
 
 
-rule download_text:
-    output:
-        jsonl="data/raw/{{source}}/{{shard}}.jsonl.zst",
-        manifest="data/raw/{{source}}/{{shard}}.manifest.json",
-    log:
-        "logs/download_text/{{source}}/{{shard}}.log",
-    localrule: True
-    shell:
-        "true"
-
-
 rule tokenize:
     input:
-        jsonl="data/raw/{{source}}/{{shard}}.jsonl.zst",
+        source=lambda w: FILES[w.source],
         tokenizer="tokenizers/{{tok}}/tokenizer.json",
     output:
-        multiext("data/tokenized/{{tok}}/{{source}}/{{shard}}_text_document", ".bin", ".idx"),
+        multiext("data/tokenized/{{tok}}/{{source}}/{{shard}}_text_document", ".bin", ".idx", ".manifest.json"),
     log:
         "logs/tokenize/{{tok}}/{{source}}/{{shard}}.log",
     benchmark:
@@ -80,7 +71,7 @@ rule tokenize:
 rule merge_tokenized:
     input:
         shards=lambda w: [f"data/tokenized/{{w.tok}}/{{w.source}}/{{s}}_text_document{{e}}" for s in SHARDS[w.source] for e in (".bin", ".idx")],
-        manifests=lambda w: [f"data/raw/{{w.source}}/{{s}}.manifest.json" for s in SHARDS[w.source]],
+        manifests=lambda w: [f"data/tokenized/{{w.tok}}/{{w.source}}/{{s}}_text_document.manifest.json" for s in SHARDS[w.source]],
     output:
         multiext("data/tokenized/{{tok}}/{{source}}_text_document", ".bin", ".idx"),
     log:

@@ -1,4 +1,4 @@
-"""Real volume through Slurm: download -> tokenize -> merge of GBs of text on the test cluster.
+"""Real volume through Slurm: tokenize (from the files) -> merge of GBs of text on the test cluster.
 
 Builds a varied corpus offline (the shipped sample corpus, each round perturbed so no two
 copies are alike) as one JSONL.zst file per shard, trains a byte-level BPE on part of it, starts the project's two-node test Slurm
@@ -167,7 +167,8 @@ print(json.dumps({{"tokens": n, "seconds": time.perf_counter() - t}}))
 
 
 def count_documents(work: Path, shard: str) -> int:
-    return json.loads((work / f"data/raw/volume/{shard}.manifest.json").read_text())["documents"]
+    path = work / f"data/tokenized/bench/volume/{shard}_text_document.manifest.json"
+    return json.loads(path.read_text())["documents"]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> dict:
     index = check_dataset(str(run / "data/tokenized/bench/volume_text_document"))
     corpus_bytes = sum(
         json.loads(p.read_text())["bytes"]
-        for p in (run / "data/raw/volume").glob("*.manifest.json")
+        for p in (run / "data/tokenized/bench/volume").glob("*.manifest.json")
     )
     result = {
         "load_before": load_before,
@@ -236,7 +237,7 @@ def main(argv: list[str] | None = None) -> dict:
         "end_to_end_tokens_per_s": index.num_tokens / wall,
         "stages": {
             rule: {**stage_figures(run, rule), "span_s": stage_span(run, rule)}
-            for rule in ("download_text", "tokenize", "merge_tokenized")
+            for rule in ("tokenize", "merge_tokenized")
         },
         **bare_hf_ratio(files[0], tokenizer, run),
     }

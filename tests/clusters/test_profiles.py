@@ -248,7 +248,7 @@ def test_jobs_get_the_profiles_cluster_on_their_command_line(tmp_path, no_slurm)
     the cluster read from the profile is passed on to them. Captured from the official
     plugin's sbatch call of one tokenize job; a stand-in sbatch records its arguments."""
     workdir = make_workdir(tmp_path / "work")
-    for path in ("data/raw/sample_en/0000.jsonl.zst", "data/tokenizers/sample_bpe/tokenizer.json"):
+    for path in ("data/tokenizers/sample_bpe/tokenizer.json",):
         (workdir / path).parent.mkdir(parents=True, exist_ok=True)
         (workdir / path).touch()
     bin_dir, record = tmp_path / "bin", tmp_path / "sbatch.args"

@@ -17,11 +17,12 @@ def test_builtin_config_runs_as_slurm_jobs_and_matches_local_run(cluster, tmp_pa
     proc = slurmruns.run(on_slurm, cluster)
     output = proc.stdout + proc.stderr
     remote, local = slurmruns.rule_headers(output)
-    # The text stages and training run on the compute nodes; downloads stay on the login node.
+    # The text stages and training run on the compute nodes; the built-in sources are on
+    # disk (local files, the shipped hub mirror): no login-node step reads or copies them.
     assert {
         "train_tokenizer", "tokenize", "merge_tokenized", "prepare_data_cache", "train_segment"
     } <= set(remote), output[-3000:]  # fmt: skip
-    assert "download_text" in local and "download_text" not in remote
+    assert not {"download_text", "fetch_text"} & (set(local) | set(remote)), output[-3000:]
 
     # Every submitted job left its Slurm log, named by its job id, and only those did.
     logs = slurmruns.slurm_logs(on_slurm)

@@ -23,7 +23,7 @@ SHARDS = ("0000", "0001", "0002", "0003")
 CONFIG = """
 text:
   sources:
-    big: {{type: local, files: big.jsonl, shards: 4}}
+    big: {{type: local, files: "big/*.jsonl", shards: 4}}
   tokenizers:
     sample_bpe: {{type: train, vocab_size: 8000, sample_documents: 2000, sources: [sample_en]}}
   tokenize: {{tokenizers: [sample_bpe], shards_per_job: {n}}}
@@ -32,7 +32,13 @@ text:
 
 def prepare(workdir: Path, shards_per_job: int) -> Path:
     slurmruns.make_workdir(workdir)
+    # One file per shard (each shard reads its own file, in place).
     write_corpus(workdir / "big.jsonl", documents=2000)
+    lines = (workdir / "big.jsonl").read_bytes().splitlines(keepends=True)
+    (workdir / "big").mkdir()
+    for k in range(4):
+        (workdir / f"big/part-{k}.jsonl").write_bytes(b"".join(lines[k * 500 : (k + 1) * 500]))
+    (workdir / "big.jsonl").unlink()
     (workdir / "big.yaml").write_text(CONFIG.format(n=shards_per_job))
     return workdir
 
@@ -45,13 +51,12 @@ def stat(path: Path) -> tuple[int, int]:
 def test_one_jobs_shards_overlap_and_a_failed_shard_reruns_alone(cluster, tmp_path):
     work = prepare(tmp_path / "slurm", 2)
     args = ("--configfile", "big.yaml", "--")
-    # The raw shards (a login-node rule), then shard 0001 cut short: its tokenize fails.
-    slurmruns.run(
-        work, None, *args, *(f"data/raw/big/{s}.jsonl.zst" for s in SHARDS), profile="local"
-    )
-    bad = work / "data/raw/big/0001.jsonl.zst"
+    # Shard 0001's file (read in place) as a .zst cut short: its tokenize fails.
+    import zstandard
+
+    bad = work / "big/part-1.jsonl"
     good = bad.read_bytes()
-    bad.write_bytes(good[: len(good) // 2])
+    bad.write_bytes(zstandard.ZstdCompressor().compress(good)[: len(good) // 8])
 
     first = slurmruns.run(work, cluster, *args, f"{MERGED}.bin", check=False)
     out = first.stdout + first.stderr

@@ -79,6 +79,7 @@ def test_cancelled_tokenize_leaves_no_partial_output_and_rerun_gives_same_bytes(
     state = {j["id"]: j["state"] for j in cluster.jobs()}[job["id"]]
     assert state == "CANCELLED"
     assert not (work / f"{SHARD}.bin").exists() and not (work / f"{SHARD}.idx").exists()
+    assert not (work / f"{SHARD}.manifest.json").exists()
 
     slurmruns.run(work, cluster, *targets)
     assert not list((work / SHARD).parent.glob("*.incomplete"))

@@ -155,7 +155,7 @@ def test_a_corrupt_shard_is_named(tmp_path, trained_tokenizer):
     import zstandard
 
     shard.write_bytes(zstandard.ZstdCompressor().compress(b'{"text": "ok"}\nnot json\n'))
-    with pytest.raises(ValueError, match=r"s\.jsonl\.zst:2: not a shard written by download_text"):
+    with pytest.raises(ValueError, match=r"s\.jsonl\.zst:2: not a JSONL shard of"):
         tokenize_shard(shard, tmp_path / "o", load_tokenizer(trained_tokenizer), EOD)
     assert not list(tmp_path.glob("o.*"))
 

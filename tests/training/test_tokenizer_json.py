@@ -260,8 +260,9 @@ def test_a_unigram_tokenizer_json_goes_through_the_workflow_and_trains(
     tok = load_tokenizer(path)
     tok.encode_special_tokens = True
     eod = tok.token_to_id(eod_token)
-    raw = sorted((work / "data/raw/sample_en").glob("*.jsonl.zst"))
-    texts = [t for shard in raw for batch in read_texts(shard, 1 << 20) for t in batch]
+    # The source read in place (resources/sample_text/en.jsonl.zst), empty documents dropped.
+    raw = [REPO / "resources/sample_text/en.jsonl.zst"]
+    texts = [t for shard in raw for batch in read_texts(shard, 1 << 20) for t in batch if t.strip()]
     ds = IndexedDataset(str(work / "data/tokenized/euro/sample_en_text_document"))
     assert len(ds) == len(texts) > 0
     for doc, text in zip(ds, texts, strict=True):

@@ -15,7 +15,9 @@ BUILT_IN = ("sample_en", "sample_multilingual", "fineweb")
 
 
 def shards_of(source):
-    return [f"data/raw/{source}/{k:04d}.jsonl.zst" for k in range(2)]
+    return [
+        f"data/tokenized/sample_bpe/{source}/{k:04d}_text_document.manifest.json" for k in range(2)
+    ]
 
 
 def test_a_tokenizer_a_new_source_retrains_says_why_and_how_to_pin_it():
@@ -23,7 +25,7 @@ def test_a_tokenizer_a_new_source_retrains_says_why_and_how_to_pin_it():
     made = {"data/tokenizers/bpe/tokenizer.json", *shards_of("en"), *shards_of("de")}
     warning = retrain_warning("bpe", cfg, ["en", "de", "web"], shards_of, made.__contains__)
     assert "text.tokenizers.bpe trains on every source (it has no sources:)" in warning
-    assert "web is new (no shard downloaded yet): bpe will be trained again" in warning
+    assert "web is new (no shard tokenized yet): bpe will be trained again" in warning
     assert warning.endswith("text.tokenizers.bpe.sources: [en, de] (in your --configfile)")
     # Nothing to say: not trained yet, pinned, nothing new, or a tokenizer from files.
     assert (
@@ -96,7 +98,7 @@ def test_a_dry_run_says_why_a_new_source_retrains_the_tokenizer(workdir):
     out = proc.stdout + proc.stderr
     assert (
         "Warning: text.tokenizers.sample_bpe trains on every source (it has no sources:), and "
-        "extra is new (no shard downloaded yet)" in out
+        "extra is new (no shard tokenized yet)" in out
     ), out[-3000:]
     assert "text.tokenizers.sample_bpe.sources: [sample_en, sample_multilingual, fineweb]" in out
 

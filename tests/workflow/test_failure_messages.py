@@ -13,9 +13,9 @@ from support import REPO, hang_guard, run_snakemake
 
 from hpcllm.failures import failed_jobs, failure_summary, reason_line, workflow_fix
 
-SHARD = "data/raw/sample_en/0001.jsonl.zst"
-TOKENIZED = "data/tokenized/sample_bpe/sample_en/0001_text_document.bin"
-TOKENIZE_LOG = "logs/tokenize/sample_bpe/sample_en/0001.log"
+SHARD = "data/tokenized/sample_bpe/sample_en/0001_text_document.bin"
+MERGED = "data/tokenized/sample_bpe/sample_en_text_document.bin"
+MERGE_LOG = "logs/merge_tokenized/sample_bpe/sample_en.log"
 
 
 @pytest.mark.workflow
@@ -26,24 +26,24 @@ def test_a_corrupt_shard_prints_its_reason_log_and_forcerun_fix(workdir):
     )
     # Targets first: after --configfile every word is read as a config file.
     common = ("--profile", "profiles/local", "--cores", "2", "--configfile", "en.yaml")
-    first = run_snakemake(workdir, "data/tokenizers/sample_bpe/tokenizer.json", *common)
+    first = run_snakemake(workdir, SHARD, *common)
     # Snakemake's per-job timing records are workflow outputs (under results/, which
     # `make clean` removes), apart from the benchmark scripts in benchmarks/.
-    assert (workdir / "results/timings/download_text/sample_en/0001.tsv").is_file()
+    assert (workdir / "results/timings/tokenize/sample_bpe/sample_en/0001.tsv").is_file()
     assert (workdir / "results/timings/train_tokenizer/sample_bpe.tsv").is_file()
     assert not (workdir / "benchmarks").exists()
-    # The shard is cut short after the tokenizer was trained; its time stamp is kept, so
-    # Snakemake sees nothing to redo upstream and the tokenize job reads the damaged file.
+    # The tokenized shard is cut short after it was made; its time stamp is kept, so
+    # Snakemake sees nothing to redo upstream and the merge job reads the damaged file.
     shard = workdir / SHARD
     stat = shard.stat()
     shard.write_bytes(shard.read_bytes()[:3000])
     os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
-    failed = run_snakemake(workdir, TOKENIZED, *common, check=False)
+    failed = run_snakemake(workdir, MERGED, *common, check=False)
     out = failed.stdout + failed.stderr
     assert failed.returncode != 0
     assert (
-        f"tokenize ({TOKENIZE_LOG}): CorruptInput: {SHARD}: truncated or corrupt zst data" in out
+        f"merge_tokenized ({MERGE_LOG}): IndexedDatasetError: {SHARD}: holds 3000 bytes" in out
     ), out[-4000:]
     assert f"fix: rerun the same command with --forcerun {SHARD}" in out
     # The profiles do not ask for shell commands: every rule runs a script, so Snakemake
@@ -51,9 +51,9 @@ def test_a_corrupt_shard_prints_its_reason_log_and_forcerun_fix(workdir):
     for proc in (first, failed):
         assert "Shell command" not in proc.stdout + proc.stderr
 
-    # The fix it names works: the shard is made again and the tokenize job succeeds.
-    run_snakemake(workdir, TOKENIZED, "--forcerun", SHARD, *common)
-    assert (workdir / TOKENIZED).stat().st_size > 0
+    # The fix it names works: the shard is made again and the merge job succeeds.
+    run_snakemake(workdir, MERGED, "--forcerun", SHARD, *common)
+    assert (workdir / MERGED).stat().st_size > 0
 
 
 SLURM_BLOCK = """\
@@ -64,7 +64,7 @@ Error in rule train_segment:
     output: results/train/x/seg1.json
     log: logs/train_segment/x/seg1.log, .snakemake/slurm_logs/rule_train_segment/42.log (check log file(s) for error details)
     external_jobid: 42
-Error in rule download_text:
+Error in rule fetch_text:
     message: None
     jobid: 1
 Exiting because a job execution failed. Look above for error messages
@@ -80,7 +80,7 @@ def test_failed_jobs_are_read_from_snakemakes_log_with_every_log_path():
                 ".snakemake/slurm_logs/rule_train_segment/42.log",
             ],
         ),
-        ("download_text", []),
+        ("fetch_text", []),
     ]
 
 
@@ -116,7 +116,7 @@ def test_the_summary_says_when_a_log_has_no_error_line(tmp_path, monkeypatch):
     lines = failure_summary(str(tmp_path / "run.log"))
     assert lines[0].startswith("Why the jobs failed")
     assert "  train_segment: no error line in its log (logs/train_segment/x/seg1.log, " in lines[1]
-    assert "  download_text: no error line in its log (no log: " in lines[2]
+    assert "  fetch_text: no error line in its log (no log: " in lines[2]
 
 
 def test_ctrl_c_in_a_job_script_is_one_line_not_a_traceback(tmp_path):

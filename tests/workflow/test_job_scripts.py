@@ -75,7 +75,7 @@ def test_compute_jobs_run_without_the_hub_and_login_node_rules_with_it():
     download, do not. A container build (a login-node rule except where the site builds
     on compute nodes) needs the network and never the hub: left alone."""
     rules = rule_scripts()
-    assert {"tokenize", "train_segment", "bench_language", "download_text"} <= set(rules)
+    assert {"tokenize", "train_segment", "bench_language", "fetch_text"} <= set(rules)
     # train_segment with training.chain on Slurm (localrule: CHAINED) runs
     # train_segment_chain.py on the login node (it submits and waits; the chain's jobs go
     # offline in hpcllm.training.chain), else train_segment.py as a compute job.

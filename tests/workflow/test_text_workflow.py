@@ -73,17 +73,22 @@ def test_merged_datasets_hold_the_reference_ids_in_source_order(text_run):
 
 
 def test_every_shard_manifest_counts_what_it_wrote(text_run):
+    """The manifest per tokenized shard counts the documents its .idx holds, and the
+    source is read in place: no re-encoded copy, no login-node step for these sources."""
     for name in SOURCES:
-        shards = sorted((text_run / f"data/raw/{name}").glob("*.jsonl.zst"))
-        assert len(shards) == CONFIG["sources"][name]["shards"]
-        for path in shards:
-            records = jsonl_zst_records(path)
-            manifest = json.loads(
-                path.with_name(path.name.replace(".jsonl.zst", ".manifest.json")).read_text()
-            )
-            assert manifest["documents"] == len(records) > 0, path
-            assert manifest["bytes"] == sum(len(r["text"].encode()) for r in records), path
+        prefixes = sorted(
+            p.with_suffix("")
+            for p in (text_run / f"data/tokenized/sample_bpe/{name}").glob("*_text_document.idx")
+        )
+        assert len(prefixes) == CONFIG["sources"][name]["shards"]
+        for prefix in prefixes:
+            ds = IndexedDataset(str(prefix))
+            manifest = json.loads(prefix.with_name(prefix.name + ".manifest.json").read_text())
+            assert manifest["documents"] == len(ds) > 0, prefix
             assert manifest["source"] == name and manifest["skipped_total"] == 0
+    assert not (text_run / "data/raw").exists()
+    assert not (text_run / "data/hub").exists()
+    assert not list(text_run.glob("data/**/*.jsonl.zst"))
 
 
 def test_rerun_gives_byte_identical_outputs(text_run):
@@ -108,11 +113,10 @@ def test_dry_run_lists_every_text_job(workdir):
     proc = run_snakemake(workdir, "-n", "--cores", "2", *TARGETS)
     shards = sum(CONFIG["sources"][s]["shards"] for s in SOURCES)
     assert planned_jobs(proc.stdout) == {
-        "download_text": shards,
         "train_tokenizer": 1,
         "tokenize": shards,
         "merge_tokenized": len(SOURCES),
-        "total": 2 * shards + 1 + len(SOURCES),
+        "total": shards + 1 + len(SOURCES),
     }
 
 
@@ -131,10 +135,9 @@ def test_adding_a_source_plans_only_that_sources_jobs(text_run):
     ]
     proc = run_snakemake(text_run, "-n", *targets, "--configfile", "extra.yaml")
     assert planned_jobs(proc.stdout) == {
-        "download_text": 3,
         "tokenize": 3,
         "merge_tokenized": 1,
-        "total": 7,
+        "total": 4,
     }, proc.stdout
 
 
@@ -256,10 +259,13 @@ def test_a_juwels_plan_tokenizes_twelve_shards_per_slurm_job(workdir):
     per_job = cores // threads
     assert per_job == 12
     jobs = proc.stdout.split("rule tokenize_batch:")[1:]
-    shards = sorted(j.split("input: ")[1].split("\n")[0].count("data/raw/") for j in jobs)
-    # 30 + 2 + 2 shards in batches of at most 12; no one-shard jobs. (A dry run shows
-    # every job with 1 thread; the Slurm test sees a batch's shards side by side.)
-    assert shards == [2, 2, 6, 12, 12], shards
+    # 30 + 2 + 2 shards in batches of at most 12 (the batches read the sources' files in
+    # place: 3 batches of sample_en, one of each other source); no one-shard jobs.
+    batches = sorted(j.split("wildcards: ")[1].split("\n")[0] for j in jobs)
+    assert batches == sorted(
+        [f"tok=sample_bpe, source=sample_en, batch={b:04d}" for b in range(3)]
+        + [f"tok=sample_bpe, source={s}, batch=0000" for s in ("sample_multilingual", "fineweb")]
+    ), batches
     assert "rule tokenize:" not in proc.stdout and "Group job" not in proc.stdout
     # The merge waits for the batches of its source.
     merge = proc.stdout.split("rule merge_tokenized:")[1:]
@@ -272,7 +278,7 @@ def test_a_tokenizer_trains_on_its_sources_only(workdir):
     )
     proc = run_snakemake(workdir, "-n", *TARGETS, "--configfile", "only.yaml")
     block = proc.stdout.split("rule train_tokenizer:", 1)[1].split("output:", 1)[0]
-    assert block.count("data/raw/sample_multilingual/") == 2, block
+    assert block.count("resources/sample_text/multilingual.jsonl.zst") == 1, block
     assert "sample_en" not in block and "fineweb" not in block
 
 
@@ -326,3 +332,33 @@ def test_a_tokenizer_json_only_tokenizer_is_planned_for_training_or_refused_by_i
     for job in ("tokenizer_folder", "prepare_data_cache", "train_segment"):
         assert f"rule {job}:" in proc.stdout, proc.stdout
     assert "data/tokenizers/given/hf/tokenizer_config.json" in proc.stdout
+
+
+def test_only_a_hub_source_without_a_mirror_has_a_login_node_step(workdir):
+    """One fetch_text per such source (on the login node), which the tokenize jobs read
+    from; the built-in sources (local files, the shipped mirror) have none."""
+    (workdir / "hub.yaml").write_text(
+        "text:\n  sources:\n    web:\n      type: hub\n      dataset: org/web-text\n"
+        "      shards: 3\n  tokenizers:\n    sample_bpe:\n"
+        f"      sources: [{', '.join(SOURCES)}]\n"
+    )
+    web = [f"data/tokenized/sample_bpe/web_text_document.{e}" for e in ("bin", "idx")]
+    proc = run_snakemake(workdir, "-n", *TARGETS, *web, "--configfile", "hub.yaml")
+    shards = sum(CONFIG["sources"][s]["shards"] for s in SOURCES)
+    jobs = planned_jobs(proc.stdout)
+    assert jobs["fetch_text"] == 1 and jobs["tokenize"] == shards + 3, proc.stdout
+    fetch = proc.stdout.split("rule fetch_text:", 1)[1].split("[", 1)[0]
+    assert "output: data/hub/web/fetched.json" in fetch and "wildcards: source=web" in fetch
+    proc = run_snakemake(workdir, "-n", *TARGETS)
+    assert "fetch_text" not in proc.stdout
+
+
+def test_a_hub_mirror_that_is_not_there_stops_the_plan(workdir):
+    (workdir / "gone.yaml").write_text(
+        "text:\n  sources:\n    web:\n      type: hub\n      dataset: org/web-text\n"
+        "      mirror: nowhere/web\n      shards: 1\n"
+    )
+    target = "data/tokenized/sample_bpe/web_text_document.bin"
+    proc = run_snakemake(workdir, "-n", target, "--configfile", "gone.yaml", check=False)
+    assert proc.returncode != 0
+    assert "the hub mirror nowhere/web of org/web-text does not exist" in proc.stdout + proc.stderr

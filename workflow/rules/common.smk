@@ -133,18 +133,48 @@ def shard_ids(source):
     return [f"{i:04d}" for i in range(SOURCES[source]["shards"])]
 
 
-def raw_shards(source):
-    return expand(
-        "data/raw/{source}/{shard}.jsonl.zst", source=source, shard=shard_ids(source)
-    )
+def fetched(source):
+    """The manifest of the login-node fetch of a hub source without a mirror, or None
+    (local files and mirrors are read in place: no login-node step)."""
+    cfg = SOURCES[source]
+    if cfg["type"] != "hub" or cfg.get("mirror") or os.environ.get("HPCLLM_HF_MIRROR"):
+        return None
+    return f"data/hub/{source}/fetched.json"
 
 
-def raw_manifests(wildcards):
-    return expand(
-        "data/raw/{source}/{shard}.manifest.json",
-        source=wildcards.source,
-        shard=shard_ids(wildcards.source),
-    )
+def source_files(source):
+    """What a source's jobs read: its local files, or the fetch's manifest."""
+    cfg = SOURCES[source]
+    if cfg["type"] == "local":
+        return [os.path.normpath(f) for f in resolve_local_files(source, cfg)]
+    check_hub_source(source)  # a mirror that is not there, a fetch without internet
+    return [f for f in [fetched(source)] if f]
+
+
+def source_inputs(wildcards):
+    return source_files(wildcards.source)
+
+
+def read_config(source):
+    """The source's config as its jobs read it: a fetched hub source from its mirror."""
+    cfg = SOURCES[source]
+    if fetched(source):
+        return {**cfg, "mirror": f"data/hub/{source}/files"}
+    return cfg
+
+
+def source_read_config(wildcards):
+    return read_config(wildcards.source)
+
+
+def shard_manifests(wildcards):
+    return [f"{p}.manifest.json" for p in tokenized_shard_prefixes(wildcards)]
+
+
+def tokenized_manifests(wildcards):
+    """The shards' manifests as a merge's input where one-shard jobs write them (a batch's
+    record stands for its shards' files)."""
+    return shard_manifests(wildcards) if shards_per_job() == 1 else []
 
 
 def source_min_documents(wildcards):
@@ -158,9 +188,16 @@ def source_config(wildcards):
 def hub_source_reachable(wildcards):
     """No input; stops the plan when the source is on the hub and downloads run where
     there is no internet (config/clusters: internet.login), saying what to stage."""
+    check_hub_source(wildcards.source)
+    return []
+
+
+def check_hub_source(source):
+    """Stops the plan when a hub source's mirror is not there, or when it has none and
+    the login nodes, where the fetch runs, have no internet."""
     problem = offline_source_error(
-        wildcards.source,
-        SOURCES[wildcards.source],
+        source,
+        SOURCES[source],
         os.environ.get("HPCLLM_HF_MIRROR"),
         online=CLUSTER.internet.login,
         site=CLUSTER.description,
@@ -168,7 +205,6 @@ def hub_source_reachable(wildcards):
     )
     if problem:
         raise _WorkflowError(problem)
-    return []
 
 
 def source_num_shards(wildcards):
@@ -187,17 +223,37 @@ def tokenizer_use(wildcards):
     return {k: cfg[k] for k in ("type", "eod_token", "vocab_size") if k in cfg}
 
 
-def tokenizer_training_shards(wildcards):
-    cfg = TOKENIZERS[wildcards.tok]
+def training_sources(tok):
+    return TOKENIZERS[tok].get("sources") or list(SOURCES)
+
+
+def tokenizer_training_inputs(wildcards):
     return [
-        path for source in cfg.get("sources") or SOURCES for path in raw_shards(source)
+        f for source in training_sources(wildcards.tok) for f in source_files(source)
+    ]
+
+
+def tokenizer_training_sources(wildcards):
+    """The sources a tokenizer trains on (their configs as read), in order."""
+    return {
+        source: {**read_config(source), "num_shards": SOURCES[source]["shards"]}
+        for source in training_sources(wildcards.tok)
+    }
+
+
+def tokenized_source_shards(source):
+    """Any tokenized shard of a source (evidence that it is not new)."""
+    return [
+        f"data/tokenized/{tok}/{source}/{shard}_text_document.manifest.json"
+        for tok in TOKENIZERS
+        for shard in shard_ids(source)
     ]
 
 
 # A trained tokenizer that a new source retrains says so, and how to pin it (plan time).
 if workflow.is_main_process:
     for _name, _tok in TOKENIZERS.items():
-        _warning = retrain_warning(_name, _tok, SOURCES, raw_shards)
+        _warning = retrain_warning(_name, _tok, SOURCES, tokenized_source_shards)
         if _warning:
             logger.warning(f"Warning: {_warning}")
 
@@ -249,13 +305,9 @@ def batch_shards(wildcards):
     return shard_ids(wildcards.source)[b * n : (b + 1) * n]
 
 
-def shard_input(source, shard):
-    """The file one shard is tokenized from."""
-    return f"data/raw/{source}/{shard}.jsonl.zst"
-
-
 def batch_inputs(wildcards):
-    return [shard_input(wildcards.source, s) for s in batch_shards(wildcards)]
+    """A batch reads its shards' blocks of the source's own files."""
+    return source_files(wildcards.source)
 
 
 def batch_threads(wildcards):
@@ -266,8 +318,13 @@ def batch_threads(wildcards):
 
 def batch_runtime(wildcards, input, threads):
     """A batch's time limit from its work (hpcllm.text.shard_pool.batch_minutes)."""
+    # The source's bytes on disk (its files) spread evenly over its shards.
+    shards = batch_shards(wildcards)
+    per_shard = sum(os.path.getsize(f) for f in input.shards) / source_num_shards(
+        wildcards
+    )
     return batch_minutes(
-        [os.path.getsize(f) for f in input.shards],
+        [int(per_shard)] * len(shards),
         max(1, threads // TOKENIZE_THREADS),
         max_minutes=CLUSTER.max_minutes,
     )

@@ -1,31 +1,31 @@
-# Raw web text to Megatron's indexed dataset: download, tokenizer, tokenize, merge.
+# Raw web text to Megatron's indexed dataset: fetch (hub sources without a mirror only),
+# tokenizer, tokenize (straight from the source's files), merge.
 
 
-rule download_text:
+rule fetch_text:
     input:
         hub_source_reachable,
     output:
-        jsonl="data/raw/{source}/{shard}.jsonl.zst",
-        manifest="data/raw/{source}/{shard}.manifest.json",
+        manifest="data/hub/{source}/fetched.json",
     log:
-        "logs/download_text/{source}/{shard}.log",
+        "logs/fetch_text/{source}.log",
     benchmark:
-        "results/timings/download_text/{source}/{shard}.tsv"
-    # On the login node: compute nodes of most EuroHPC sites cannot reach the hub.
+        "results/timings/fetch_text/{source}.tsv"
+    # On the login node: compute nodes of most EuroHPC sites cannot reach the hub. Only
+    # for hub sources without a mirror; it copies the repository's files, never re-encodes.
     localrule: True
     conda:
         "../../envs/workflow.yaml"
     params:
         source=source_config,
-        num_shards=source_num_shards,
-        defaults=TEXT_DEFAULTS,
+        files=lambda wildcards: f"data/hub/{wildcards.source}/files",
     script:
-        "../scripts/download_text.py"
+        "../scripts/fetch_text.py"
 
 
 rule train_tokenizer:
     input:
-        shards=tokenizer_training_shards,
+        sources=tokenizer_training_inputs,
     output:
         tokenizer="data/tokenizers/{tok}/tokenizer.json",
         vocab="data/tokenizers/{tok}/vocab.json",
@@ -43,6 +43,8 @@ rule train_tokenizer:
         runtime=120,
     params:
         tokenizer=tokenizer_training,
+        sources=tokenizer_training_sources,
+        defaults=TEXT_DEFAULTS,
         out_dir=subpath(output.tokenizer, parent=True),
     script:
         "../scripts/train_tokenizer.py"
@@ -72,10 +74,15 @@ rule tokenizer_folder:
 
 rule tokenize:
     input:
-        jsonl="data/raw/{source}/{shard}.jsonl.zst",
+        source=source_inputs,
         tokenizer=tokenizer_inputs,
     output:
-        multiext("data/tokenized/{tok}/{source}/{shard}_text_document", ".bin", ".idx"),
+        multiext(
+            "data/tokenized/{tok}/{source}/{shard}_text_document",
+            ".bin",
+            ".idx",
+            ".manifest.json",
+        ),
     log:
         "logs/tokenize/{tok}/{source}/{shard}.log",
     benchmark:
@@ -87,6 +94,9 @@ rule tokenize:
         mem_mb=4000,
         runtime=60,
     params:
+        source=source_read_config,
+        num_shards=source_num_shards,
+        defaults=TEXT_DEFAULTS,
         tokenizer=tokenizer_use,
         tokenize=TOKENIZE_SETTINGS,
         prefix=subpath(output[0], strip_suffix=".bin"),
@@ -116,6 +126,9 @@ rule tokenize_batch:
         runtime=batch_runtime,
     params:
         shards=batch_shards,
+        source=source_read_config,
+        num_shards=source_num_shards,
+        defaults=TEXT_DEFAULTS,
         tokenizer=tokenizer_use,
         tokenize=TOKENIZE_SETTINGS,
         shard_threads=TOKENIZE_THREADS,
@@ -129,7 +142,7 @@ rule tokenize_batch:
 rule merge_tokenized:
     input:
         shards=tokenized_shards,
-        manifests=raw_manifests,
+        manifests=tokenized_manifests,
     output:
         multiext("data/tokenized/{tok}/{source}_text_document", ".bin", ".idx"),
     log:
@@ -143,6 +156,7 @@ rule merge_tokenized:
         runtime=60,
     params:
         shard_prefixes=tokenized_shard_prefixes,
+        manifests=shard_manifests,
         prefix=subpath(output[0], strip_suffix=".bin"),
         min_documents=source_min_documents,
     script:

@@ -12,7 +12,7 @@ from hpcllm.text.shards import check_source_size
 
 logs.setup(snakemake.log[0])
 check_source_size(
-    snakemake.wildcards.source, snakemake.input.manifests, snakemake.params.min_documents
+    snakemake.wildcards.source, snakemake.params.manifests, snakemake.params.min_documents
 )
 index = merge_datasets(snakemake.params.shard_prefixes, snakemake.params.prefix)
 logging.info(

@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 from typing import Any
 
+import yaml
+
 OSCAR_2301 = "oscar-corpus/OSCAR-2301"
+CARD = "README.md"
 
 
 class ScriptDataset(ValueError):
@@ -109,3 +113,73 @@ def data_files(repo: Repository, files: list[str] | None = None) -> list[str]:
     with open(repo.local_path(listing)) as f:
         parts = [line.split()[-1] for line in f if line.strip()]
     return [f"{lang}_meta/{os.path.basename(p)}" for p in parts]
+
+
+def glob_match(pattern: str, path: str) -> bool:
+    """``path`` matches ``pattern`` as the hub's globs do: ``*`` and ``?`` stay inside one
+    folder, ``**`` crosses folders."""
+    regex = ""
+    for part in re.split(r"(\*\*/?|\*|\?)", pattern):
+        if part in ("**", "**/"):
+            regex += "(?:.*/)?" if part == "**/" else ".*"
+        elif part == "*":
+            regex += "[^/]*"
+        elif part == "?":
+            regex += "[^/]"
+        else:
+            regex += re.escape(part)
+    return re.fullmatch(regex, path) is not None
+
+
+def card_patterns(card: str, cfg: dict[str, Any]) -> list[str] | None:
+    """The data file globs of the source's config and split from the dataset card's
+    ``configs`` (None when the card has no such config)."""
+    m = re.match(r"---\s*\n(.*?)\n---\s*(\n|$)", card, re.S)
+    meta = (yaml.safe_load(m.group(1)) if m else None) or {}
+    name, split = cfg.get("name") or "default", cfg.get("split", "train")
+    for config in meta.get("configs") or []:
+        if config.get("config_name", "default") != name:
+            continue
+        files = config.get("data_files")
+        if files is None and config.get("data_dir"):
+            return [f"{config['data_dir'].rstrip('/')}/**"]
+        if isinstance(files, str):
+            return [files]
+        out: list[str] = []
+        for entry in files or []:
+            if isinstance(entry, str):
+                out.append(entry)
+            elif entry.get("split", "train") == split:
+                paths = entry.get("path")
+                out += [paths] if isinstance(paths, str) else list(paths or [])
+        return out
+    return None
+
+
+def card_data_files(cfg: dict[str, Any], mirror: str) -> list[str] | None:
+    """The files of a mirror that the source's config and split name in the dataset
+    card, in the order ``datasets`` reads them (each glob's matches sorted, globs in
+    order, hidden files left out); None when the card names none (no card, no config)."""
+    card = os.path.join(mirror, CARD)
+    if not os.path.isfile(card):
+        return None
+    with open(card, encoding="utf-8") as f:
+        patterns = card_patterns(f.read(), cfg)
+    if not patterns:
+        return None
+    if cfg.get("data_dir"):
+        patterns = [f"{cfg['data_dir'].rstrip('/')}/{p}" for p in patterns]
+    files = [
+        f
+        for f in Repository(cfg, mirror).files()
+        if not any(p.startswith(".") for p in f.split("/"))
+    ]
+    out: list[str] = []
+    for pattern in patterns:
+        out += [f for f in files if glob_match(pattern, f) and f not in out]
+    if not out:
+        raise ScriptDataset(
+            f"the dataset card of {cfg['dataset']} names {patterns} for config "
+            f"'{cfg.get('name') or 'default'}', but no file of the mirror {mirror} matches"
+        )
+    return [os.path.join(mirror, f) for f in out]

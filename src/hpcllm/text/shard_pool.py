@@ -296,5 +296,39 @@ def tokenize_task(
     return {"documents": stats.documents, "tokens": stats.tokens, "encoder": stats.encoder}
 
 
+def tokenize_source_task(
+    source: str,
+    cfg: dict[str, Any],
+    defaults: dict[str, Any],
+    shard: int,
+    num_shards: int,
+    prefix: str,
+    tokenizer: dict[str, Any],
+    tokenizer_files: list[str],
+    settings: dict[str, Any],
+) -> dict[str, Any]:
+    """One shard of a batch read straight from the source's files: the same call as the
+    one-shard tokenize job's script (its .bin/.idx and manifest)."""
+    from hpcllm.text.shards import source_policy, tokenize_source_shard
+    from hpcllm.text.tokenizers_config import tokenizer_for
+
+    manifest = tokenize_source_shard(
+        source,
+        cfg,
+        source_policy(cfg, defaults, shard, num_shards),
+        shard,
+        num_shards,
+        prefix,
+        prefix + ".manifest.json",
+        tokenizer_for(tokenizer, tokenizer_files),
+        tokenizer["eod_token"],
+        append_eod=settings["append_eod"],
+        encoder=settings["encoder"],
+        batch_bytes=settings["batch_bytes"],
+        special_tokens_in_text=settings["special_tokens_in_text"],
+    )
+    return {"documents": manifest["documents"]}
+
+
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -1,6 +1,8 @@
-"""Write one shard of a text source as compressed JSONL plus a manifest (``download_text``).
+"""One shard of a text source: its documents read from the source's own files, with the
+shard's policy (bad records, limits), tokenized in place (``tokenize``) or written as a
+compressed JSONL copy, plus a manifest.
 
-Each output line is ``{"id": ..., "text": ...}``. The output is deterministic: the same
+A JSONL copy's line is ``{"id": ..., "text": ...}``. The output is deterministic: the same
 source and config give byte-identical files (fixed zstd level, no timestamps), and both
 files are renamed into place only when complete.
 """
@@ -11,7 +13,8 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +55,185 @@ def source_policy(
     )
 
 
+@dataclass
+class ShardCounts:
+    """What a shard kept and dropped, for its manifest."""
+
+    documents: int = 0
+    bytes: int = 0
+    empty: int = 0
+    skipped: SkipLog = field(default_factory=SkipLog)
+
+
+def shard_texts(
+    name: str,
+    cfg: dict[str, Any],
+    policy: ShardPolicy,
+    shard: int,
+    num_shards: int,
+    counts: ShardCounts,
+    base: str | os.PathLike = ".",
+) -> Iterator[Document]:
+    """The documents shard ``shard`` keeps, in source order, read from the source's own
+    files: bad records raise (``on_bad_record: fail``) or are counted in ``counts``,
+    empty documents are dropped and counted, the shard's limits applied."""
+    for item in shard_documents(name, cfg, shard, num_shards, base):
+        if isinstance(item, Document):
+            size = len(item.text.encode("utf-8"))
+            if size > policy.max_document_bytes:
+                item = BadRecord(
+                    item.where,
+                    "too_large",
+                    f"document of {size} bytes exceeds max_document_bytes="
+                    f"{policy.max_document_bytes}; raise the limit or skip bad records",
+                )
+        if isinstance(item, BadRecord):
+            if policy.on_bad_record != "skip":
+                raise BadRecord(
+                    item.where,
+                    item.reason,
+                    f"{str(item).split(': ', 1)[1]} (source '{name}'; fix the input or set "
+                    f"text.sources.{name}.on_bad_record: skip to skip and count such records)",
+                )
+            counts.skipped.add(item.reason, str(item))
+            continue
+        if not item.text.strip():
+            counts.empty += 1  # no tokens to train on; counted, not an error
+            continue
+        if policy.max_bytes is not None and counts.bytes + size > policy.max_bytes:
+            break
+        counts.documents += 1
+        counts.bytes += size
+        yield item
+        if policy.max_documents is not None and counts.documents >= policy.max_documents:
+            break
+
+
+def shard_manifest(
+    name: str, cfg: dict[str, Any], shard: int, num_shards: int, counts: ShardCounts
+) -> dict[str, Any]:
+    return {
+        "source": name,
+        "type": cfg["type"],
+        "dataset": cfg.get("dataset"),
+        "config_name": cfg.get("name"),
+        "revision": _revision(cfg),
+        "shard": shard,
+        "num_shards": num_shards,
+        "documents": counts.documents,
+        "bytes": counts.bytes,
+        "empty_documents": counts.empty,
+        "skipped": dict(sorted(counts.skipped.counts.items())),
+        "skipped_total": counts.skipped.total,
+        "skipped_examples": counts.skipped.examples,
+    }
+
+
+def _write_manifest(path: str | os.PathLike, manifest: dict[str, Any]) -> None:
+    with open(path, "w") as f:
+        json.dump(manifest, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def _log_shard(name: str, shard: int, num_shards: int, counts: ShardCounts, start: float) -> None:
+    log.info(
+        "%s shard %d/%d: %d documents, %d bytes, %d empty, %d skipped in %.1f s",
+        name,
+        shard,
+        num_shards,
+        counts.documents,
+        counts.bytes,
+        counts.empty,
+        counts.skipped.total,
+        time.monotonic() - start,
+    )
+    if counts.documents == 0:
+        log.warning("%s shard %d is empty: the source has fewer documents than shards", name, shard)
+
+
+def batches_of(texts: Iterable[str], batch_bytes: int) -> Iterator[list[str]]:
+    """Texts in lists of about ``batch_bytes`` characters (the last one shorter)."""
+    batch: list[str] = []
+    size = 0
+    for text in texts:
+        batch.append(text)
+        size += len(text)
+        if size >= batch_bytes:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def tokenize_source_shard(
+    name: str,
+    cfg: dict[str, Any],
+    policy: ShardPolicy,
+    shard: int,
+    num_shards: int,
+    output_prefix: str | os.PathLike,
+    out_manifest: str | os.PathLike,
+    tok: Any,
+    eod_token: str | None,
+    base: str | os.PathLike = ".",
+    batch_bytes: int = 4 << 20,
+    **tokenize_options: Any,
+) -> dict[str, Any]:
+    """Tokenize shard ``shard`` of source ``name`` straight from the source's files
+    (Parquet, JSON lines, text; no intermediate copy) into ``{output_prefix}.bin/.idx``
+    and write its manifest; return the manifest. ``tokenize_options`` go to
+    :func:`hpcllm.text.tokenization.tokenize_shard`."""
+    from hpcllm.text.tokenization import tokenize_shard
+
+    counts = ShardCounts()
+    start = time.monotonic()
+    texts = (d.text for d in shard_texts(name, cfg, policy, shard, num_shards, counts, base))
+    with atomic_paths(out_manifest) as (tmp_manifest,):
+        tokenize_shard(
+            batches_of(texts, batch_bytes),
+            output_prefix,
+            tok,
+            eod_token,
+            batch_bytes=batch_bytes,
+            total_documents=policy.max_documents,
+            label=f"{name} shard {shard}",
+            **tokenize_options,
+        )
+        manifest = shard_manifest(name, cfg, shard, num_shards, counts)
+        _write_manifest(tmp_manifest, manifest)
+    _log_shard(name, shard, num_shards, counts, start)
+    return manifest
+
+
+class ShardReader:
+    """A shard's kept texts, read when iterated (for tokenizer training)."""
+
+    def __init__(self, name: str, cfg: dict[str, Any], policy: ShardPolicy, shard: int, n: int):
+        self.name, self.cfg, self.policy, self.shard, self.n = name, cfg, policy, shard, n
+
+    def __iter__(self) -> Iterator[str]:
+        counts = ShardCounts()
+        for doc in shard_texts(self.name, self.cfg, self.policy, self.shard, self.n, counts):
+            yield doc.text
+
+    def __str__(self) -> str:
+        return f"{self.name} shard {self.shard}"
+
+
+def source_shard_readers(
+    sources: dict[str, dict[str, Any]], text_cfg: dict[str, Any]
+) -> list[ShardReader]:
+    """Every shard of ``sources`` (name: config with ``num_shards``) in order, as
+    :class:`ShardReader`: what the tokenizer trains on, the same documents as tokenized."""
+    readers = []
+    for name, cfg in sources.items():
+        n = cfg["num_shards"]
+        readers += [
+            ShardReader(name, cfg, source_policy(cfg, text_cfg, k, n), k, n) for k in range(n)
+        ]
+    return readers
+
+
 def write_shard(
     name: str,
     cfg: dict[str, Any],
@@ -62,78 +244,23 @@ def write_shard(
     out_manifest: str | os.PathLike,
     base: str | os.PathLike = ".",
 ) -> dict[str, Any]:
-    """Read shard ``shard`` of source ``name`` and write it; return the manifest."""
-    skipped = SkipLog()
-    documents = text_bytes = empty = 0
+    """Read shard ``shard`` of source ``name`` and write it as a ``.jsonl.zst`` copy;
+    return the manifest. Only for the tools and tests that want the documents as a file:
+    the workflow tokenizes from the source's own files (:func:`tokenize_source_shard`)."""
+    counts = ShardCounts()
     start = time.monotonic()
     # The total is known only where the config caps the shard (max_documents).
     progress = Progress(f"download {name} {shard:04d}", policy.max_documents, "documents")
     with atomic_paths(out_jsonl, out_manifest) as (tmp_jsonl, tmp_manifest):
         cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, threads=0)
         with open(tmp_jsonl, "wb") as raw, cctx.stream_writer(raw, closefd=False) as out:
-            for item in shard_documents(name, cfg, shard, num_shards, base):
-                if isinstance(item, Document):
-                    size = len(item.text.encode("utf-8"))
-                    if size > policy.max_document_bytes:
-                        item = BadRecord(
-                            item.where,
-                            "too_large",
-                            f"document of {size} bytes exceeds max_document_bytes="
-                            f"{policy.max_document_bytes}; raise the limit or skip bad records",
-                        )
-                if isinstance(item, BadRecord):
-                    if policy.on_bad_record != "skip":
-                        raise BadRecord(
-                            item.where,
-                            item.reason,
-                            f"{str(item).split(': ', 1)[1]} (source '{name}'; fix the input or set "
-                            f"text.sources.{name}.on_bad_record: skip to skip and count such records)",
-                        )
-                    skipped.add(item.reason, str(item))
-                    continue
-                if not item.text.strip():
-                    empty += 1  # no tokens to train on; counted, not an error
-                    continue
-                if policy.max_bytes is not None and text_bytes + size > policy.max_bytes:
-                    break
-                out.write(orjson.dumps({"id": item.id, "text": item.text}) + b"\n")
-                documents += 1
-                text_bytes += size
-                progress.update(documents)
-                if policy.max_documents is not None and documents >= policy.max_documents:
-                    break
-        progress.finish(documents)
-        manifest = {
-            "source": name,
-            "type": cfg["type"],
-            "dataset": cfg.get("dataset"),
-            "config_name": cfg.get("name"),
-            "revision": _revision(cfg),
-            "shard": shard,
-            "num_shards": num_shards,
-            "documents": documents,
-            "bytes": text_bytes,
-            "empty_documents": empty,
-            "skipped": dict(sorted(skipped.counts.items())),
-            "skipped_total": skipped.total,
-            "skipped_examples": skipped.examples,
-        }
-        with open(tmp_manifest, "w") as f:
-            json.dump(manifest, f, indent=2, sort_keys=True)
-            f.write("\n")
-    log.info(
-        "%s shard %d/%d: %d documents, %d bytes, %d empty, %d skipped in %.1f s",
-        name,
-        shard,
-        num_shards,
-        documents,
-        text_bytes,
-        empty,
-        skipped.total,
-        time.monotonic() - start,
-    )
-    if documents == 0:
-        log.warning("%s shard %d is empty: the source has fewer documents than shards", name, shard)
+            for doc in shard_texts(name, cfg, policy, shard, num_shards, counts, base):
+                out.write(orjson.dumps({"id": doc.id, "text": doc.text}) + b"\n")
+                progress.update(counts.documents)
+        progress.finish(counts.documents)
+        manifest = shard_manifest(name, cfg, shard, num_shards, counts)
+        _write_manifest(tmp_manifest, manifest)
+    _log_shard(name, shard, num_shards, counts, start)
     return manifest
 
 
@@ -172,7 +299,7 @@ def check_source_size(source: str, manifests: list[str | os.PathLike], min_docum
         f"fewer than min_documents: {min_documents}. Skipped records by reason: {why}; "
         f"empty documents dropped: {empty}"
         + (f"; first skipped: {'; '.join(examples)}" if examples else "")
-        + ". Fix the input (see the shard manifests data/raw/"
+        + ". Fix the input (see the shard manifests data/tokenized/<tokenizer>/"
         + f"{source}/*.manifest.json) or lower text.sources.{source}.min_documents"
     )
 

@@ -28,6 +28,7 @@ from hpcllm.text.compressed import open_binary
 from hpcllm.text.hub_files import (
     Repository,
     ScriptDataset,
+    card_data_files,
     data_files,
     default_text_field,
     loading_script,
@@ -176,23 +177,122 @@ def _datasets_records(
         raise SourceError(f"{label}: cannot read after record {i} ({e})") from e
 
 
-def _local_file_records(path: str, cfg: dict[str, Any]) -> Iterator[Document | BadRecord]:
+def _parquet_records(
+    path: str, text_field: str, id_field: str | None, start: int = 0, stop: int | None = None
+) -> Iterator[Document | BadRecord]:
+    """Rows ``start``..``stop`` of a Parquet file, read with pyarrow in batches of the text
+    (and id) column; only the row groups that hold them are read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as e:
+        raise SourceError(
+            f"{path}: truncated or corrupt Parquet file ({e}); download it again"
+        ) from None
+    names = pf.schema_arrow.names
+    stop = pf.metadata.num_rows if stop is None else min(stop, pf.metadata.num_rows)
+    if text_field not in names:
+        for row in range(start, stop):
+            yield BadRecord(
+                f"{path} row {row}",
+                "missing_text",
+                f"no field '{text_field}' (fields: {', '.join(sorted(names)) or 'none'}); "
+                "set the source's 'text_field'",
+            )
+        return
+    columns = [text_field] + ([id_field] if id_field and id_field in names else [])
+    offset = 0
+    try:
+        for rg in range(pf.num_row_groups):
+            rows = pf.metadata.row_group(rg).num_rows
+            if offset + rows <= start:
+                offset += rows
+                continue
+            if offset >= stop:
+                break
+            for batch in pf.iter_batches(batch_size=4096, row_groups=[rg], columns=columns):
+                lo, hi = max(start - offset, 0), min(stop - offset, batch.num_rows)
+                if lo < hi:
+                    yield from _parquet_batch(path, batch, offset, lo, hi, text_field, id_field)
+                offset += batch.num_rows
+                if offset >= stop:
+                    return
+    except (OSError, pa.ArrowException) as e:
+        raise SourceError(
+            f"{path}: truncated or corrupt Parquet file after row {offset} ({e}); download it again"
+        ) from None
+
+
+def _parquet_batch(
+    path: str, batch: Any, offset: int, lo: int, hi: int, text_field: str, id_field: str | None
+) -> Iterator[Document | BadRecord]:
+    import pyarrow as pa
+
+    column = batch.column(text_field)
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        for row in range(offset + lo, offset + hi):
+            yield BadRecord(
+                f"{path} row {row}", "missing_text", f"field '{text_field}' is not a string"
+            )
+        return
+    try:
+        texts = column.slice(lo, hi - lo).to_pylist()
+    except UnicodeDecodeError:  # pyarrow does not check UTF-8 on read: find the rows
+        raw = column.slice(lo, hi - lo).cast(pa.large_binary()).to_pylist()
+        texts = []
+        for k, b in enumerate(raw):
+            try:
+                texts.append(None if b is None else b.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                texts.append(
+                    BadRecord(
+                        f"{path} row {offset + lo + k}",
+                        "invalid_utf8",
+                        f"invalid UTF-8 at byte {e.start} of the text",
+                    )
+                )
+    ids = (
+        batch.column(id_field).slice(lo, hi - lo).to_pylist()
+        if id_field and id_field in batch.schema.names
+        else [None] * (hi - lo)
+    )
+    name = Path(path).name
+    for k, (text, doc_id) in enumerate(zip(texts, ids, strict=True)):
+        row = offset + lo + k
+        if isinstance(text, BadRecord):
+            yield text
+        elif not isinstance(text, str):
+            yield BadRecord(
+                f"{path} row {row}", "missing_text", f"field '{text_field}' is not a string"
+            )
+        else:
+            yield Document(
+                text, str(doc_id) if doc_id is not None else f"{name}#{row}", f"{path} row {row}"
+            )
+
+
+def _local_file_records(
+    path: str, cfg: dict[str, Any], start: int = 0, stop: int | None = None
+) -> Iterator[Document | BadRecord]:
+    """The records ``start``..``stop`` of one file (all by default)."""
     text_field, id_field = cfg.get("text_field") or "text", cfg.get("id_field", "id")
     if os.path.getsize(path) == 0:
-        yield BadRecord(
-            path, "empty_file", "the file is empty; remove it from the source or refill it"
-        )
+        if start == 0 and stop != 0:
+            yield BadRecord(
+                path, "empty_file", "the file is empty; remove it from the source or refill it"
+            )
         return
     fmt = cfg.get("format") or _format_of(path)
-    if fmt == "jsonl":
-        yield from _jsonl_records(path, text_field, id_field)
-        return
-    import datasets
-
     if fmt == "parquet":
-        ds = datasets.load_dataset("parquet", data_files=[path], split="train", streaming=True)
-        yield from _datasets_records(ds, path, text_field, id_field)
+        yield from _parquet_records(path, text_field, id_field, start, stop)
+        return
+    if fmt == "jsonl":
+        records = _jsonl_records(path, text_field, id_field)
     elif fmt == "text":
+        import datasets
+
         ds = datasets.load_dataset(
             "text",
             data_files=[path],
@@ -200,9 +300,10 @@ def _local_file_records(path: str, cfg: dict[str, Any]) -> Iterator[Document | B
             streaming=True,
             sample_by=cfg.get("sample_by", "paragraph"),
         )
-        yield from _datasets_records(ds, path, "text", None)
+        records = _datasets_records(ds, path, "text", None)
     else:
         raise SourceError(f"{path}: unknown format '{fmt}' (one of {', '.join(LOCAL_FORMATS)})")
+    yield from itertools.islice(records, start, stop)
 
 
 def offline_source_error(
@@ -289,6 +390,48 @@ def hub_dataset(cfg: dict[str, Any], mirror_root: str | None = None) -> Any:
         raise SourceError(str(script_error(cfg, script, f" ({e})"))) from None
 
 
+def hub_data_files(cfg: dict[str, Any], mirror: str) -> list[str] | None:
+    """The local files of a mirrored hub dataset's config and split, in the order
+    ``datasets`` streams them, when they are Parquet or JSON lines the package reads in
+    place (None otherwise: other formats are streamed with ``datasets``)."""
+    script = loading_script(cfg["dataset"], os.listdir(mirror))
+    if script:
+        raise SourceError(str(script_error(cfg, script)))
+    try:
+        files = card_data_files(cfg, mirror)  # the card's configs, without datasets' import
+    except ScriptDataset as e:
+        raise SourceError(f"text.sources: {e}") from None
+    if files is not None:
+        formats = {_format_quietly(f) for f in files}
+        if len(formats) == 1 and formats <= {"parquet", "jsonl"}:
+            want = formats.pop()
+        else:
+            return None
+    else:
+        import datasets
+
+        kwargs = {k: cfg[k] for k in ("name", "data_dir") if cfg.get(k)}
+        builder = datasets.load_dataset_builder(mirror, **kwargs)
+        if builder.name not in ("parquet", "json") or getattr(builder.config, "field", None):
+            return None
+        files = (builder.config.data_files or {}).get(cfg.get("split", "train"))
+        if not files or not all(os.path.isfile(f) for f in files):
+            return None
+        want = "parquet" if builder.name == "parquet" else "jsonl"
+    for f in files:
+        plain = f.lower().removesuffix(".zst").removesuffix(".gz")
+        if _format_quietly(f) != want or plain.endswith(".json"):  # .json: maybe an array
+            return None
+    return list(files)
+
+
+def _format_quietly(path: str) -> str | None:
+    try:
+        return _format_of(path)
+    except SourceError:
+        return None
+
+
 def _file_blocks(
     names: list[str],
     local_path: Callable[[str], str],
@@ -297,16 +440,25 @@ def _file_blocks(
     num_shards: int,
 ) -> Iterator[Document | BadRecord]:
     """Shard k of a list of files: a block of whole files when there are enough (each job
-    opens, or downloads, only its own), else a block of the records of all of them."""
+    opens, or downloads, only its own), else a block of the records of all of them (the
+    records counted once; a Parquet file's from its footer, and only the row groups of
+    the block are read)."""
     if len(names) >= num_shards:
         start, end = block(len(names), shard, num_shards)
         for name in names[start:end]:
             yield from _local_file_records(local_path(name), cfg)
         return
     paths = [local_path(n) for n in names]
-    total = sum(_count_records(path, cfg) for path in paths)
-    stream = (r for path in paths for r in _local_file_records(path, cfg))
-    yield from itertools.islice(stream, *block(total, shard, num_shards))
+    counts = [_count_records(path, cfg) for path in paths]
+    start, stop = block(sum(counts), shard, num_shards)
+    offset = 0
+    for path, n in zip(paths, counts, strict=True):
+        lo, hi = max(start - offset, 0), min(stop - offset, n)
+        if lo < hi:
+            yield from _local_file_records(path, cfg, lo, hi)
+        offset += n
+        if offset >= stop:
+            break
 
 
 def shard_documents(
@@ -343,6 +495,12 @@ def _hub_documents(
             raise SourceError(f"text.sources.{name}: {e}") from None
         file_cfg = {**cfg, "text_field": cfg.get("text_field") or default_text_field(cfg)}
         yield from _file_blocks(names, repo.local_path, file_cfg, shard, num_shards)
+        return
+    mirror = hub_mirror(cfg, mirror_root)
+    files = hub_data_files(cfg, mirror) if mirror else None
+    if files:
+        file_cfg = {**cfg, "text_field": cfg.get("text_field") or "text"}
+        yield from _file_blocks(files, lambda path: path, file_cfg, shard, num_shards)
         return
     ds = hub_dataset(cfg, mirror_root)
     text_field, id_field = cfg.get("text_field") or "text", cfg.get("id_field", "id")
@@ -414,7 +572,18 @@ def _count_records(path: str, cfg: dict[str, Any]) -> int:
     """How many items ``_local_file_records`` yields for a file, without parsing JSON."""
     if os.path.getsize(path) == 0:
         return 1  # the empty-file bad record
-    if (cfg.get("format") or _format_of(path)) == "jsonl":
+    fmt = cfg.get("format") or _format_of(path)
+    if fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.ParquetFile(path).metadata.num_rows
+        except (OSError, pa.ArrowException) as e:
+            raise SourceError(
+                f"{path}: truncated or corrupt Parquet file ({e}); download it again"
+            ) from None
+    if fmt == "jsonl":
         with open_binary(path) as raw:
             lines = (line.removeprefix(UTF8_BOM) if i == 0 else line for i, line in enumerate(raw))
             return sum(1 for line in lines if line.strip())

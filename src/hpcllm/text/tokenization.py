@@ -362,8 +362,8 @@ def read_texts(path: str | os.PathLike, batch_bytes: int) -> Iterator[list[str]]
                 text = orjson.loads(line)["text"]
             except (orjson.JSONDecodeError, KeyError, TypeError) as e:
                 raise ValueError(
-                    f"{path}:{lineno}: not a shard written by download_text ({e}); "
-                    "delete it and rerun download_text"
+                    f'{path}:{lineno}: not a JSONL shard of {{"text": ...}} lines ({e}); '
+                    "write it again"
                 ) from None
             batch.append(text)
             size += len(line)
@@ -426,8 +426,10 @@ def tokenize_shard(
     piece_chars: int = PIECE_CHARS,
     total_documents: int | None = None,
     check_fraction: float = CHECK_FRACTION,
+    label: str | None = None,
 ) -> TokenizeStats:
-    """Tokenize one JSONL shard into ``{output_prefix}.bin/.idx``; ``total_documents``
+    """Tokenize one JSONL shard, or batches of texts (lists of str, with ``label`` naming
+    them in messages), into ``{output_prefix}.bin/.idx``; ``total_documents``
     (from the shard's manifest) gives the progress lines their share and ETA;
     ``check_fraction`` is the share of the text checked against the reference (see
     :class:`SampledCheck`)."""
@@ -438,8 +440,13 @@ def tokenize_shard(
             f"append_eod needs an eod_token that is in the vocabulary, got {eod_token!r}"
         )
     with special_handling(tok, special_tokens_in_text):
+        if isinstance(jsonl_path, (str, os.PathLike)):
+            label, batches = str(jsonl_path), read_texts(jsonl_path, batch_bytes)
+        else:
+            label, batches = label or "texts", iter(jsonl_path)
         return _tokenize_shard(
-            jsonl_path,
+            batches,
+            label,
             output_prefix,
             tok,
             eod,
@@ -472,6 +479,7 @@ def special_handling(tok, special_tokens_in_text: str) -> Iterator[None]:
 
 
 def _tokenize_shard(
+    texts,
     jsonl_path,
     output_prefix,
     tok,
@@ -485,7 +493,7 @@ def _tokenize_shard(
     start,
 ) -> TokenizeStats:
     dtype = optimal_dtype(tok.get_vocab_size(with_added_tokens=True))
-    batches = _prefetch(read_texts(jsonl_path, batch_bytes))
+    batches = _prefetch(texts)
     first = next(batches, [])
     check = SampledCheck(check_fraction, max_doc_chars=piece_chars)
     # The first batch's sample is the probe: a difference there falls back to tokenizers.

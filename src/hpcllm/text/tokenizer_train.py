@@ -1,4 +1,4 @@
-"""Train a byte-level BPE tokenizer on a sample of the raw shards (``train_tokenizer``).
+"""Train a byte-level BPE tokenizer on a sample of the sources' shards (``train_tokenizer``).
 
 Saved as ``tokenizer.json`` (for ``tokenizers``, gigatoken and Megatron's
 ``HuggingFaceTokenizer``) with a ``tokenizer_config.json`` that names the end-of-document
@@ -14,6 +14,7 @@ import logging
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from hpcllm.atomic import atomic_paths
 from hpcllm.text.tokenization import load_tokenizer, read_texts
@@ -21,13 +22,16 @@ from hpcllm.text.tokenization import load_tokenizer, read_texts
 log = logging.getLogger(__name__)
 
 
-def sample_texts(shards: Sequence[str | os.PathLike], max_documents: int) -> Iterator[str]:
-    """The first documents of each shard in turn, ``max_documents`` in all (deterministic)."""
+def sample_texts(shards: Sequence[Any], max_documents: int) -> Iterator[str]:
+    """The first documents of each shard in turn, ``max_documents`` in all (deterministic).
+    A shard is a JSONL file or an iterable of texts (a source's shard read in place,
+    :class:`hpcllm.text.shards.ShardReader`)."""
     per_shard = max(1, max_documents // max(1, len(shards)))
     taken = 0
     for shard in shards:
         n = 0
-        for batch in read_texts(shard, 1 << 20):
+        texts = shard if not isinstance(shard, (str, os.PathLike)) else None
+        for batch in read_texts(shard, 1 << 20) if texts is None else [texts]:
             for text in batch:
                 if n >= per_shard or taken >= max_documents:
                     break
@@ -49,7 +53,7 @@ def hf_tokenizer_config(eod_token: str) -> dict:
 
 
 def train_bpe(
-    shards: Sequence[str | os.PathLike],
+    shards: Sequence[Any],
     out_dir: str | os.PathLike,
     vocab_size: int,
     special_tokens: Sequence[str],

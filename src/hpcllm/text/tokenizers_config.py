@@ -56,7 +56,7 @@ def retrain_warning(
     old = [s for s in sources if s not in new]
     return (
         f"text.tokenizers.{name} trains on every source (it has no sources:), and "
-        f"{', '.join(new)} {'is' if len(new) == 1 else 'are'} new (no shard downloaded yet): "
+        f"{', '.join(new)} {'is' if len(new) == 1 else 'are'} new (no shard tokenized yet): "
         f"{name} will be trained again, every dataset tokenized with it made again, and the "
         "training runs and benchmarks that read them rerun. To keep the trained tokenizer, "
         f"pin the sources it was trained on: text.tokenizers.{name}.sources: "
