@@ -115,9 +115,14 @@ def make_case(root: Path, shards: int) -> Path:
             (work / "config" / item.name).symlink_to(item)
     (work / "in.jsonl").write_text('{"text": "a document"}\n')
     per_source = {s: shards // len(SOURCES) for s in SOURCES}
+    from tokenizers import Tokenizer, models
+
+    # A loadable tokenizer with the end-of-document token (the plan checks both).
+    tiny = Tokenizer(models.WordLevel({"<|endoftext|>": 0, "a": 1}, unk_token="a"))
+    tiny.add_special_tokens(["<|endoftext|>"])
     for tok in TOKENIZERS:
         (work / "tokenizers" / tok).mkdir(parents=True)
-        (work / "tokenizers" / tok / "tokenizer.json").write_text("{}")
+        tiny.save(str(work / "tokenizers" / tok / "tokenizer.json"))
     import yaml
 
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
