@@ -222,7 +222,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--workdir", type=Path, default=Path("/tmp/hpcllm-text-speed"))
+    ap.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path("/tmp/hpcllm-text-speed"),
+        help="scratch folder for the corpus and the runs (default: %(default)s)",
+    )
     ap.add_argument("--megatron-lm", type=Path, help="a Megatron-LM checkout (tools/)")
     ap.add_argument("--extra-path", default="", help="appended to Megatron's sys.path (triton)")
     ap.add_argument("--datatrove-python", help="a Python with datatrove installed")

@@ -98,9 +98,18 @@ def timed(encode, texts, repeat: int) -> tuple[float, list]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--vocab", type=int, default=8000)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument(
+        "--vocab", type=int, default=8000, help="vocabulary size of the trained tokenizers"
+    )
+    ap.add_argument(
+        "--repeat", type=int, default=3, help="rounds per figure; the median is printed"
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=os.cpu_count(),
+        help="encoder threads (default: the cores of this machine)",
+    )
     args = ap.parse_args()
     os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # before tokenizers starts its pool
 
