@@ -31,6 +31,14 @@ _RUNTIME_VARIABLE = re.compile(r"^(SLURM_\w*|SRUN_\w*|MASTER_ADDR|MASTER_PORT)$"
 # them: a launch whose environment needs one reads it back from the job.
 _FROM_JOB_RECORD = {"SLURM_CPUS_PER_TASK": "CPUs/Task"}
 
+# The rendezvous port of a job, from its id: a fixed port (torchrun's 29500) is taken by
+# the first of two jobs that share a node (a shared partition, or two test clusters on one
+# host), and the second one's launchers then fail to bind or meet the other job's store.
+# 15000-29999 stays below Linux's ephemeral range (32768-60999, ip_local_port_range), so
+# no outgoing connection holds it.
+JOB_PORT_BASE, JOB_PORT_SPAN = 15000, 15000
+JOB_PORT_SHELL = f"$(( {JOB_PORT_BASE} + SLURM_JOB_ID % {JOB_PORT_SPAN} ))"
+
 RUNTIME_EXEC = {"apptainer": "apptainer", "singularity": "singularity"}
 GPU_FLAG = {"nvidia": "--nv", "amd": "--rocm"}
 
@@ -129,6 +137,8 @@ class Launch:
             if self.rendezvous_suffix:
                 lines.append(f'MASTER_ADDR="$MASTER_ADDR"{shell_word(self.rendezvous_suffix)}')
             lines.append("export MASTER_ADDR")
+            if "MASTER_PORT" not in self.env:
+                lines += [f"MASTER_PORT={JOB_PORT_SHELL}", "export MASTER_PORT"]
         lines.append("exec " + " ".join(shell_word(a) for a in self.argv))
         return "\n".join(lines) + "\n"
 
@@ -212,7 +222,7 @@ def build_launch(
     procs_per_node: int,
     command: Sequence[str],
     container: str | None = None,
-    master_port: int = 29500,
+    master_port: int | None = None,
     binds: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
 ) -> Launch:
@@ -220,7 +230,9 @@ def build_launch(
 
     ``command`` is the complete argv of one process, program first
     (``["python", "pretrain_gpt.py", ...]``): the launcher runs it with ``--no-python``.
-    ``env`` adds to (and overrides) the cluster's job environment.
+    ``env`` adds to (and overrides) the cluster's job environment. The rendezvous port is
+    ``master_port``, or by default one the job script derives from the job id
+    (``job_port_shell``).
     """
     if nodes < 1 or procs_per_node < 1:
         raise ValueError(f"nodes ({nodes}) and procs_per_node ({procs_per_node}) must be >= 1")
@@ -264,7 +276,8 @@ def build_launch(
             globs=cluster.env_globs,
         )
 
-    job_env["MASTER_PORT"] = str(master_port)
+    if master_port is not None:
+        job_env["MASTER_PORT"] = str(master_port)
     srun = [
         "srun",
         "--nodes",
@@ -293,7 +306,7 @@ def build_launch(
         "--rdzv_backend",
         "c10d",
         "--rdzv_endpoint",
-        f"${{MASTER_ADDR}}:{master_port}",
+        "${MASTER_ADDR}:${MASTER_PORT}",
         "--rdzv_id",
         "${SLURM_JOB_ID}",
         "--no-python",

@@ -29,40 +29,40 @@ LUMI_BIND_CODE = (
 PINNED = {
     "deucalion": (
         "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none singularity exec --nv --bind $HPCLLM_SCRATCH c.sif"
-        " torchrun --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
+        " torchrun --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:${MASTER_PORT} --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
     ),
     "discoverer": (
         "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv --bind $HPCLLM_SCRATCH c.sif"
-        " torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
+        " torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:${MASTER_PORT} --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
     ),
     "jedi": (
         "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv --bind $SCRATCH c.sif"
-        " env -u PMIX_SECURITY_MODE torchrun_jsc --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
+        " env -u PMIX_SECURITY_MODE torchrun_jsc --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:${MASTER_PORT} --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
     ),
     "jupiter": (
         "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv --bind $SCRATCH c.sif"
-        " env -u PMIX_SECURITY_MODE torchrun_jsc --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
+        " env -u PMIX_SECURITY_MODE torchrun_jsc --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:${MASTER_PORT} --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
     ),
     "jureca": (
         "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv --bind $SCRATCH c.sif"
-        " env -u PMIX_SECURITY_MODE torchrun_jsc --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
+        " env -u PMIX_SECURITY_MODE torchrun_jsc --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:${MASTER_PORT} --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
     ),
     "juwels": (
         "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv --bind $SCRATCH c.sif"
-        " env -u PMIX_SECURITY_MODE torchrun_jsc --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
+        " env -u PMIX_SECURITY_MODE torchrun_jsc --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:${MASTER_PORT} --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
     ),
     "karolina": (
         "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv --bind $HPCLLM_SCRATCH,/lscratch c.sif"
-        " torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
+        " torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:${MASTER_PORT} --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
     ),
     "leonardo": (
         "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none singularity exec --nv --bind $CINECA_SCRATCH,$TMPDIR c.sif"
-        " torchrun --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
+        " torchrun --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:${MASTER_PORT} --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
     ),
     # The task bound to the 56 cores of LUMI's documented GCD masks, each rank to its GCD's.
     "lumi": (
         "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=mask_cpu:0xfefefefefefefefe singularity exec --rocm --bind /var/spool/slurmd,/opt/cray,/usr/lib64/libcxi.so.1,/usr/lib64/libjansson.so.4,$HPCLLM_SCRATCH,$HPCLLM_SCRATCH/hpcllm-cache/Megatron-LM-5be9626709af2722333bf54797c954c09edeada3:/opt/Megatron-LM c.sif"
-        " torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python"
+        " torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:${MASTER_PORT} --rdzv_id ${SLURM_JOB_ID} --no-python"
         " python -c "
         + LUMI_BIND_CODE
         + " 0x00fe000000000000,0xfe00000000000000,0x0000000000fe0000,0x00000000fe000000,0x00000000000000fe,0x000000000000fe00,0x000000fe00000000,0x0000fe0000000000"
@@ -70,15 +70,15 @@ PINNED = {
     ),
     "meluxina": (
         "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv --bind $HPCLLM_SCRATCH c.sif"
-        " torchrun --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
+        " torchrun --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:${MASTER_PORT} --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
     ),
     "mn5": (
         "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none singularity exec --nv --bind $HPCLLM_SCRATCH,$TMPDIR c.sif"
-        " torchrun --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
+        " torchrun --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:${MASTER_PORT} --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
     ),
     "vega": (
         "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv --bind $HPCLLM_SCRATCH c.sif"
-        " torchrun --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
+        " torchrun --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:${MASTER_PORT} --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
     ),
 }
 
@@ -94,7 +94,7 @@ def test_command_for_every_cluster_is_pinned(name):
         container="c.sif",
     )
     assert " ".join(launch.argv) == PINNED[name]
-    assert launch.env["MASTER_PORT"] == "29500"
+    assert "MASTER_PORT" not in launch.env  # the job script derives it from the job id
 
 
 def test_local_runs_torchrun_standalone_or_the_bare_command():
@@ -259,6 +259,30 @@ def test_job_script_reads_cpus_per_task_back_when_the_job_step_hid_it(tmp_path):
     assert "SRUN_CPUS_PER_TASK" not in json.loads(record.read_text())["env"]
 
 
+def test_the_rendezvous_port_comes_from_the_job_id(tmp_path):
+    """Two jobs on one node (a shared partition, two test clusters on one host) must not
+    both take torchrun's 29500: each job's port is derived from its id."""
+    script, env, record = juwels_job_script(tmp_path)
+    endpoints = {}
+    for job_id in ("4711", "4712", "19711"):
+        proc = subprocess.run(
+            ["bash", str(script)],
+            env={**env, "SLURM_JOB_ID": job_id},
+            capture_output=True,
+            text=True,
+        )
+        assert proc.returncode == 0, proc.stderr
+        got = json.loads(record.read_text())
+        argv = got["argv"]
+        endpoints[job_id] = argv[argv.index("--rdzv_endpoint") + 1]
+        assert got["env"]["MASTER_PORT"] == endpoints[job_id].split(":")[1]
+    assert endpoints == {
+        "4711": "jwb0042i:19711",
+        "4712": "jwb0042i:19712",
+        "19711": "jwb0042i:19711",  # ids 15000 apart share a port (test clusters' blocks)
+    }
+
+
 def test_job_script_stops_when_the_scratch_variable_is_unset(tmp_path):
     fake_tools(tmp_path / "bin")
     launch = build_launch(load_cluster("juwels", ROOT), nodes=1, procs_per_node=1, command=["true"])
@@ -411,7 +435,7 @@ def test_benchmark_launch_on_slurm_runs_the_checkout_in_the_image():
         "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none"
         f" apptainer exec --nv --bind $SCRATCH,{src} c.sif env -u PMIX_SECURITY_MODE"
         " torchrun_jsc --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d"
-        " --rdzv_endpoint ${MASTER_ADDR}:29500 --rdzv_id ${SLURM_JOB_ID} --no-python"
+        " --rdzv_endpoint ${MASTER_ADDR}:${MASTER_PORT} --rdzv_id ${SLURM_JOB_ID} --no-python"
         " python -m hpcllm.bench.vision_train --settings s.json"
     )
     assert launch.env["PYTHONPATH"] == src

@@ -125,6 +125,12 @@ def gres_conf(root: Path) -> str:
     return f"NodeName={','.join(NODES)} Name=gpu File={files}\n"
 
 
+def first_job_id(ctld_port: int) -> int:
+    """One of 14 blocks of 1000 job ids, picked by the (free, so random) controller port:
+    below the 15000 ids after which hpcllm.launch's job ports repeat."""
+    return 1000 * (1 + ctld_port % 14)
+
+
 def slurm_conf(root: Path, name: str, ctld_port: int, node_ports: dict[str, int]) -> str:
     host = socket.gethostname().split(".")[0]
     lines = [
@@ -132,6 +138,10 @@ def slurm_conf(root: Path, name: str, ctld_port: int, node_ports: dict[str, int]
         f"ClusterName={name}",
         f"SlurmctldHost={host}",
         f"SlurmctldPort={ctld_port}",
+        # Job ids of their own for each test cluster on this host: a job's rendezvous port
+        # comes from its id (hpcllm.launch.JOB_PORT_SHELL), and two clusters counting from
+        # 1 would give their concurrent jobs the same port.
+        f"FirstJobId={first_job_id(ctld_port)}",
         "AuthType=auth/munge",
         "CredType=cred/munge",
         f"AuthInfo=socket={root}/munge.socket",
