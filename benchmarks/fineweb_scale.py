@@ -2,25 +2,29 @@
 
 Generates a mirror with FineWeb's layout in ``--workdir`` (never the checkout's data/):
 ``--files`` Parquet files with FineWeb's columns (text, id, dump, url, date, file_path,
-language, language_score, token_count), several row groups each, ``--gigabytes`` of text
-in all (the shipped sample corpus, each round perturbed: benchmarks/text_volume.py). A
-32k byte-level BPE is trained on part of it. The workflow's text stage then runs from a
-``type: local`` source over those files through the official Slurm executor with
-profiles/testcluster (tests/slurm/testcluster.py; root, slurm-wlm and munge needed), and
-the script prints:
+language, language_score, token_count), several row groups each, until the files hold
+``--parquet-gigabytes`` of Parquet (pyarrow's default codec, snappy). The text is the
+shipped sample corpus, each round perturbed (benchmarks/text_volume.py) and every
+document's words shuffled: repeated phrases make the plain perturbed text compress 2.5x
+in Parquet, far better than web text; shuffled it compresses about 1.9x. A 32k byte-level
+BPE is trained on part of it. The workflow's text stage then runs from a ``type: local``
+source over those files (read in place, no login-node step) through the official Slurm
+executor with profiles/testcluster (tests/slurm/testcluster.py; root, slurm-wlm and munge
+needed), and the script prints:
 
 - tokens/s end to end (Snakemake's start to the merged dataset);
 - per stage (every rule that ran): first start to last end, sum and median of its jobs,
   peak RSS per job (Snakemake's benchmark files);
-- bytes on disk per token: the Parquet inputs, the intermediates (data/raw/ if the
-  workflow wrote any, the per-shard ``.bin/.idx``) and the merged output;
+- bytes on disk per token: the Parquet inputs, the intermediates (everything the workflow
+  wrote under data/ but the merged dataset: the per-shard ``.bin/.idx``, manifests) and
+  the merged output;
 - bare pyarrow + gigatoken on the same files (one process, the machine's cores: read the
   text column by row group, encode, count), and the workflow's ratio to it.
 
 The load average is printed with the figures (read ratios; the machine may be shared).
 
-Usage: sudo .venv/bin/python benchmarks/fineweb_scale.py [--gigabytes 2] [--files 8]
-       [--shards 8] [--workdir DIR]
+Usage: sudo .venv/bin/python benchmarks/fineweb_scale.py [--parquet-gigabytes 2]
+       [--files 8] [--shards 8] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -59,6 +63,19 @@ print(json.dumps({"tokens": tokens, "documents": docs, "seconds": time.perf_coun
 """
 
 
+FINEWEB_SCHEMA = [
+    ("text", "string"),
+    ("id", "string"),
+    ("dump", "string"),
+    ("url", "string"),
+    ("date", "string"),
+    ("file_path", "string"),
+    ("language", "string"),
+    ("language_score", "float64"),
+    ("token_count", "int64"),
+]
+
+
 def fineweb_rows(docs, start: int) -> dict:
     """FineWeb's columns for ``docs`` (id, text) pairs; metadata shaped like the real one."""
     texts = [t for _, t in docs]
@@ -80,38 +97,47 @@ def fineweb_rows(docs, start: int) -> dict:
     }
 
 
-def build_mirror(folder: Path, target_bytes: int, files: int, row_group_bytes: int) -> list[Path]:
+def web_like_documents():
+    """The perturbed sample corpus without end, every document's words shuffled (seeded:
+    the same mirror every time), so that it compresses about as badly as web text."""
+    import random
+
+    from text_volume import varied_documents
+
+    rng = random.Random(22)
+    for doc_id, text in varied_documents(1 << 62):
+        words = text.split(" ")
+        rng.shuffle(words)
+        yield doc_id, " ".join(words)
+
+
+def build_mirror(folder: Path, parquet_bytes: int, files: int, row_group_bytes: int) -> list[Path]:
+    """``files`` Parquet files of FineWeb's columns, row groups of ``row_group_bytes`` of
+    text, each file written until it holds ``parquet_bytes / files`` of Parquet."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from text_volume import varied_documents
 
     paths = [folder / f"{i:03d}_00000.parquet" for i in range(files)]
     if all(p.exists() for p in paths):
         return paths
     folder.mkdir(parents=True, exist_ok=True)
-    docs = varied_documents(target_bytes)
-    per_file = target_bytes // files
+    docs = web_like_documents()
+    per_file = parquet_bytes / files
     start = 0
     for path in paths:
         tmp = path.with_suffix(".part")
-        writer = None
-        taken = 0
-        while taken < per_file:
-            group, size = [], 0
-            for doc in docs:
-                group.append(doc)
-                size += len(doc[1].encode())
-                if size >= row_group_bytes:
-                    break
-            if not group:
-                break
-            table = pa.table(fineweb_rows(group, start))
-            start += len(group)
-            if writer is None:
-                writer = pq.ParquetWriter(tmp, table.schema)
-            writer.write_table(table, row_group_size=len(group))  # one row group
-            taken += size
-        writer.close()
+        with pq.ParquetWriter(tmp, pa.schema(FINEWEB_SCHEMA)) as writer:
+            # The row groups written so far are on disk: the file's size is the Parquet.
+            while tmp.stat().st_size < per_file:
+                group, size = [], 0
+                for doc in docs:
+                    group.append(doc)
+                    size += len(doc[1].encode())
+                    if size >= row_group_bytes:
+                        break
+                table = pa.table(fineweb_rows(group, start), schema=pa.schema(FINEWEB_SCHEMA))
+                start += len(group)
+                writer.write_table(table, row_group_size=len(group))  # one row group
         tmp.rename(path)
     return paths
 
@@ -136,7 +162,9 @@ def stage_span(run: Path, rule: str) -> float | None:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gigabytes", type=float, default=2.0, help="text to generate, in GB")
+    ap.add_argument(
+        "--parquet-gigabytes", type=float, default=2.0, help="Parquet to generate, in GB"
+    )
     ap.add_argument("--files", type=int, default=8, help="Parquet files of the mirror")
     ap.add_argument("--row-group-mb", type=float, default=64, help="text per row group, MB")
     # No more shards than files: each shard then reads whole files of its own (with more
@@ -159,7 +187,10 @@ def main(argv: list[str] | None = None) -> dict:
     work = args.workdir.resolve()
     t = time.monotonic()
     files = build_mirror(
-        work / "mirror", int(args.gigabytes * 1e9), args.files, int(args.row_group_mb * 1e6)
+        work / "mirror",
+        int(args.parquet_gigabytes * 1e9),
+        args.files,
+        int(args.row_group_mb * 1e6),
     )
     import pyarrow.parquet as pq
 
@@ -211,9 +242,12 @@ def main(argv: list[str] | None = None) -> dict:
         return sum(p.stat().st_size for p in paths if p.is_file())
 
     merged = list((run / "data/tokenized/bench").glob("volume_text_document.*"))
+    written = list((run / "data").rglob("*"))
     disk = {
         "inputs_parquet": size(files),
-        "intermediate_raw": size((run / "data/raw").rglob("*")),
+        # Everything the workflow wrote under data/ but the merged dataset: the shards'
+        # .bin/.idx and manifests (no copy of the text: the jobs read the Parquet).
+        "intermediates": size(p for p in written if p not in merged),
         "intermediate_shards": size((run / "data/tokenized/bench/volume").rglob("*")),
         "outputs_merged": size(merged),
     }
@@ -233,6 +267,8 @@ def main(argv: list[str] | None = None) -> dict:
             "files": layout,
             "parquet_bytes": disk["inputs_parquet"],
             "text_bytes": text_bytes,
+            "text_bytes_per_parquet_byte": text_bytes / disk["inputs_parquet"],
+            "text_bytes_per_token": text_bytes / tokens,
         },
         "shards": args.shards,
         "documents": int(len(index.sequence_lengths)),
@@ -241,7 +277,7 @@ def main(argv: list[str] | None = None) -> dict:
         "end_to_end_tokens_per_s": tokens / wall,
         "stages": {
             rule: {**stage_figures(run, rule), "span_s": stage_span(run, rule)}
-            for rule in ("download_text", "tokenize", "merge_tokenized")
+            for rule in sorted(p.name for p in (run / "logs").iterdir() if p.is_dir())
         },
         "bytes_on_disk_per_token": {k: v / tokens for k, v in disk.items()},
         "bytes_on_disk": disk,
