@@ -8,8 +8,10 @@ ratio compares runs minutes apart under the same load), measures:
 
 - bare gigatoken: ``encode_batch`` on the texts already in memory (fresh process, the
   same tokenizer and special-token handling as the stage, ``--cores`` threads);
-- the tokenize stage (``tokenize_shard`` in a fresh process): its own seconds, what the
-  check against HF tokenizers took inside it, and the process's wall time;
+- the tokenize stage (``tokenize_source_shard`` on a local source of the JSONL file, in a
+  fresh process, as the workflow's job runs it): its own seconds, what the check against
+  HF tokenizers and loading gigatoken (its import included) took inside it, and the
+  process's wall time;
 - the text workflow end to end (``snakemake --profile profiles/local --cores N`` from an
   empty work folder to the merged ``.bin/.idx``) at 1 and 4 shards;
 - Megatron-LM's ``preprocess_data_fast.py`` (``--use-gigatoken --append-eod``) on the
@@ -64,22 +66,35 @@ STAGE = """
 import json, os, sys, time
 os.environ["RAYON_NUM_THREADS"] = sys.argv[4]
 import hpcllm.text.tokenization as t
-spent = {"check": 0.0}
-def timed(f):
+from hpcllm.text.shards import source_policy, tokenize_source_shard
+spent = {"check": 0.0, "gigatoken_load": 0.0}
+def timed(f, key):
     def g(*a, **k):
         start = time.perf_counter()
         try:
             return f(*a, **k)
         finally:
-            spent["check"] += time.perf_counter() - start
+            spent[key] += time.perf_counter() - start
     return g
 # The check against HF tokenizers: the probe's comparisons (same_ids: both encoders on the
 # probe texts and the first batch's sample) and every later batch's (differing_document).
-t.same_ids = timed(t.same_ids)
-t.differing_document = timed(t.differing_document)
+t.same_ids = timed(t.same_ids, "check")
+t.differing_document = timed(t.differing_document, "check")
+t.gigatoken_encoder = timed(t.gigatoken_encoder, "gigatoken_load")
+stats = []
+tokenize_shard = t.tokenize_shard
+t.tokenize_shard = lambda *a, **k: stats.append(tokenize_shard(*a, **k))
 tok = t.load_tokenizer(sys.argv[1])
-s = t.tokenize_shard(sys.argv[2], sys.argv[3], tok, "<|endoftext|>")
-print(json.dumps({"tokens": s.tokens, "seconds": s.seconds, "check_s": spent["check"],
+# The stage as the workflow runs it: one shard of a local source read in place.
+cfg = {"type": "local", "files": [sys.argv[2]]}
+start = time.perf_counter()
+tokenize_source_shard(
+    "speed", cfg, source_policy(cfg, {}, 0, 1), 0, 1, sys.argv[3], sys.argv[3] + ".json",
+    tok, "<|endoftext|>",
+)
+s = stats[0]
+print(json.dumps({"tokens": s.tokens, "seconds": time.perf_counter() - start,
+                  "check_s": spent["check"], "gigatoken_load_s": spent["gigatoken_load"],
                   "encoder": s.encoder}))
 """
 
@@ -256,6 +271,7 @@ def main(argv: list[str] | None = None) -> dict:
         row["stage_tokens_per_s"] = (stage["tokens"] - bare["documents"]) / stage["seconds"]
         row["stage_s"], row["stage_process_wall_s"] = stage["seconds"], wall
         row["check_share_of_stage"] = stage["check_s"] / stage["seconds"]
+        row["gigatoken_load_s"] = stage["gigatoken_load_s"]  # import and load, in the stage
         row["stage_vs_bare_gigatoken"] = (
             row["stage_tokens_per_s"] / row["bare_gigatoken_tokens_per_s"]
         )

@@ -25,6 +25,7 @@ from hpcllm.text.tokenization import (
     read_texts,
     tokenize_shard,
     tokenizer_from_gpt2_files,
+    with_eod,
     with_special_handling,
 )
 from hpcllm.text.tokenizers_config import tokenizer_for
@@ -459,3 +460,14 @@ def test_tokenize_prints_progress_with_the_manifests_total(
     assert "ETA" in lines[0] and lines[-1].startswith(
         f"tokenize 0000_text_document: {len(sample_texts):,} {total} (100.0%)"
     )
+
+
+def test_with_eod_writes_the_datasets_dtype_and_refuses_ids_that_do_not_fit():
+    flat = np.array([5, 6, 7, 65_535], dtype=np.uint32)
+    out, lengths = with_eod(flat, np.array([2, 0, 2]), 9, np.uint16)
+    assert out.dtype == np.uint16 and out.tolist() == [5, 6, 9, 9, 7, 65_535, 9]
+    assert lengths.tolist() == [3, 1, 3]
+    # A conversion wrapping 70,000 or -1 into uint16 would write a wrong id silently.
+    for bad in (np.array([70_000], dtype=np.uint32), np.array([-1], dtype=np.int64)):
+        with pytest.raises(ValueError, match="do not fit the dataset dtype uint16"):
+            with_eod(bad, np.array([1]), 9, np.uint16)

@@ -161,9 +161,14 @@ class IndexedDatasetWriter:
         flat = np.asarray(flat_tokens)
         if int(lengths.sum()) != len(flat):
             raise ValueError("document lengths do not add up to the number of tokens")
-        if len(flat) and (flat.min() < 0 or flat.max() > np.iinfo(self.dtype).max):
+        # One pass over the ids each (min only where they can be negative), and the
+        # array's own buffer written: a 4 MiB batch's copies cost as much as 1/5 of its
+        # encoding with gigatoken.
+        if len(flat) and (
+            (flat.dtype.kind != "u" and flat.min() < 0) or flat.max() > np.iinfo(self.dtype).max
+        ):
             raise ValueError(f"token ids do not fit the dataset dtype {self.dtype}")
-        self._bin.write(flat.astype(self.dtype, copy=False).tobytes())
+        self._bin.write(np.ascontiguousarray(flat, dtype=self.dtype).data)
         self._lengths.append(lengths.astype(np.int32))
         self.num_documents += len(lengths)
         self.num_tokens += len(flat)

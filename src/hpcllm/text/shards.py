@@ -79,7 +79,9 @@ def shard_texts(
     empty documents are dropped and counted, the shard's limits applied."""
     for item in shard_documents(name, cfg, shard, num_shards, base):
         if isinstance(item, Document):
-            size = len(item.text.encode("utf-8"))
+            text = item.text
+            # An ASCII string's length is its size in UTF-8: no encoded copy to count it.
+            size = len(text) if text.isascii() else len(text.encode("utf-8"))
             if size > policy.max_document_bytes:
                 item = BadRecord(
                     item.where,
@@ -97,7 +99,7 @@ def shard_texts(
                 )
             counts.skipped.add(item.reason, str(item))
             continue
-        if not item.text.strip():
+        if not text or text.isspace():  # strip() would copy most documents
             counts.empty += 1  # no tokens to train on; counted, not an error
             continue
         if policy.max_bytes is not None and counts.bytes + size > policy.max_bytes:

@@ -122,29 +122,35 @@ def resolve_local_files(name: str, cfg: dict[str, Any], base: str | os.PathLike 
 
 def _jsonl_records(path: str, text_field: str, id_field: str | None) -> Iterator[Document]:
     """JSONL read line by line so that a bad line is reported with its number."""
+    name = Path(path).name
     with open_binary(path) as raw:
         for lineno, line in enumerate(raw, 1):
-            where = f"{path}:{lineno}"
             if lineno == 1:
                 line = line.removeprefix(UTF8_BOM)  # written by some Windows tools
             if not line.strip():
                 continue
             try:
-                line.decode("utf-8")
-            except UnicodeDecodeError as e:
-                yield BadRecord(
-                    where, "invalid_utf8", f"invalid UTF-8 at byte {e.start} of the line"
-                )
-                continue
-            try:
+                # orjson refuses invalid UTF-8 too: the line is decoded a second time
+                # only to tell which of the two it is.
                 record = orjson.loads(line)
             except orjson.JSONDecodeError as e:
-                yield BadRecord(where, "malformed_json", f"malformed JSON ({e})")
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError as bad:
+                    yield BadRecord(
+                        f"{path}:{lineno}",
+                        "invalid_utf8",
+                        f"invalid UTF-8 at byte {bad.start} of the line",
+                    )
+                    continue
+                yield BadRecord(f"{path}:{lineno}", "malformed_json", f"malformed JSON ({e})")
                 continue
             if not isinstance(record, dict):
-                yield BadRecord(where, "malformed_json", "a JSON line must hold an object")
+                yield BadRecord(
+                    f"{path}:{lineno}", "malformed_json", "a JSON line must hold an object"
+                )
                 continue
-            yield _document(record, where, text_field, id_field, f"{Path(path).name}:{lineno}")
+            yield _document(record, f"{path}:{lineno}", text_field, id_field, f"{name}:{lineno}")
 
 
 def _document(
