@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,7 +21,7 @@ from hpcllm.text.shard_pool import (
 from hpcllm.text.tokenization import load_tokenizer, tokenize_shard
 
 EOD = "<|endoftext|>"
-WORK = "hpcllm.text.shard_pool:tokenize_task"
+WORK = "hpcllm.text.shard_pool:tokenize_source_task"  # what tokenize_batch runs
 SETTINGS = {
     "append_eod": True,
     "encoder": "auto",
@@ -44,22 +44,30 @@ def make_shards(tmp_path: Path, texts: list[str], n: int) -> list[Path]:
 
 
 def tasks_for(tmp_path: Path, shards: list[Path], tokenizer: Path, settings=SETTINGS):
+    """The batch's tasks as workflow/scripts/tokenize_batch.py makes them: shard k of a
+    local source over ``shards`` (one file each) read in place."""
     cfg = {"type": "files", "tokenizer_json": str(tokenizer), "eod_token": EOD}
+    source = {"type": "local", "files": [str(p) for p in shards]}
     return [
         ShardTask(
             name=p.name.split(".")[0],
             prefix=str(tmp_path / "tok" / f"{p.name.split('.')[0]}_text_document"),
-            inputs=(str(p),),
+            inputs=(str(p), str(tokenizer)),
             log=str(tmp_path / "logs" / f"{p.name.split('.')[0]}.log"),
             kwargs={
-                "input": str(p),
+                "source": "pool",
+                "cfg": source,
+                "defaults": {},
+                "shard": k,
+                "num_shards": len(shards),
                 "prefix": str(tmp_path / "tok" / f"{p.name.split('.')[0]}_text_document"),
                 "tokenizer": cfg,
                 "tokenizer_files": [str(tokenizer)],
                 "settings": settings,
             },
+            suffixes=(".bin", ".idx", ".manifest.json"),
         )
-        for p in shards
+        for k, p in enumerate(shards)
     ]
 
 
@@ -82,8 +90,10 @@ def test_shards_run_side_by_side_with_the_bytes_of_a_serial_run(
         serial = tmp_path / "serial" / task.name
         serial.parent.mkdir(exist_ok=True)
         tokenize_shard(shard, serial, tok, EOD, batch_bytes=SETTINGS["batch_bytes"])
+        # tokenize_shard reads the file as a JSONL shard of its own: an independent reading.
         for ext in (".bin", ".idx"):
             assert Path(task.prefix + ext).read_bytes() == Path(f"{serial}{ext}").read_bytes()
+        assert json.loads(Path(task.prefix + ".manifest.json").read_text())["documents"] > 0
         assert f"shard {task.name} done" in Path(task.log).read_text()
     # A second run finds every shard done and touches nothing.
     before = [outputs_stat(t) for t in tasks]
@@ -127,7 +137,8 @@ def test_a_shard_is_redone_when_its_settings_or_outputs_change(
     assert run_batch(changed[:1] + tasks[1:], WORK, workers=1).done == ["0001"]
     assert shard_done(tasks[1])
     # An output the shard should have written (its own manifest) is missing: not done.
-    assert not shard_done(replace(tasks[1], suffixes=(".bin", ".idx", ".manifest.json")))
+    Path(tasks[1].prefix + ".manifest.json").unlink()
+    assert not shard_done(tasks[1])
 
 
 def test_repeated_shard_names_are_refused(tmp_path, trained_tokenizer):

@@ -270,32 +270,6 @@ def write_batch_record(
     )
 
 
-def tokenize_task(
-    input: str,
-    prefix: str,
-    tokenizer: dict[str, Any],
-    tokenizer_files: list[str],
-    settings: dict[str, Any],
-    total_documents: int | None = None,
-) -> dict[str, Any]:
-    """One shard of a batch: the same call as the one-shard tokenize job's script."""
-    from hpcllm.text.tokenization import tokenize_shard
-    from hpcllm.text.tokenizers_config import tokenizer_for
-
-    stats = tokenize_shard(
-        input,
-        prefix,
-        tokenizer_for(tokenizer, tokenizer_files),
-        tokenizer["eod_token"],
-        append_eod=settings["append_eod"],
-        encoder=settings["encoder"],
-        batch_bytes=settings["batch_bytes"],
-        special_tokens_in_text=settings["special_tokens_in_text"],
-        total_documents=total_documents,
-    )
-    return {"documents": stats.documents, "tokens": stats.tokens, "encoder": stats.encoder}
-
-
 def tokenize_source_task(
     source: str,
     cfg: dict[str, Any],
