@@ -143,20 +143,30 @@ def build_mirror(folder: Path, parquet_bytes: int, files: int, row_group_bytes: 
 
 
 def stage_span(run: Path, rule: str) -> float | None:
-    """Seconds from the first job's first log line to the last log's last write (a log's
-    ctime changes with every write, so it cannot give the start)."""
+    """Seconds from the first job's start to the last log's last write. A job starts at
+    its log's first line or its benchmark's seconds before the log's last write, whichever
+    is earlier (a log's ctime changes with every write; merge_tokenized logs one line, at
+    its end)."""
+    import csv
     import datetime
 
     starts, ends = [], []
     for path in (run / "logs" / rule).rglob("*.log"):
-        ends.append(path.stat().st_mtime)
+        end = path.stat().st_mtime
+        ends.append(end)
+        candidates = []
         with open(path) as f:
             first = f.readline()
         try:
             stamp = datetime.datetime.strptime(first[:23], "%Y-%m-%d %H:%M:%S,%f")
-            starts.append(stamp.timestamp())
+            candidates.append(stamp.timestamp())
         except ValueError:
-            starts.append(path.stat().st_mtime)
+            pass
+        timing = run / "results/timings" / rule / path.relative_to(run / "logs" / rule)
+        if timing.with_suffix(".tsv").exists():
+            with open(timing.with_suffix(".tsv")) as f:
+                candidates += [end - float(row["s"]) for row in csv.DictReader(f, delimiter="\t")]
+        starts.append(min(candidates, default=end))
     return max(ends) - min(starts) if ends else None
 
 
@@ -265,6 +275,7 @@ def main(argv: list[str] | None = None) -> dict:
         "load_after_bare": os.getloadavg(),
         "mirror": {
             "files": layout,
+            "columns": pq.ParquetFile(files[0]).schema_arrow.names,
             "parquet_bytes": disk["inputs_parquet"],
             "text_bytes": text_bytes,
             "text_bytes_per_parquet_byte": text_bytes / disk["inputs_parquet"],
