@@ -23,7 +23,6 @@ import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -186,14 +185,11 @@ def same_ids(a: Encoder, b: Encoder, texts: Sequence[str]) -> bool:
     return np.array_equal(got[1], want[1]) and np.array_equal(got[0], want[0])
 
 
-def make_encoder(
-    tok, choice: str = "auto", probe: Sequence[str] = (), loading: Future | None = None
-) -> Encoder:
+def make_encoder(tok, choice: str = "auto", probe: Sequence[str] = ()) -> Encoder:
     """The fastest encoder that gives the reference ids on ``probe`` and :func:`probe_texts`.
 
     ``auto`` tries gigatoken, compares it with ``tokenizers`` and falls back to
-    ``tokenizers`` if it cannot load the tokenizer or differs on a single id. ``loading``:
-    gigatoken's encoder of ``tok`` already being loaded (:func:`in_background`).
+    ``tokenizers`` if it cannot load the tokenizer or differs on a single id.
     """
     if choice not in ENCODERS:
         raise TokenizerError(f"encoder '{choice}' unknown; use one of {', '.join(ENCODERS)}")
@@ -201,7 +197,7 @@ def make_encoder(
     if choice == "hf":
         return reference
     try:
-        fast = loading.result() if loading is not None else gigatoken_encoder(tok)
+        fast = gigatoken_encoder(tok)
     except Exception as e:
         if choice == "gigatoken":
             raise TokenizerError(f"gigatoken cannot load this tokenizer: {e}") from e
@@ -378,20 +374,6 @@ def read_texts(path: str | os.PathLike, batch_bytes: int) -> Iterator[list[str]]
         yield batch
 
 
-def in_background(fn, *args) -> Future:
-    """``fn(*args)`` in a thread of its own; its result or exception in the future."""
-    future: Future = Future()
-
-    def work() -> None:
-        try:
-            future.set_result(fn(*args))
-        except BaseException as e:  # raised where the result is asked for
-            future.set_exception(e)
-
-    threading.Thread(target=work, daemon=True).start()
-    return future
-
-
 def _prefetch(it: Iterator[Any], depth: int = 2) -> Iterator[Any]:
     """Run ``it`` in a thread so reading and decompressing overlap with encoding."""
     q: queue.Queue = queue.Queue(depth)
@@ -520,16 +502,13 @@ def _tokenize_shard(
     start,
 ) -> TokenizeStats:
     dtype = optimal_dtype(tok.get_vocab_size(with_added_tokens=True))
-    # Loading gigatoken (importing awkward, its output type, and building its BPE: 0.9-2 s
-    # here, as long as encoding 50 MB) goes on while the first batch is read.
-    loading = in_background(gigatoken_encoder, tok) if encoder in ("auto", "gigatoken") else None
     batches = _prefetch(texts)
     first = next(batches, [])
     check = SampledCheck(check_fraction, max_doc_chars=piece_chars)
     # The first batch's sample is the probe: a difference there falls back to tokenizers.
     picked, window = check.pick(first)
     probe = [first[i] for i in picked] + ([window] if window else [])
-    enc = make_encoder(tok, encoder, probe=probe, loading=loading)
+    enc = make_encoder(tok, encoder, probe=probe)
     reference = hf_encoder(tok)
     if not splits_at_whitespace(tok):
         piece_chars = 1 << 62  # pieces would change the ids: whole documents
