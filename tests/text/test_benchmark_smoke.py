@@ -39,3 +39,27 @@ def test_text_volume_runs_on_the_test_cluster(tmp_path):
     assert result["stages"]["tokenize"]["jobs"] == 2
     assert result["stages"]["merge_tokenized"]["jobs"] == 1
     assert result["ratio_stage_to_bare_hf"] > 0
+
+
+@pytest.mark.slurm
+def test_fineweb_scale_runs_on_the_test_cluster(tmp_path):
+    sys.path.insert(0, str(REPO / "tests" / "slurm"))
+    import testcluster
+
+    if testcluster.missing_requirements():
+        pytest.skip(testcluster.missing_requirements())
+    result = load("fineweb_scale").main(
+        ["--parquet-gigabytes", "0.004", "--files", "2", "--shards", "2", "--row-group-mb", "1"]
+        + ["--workdir", str(tmp_path)]
+    )
+    # Several row groups per file, at least the Parquet asked for, FineWeb's columns.
+    assert all(groups >= 2 for _, groups, _ in result["mirror"]["files"])
+    assert result["mirror"]["parquet_bytes"] >= 0.004e9
+    assert result["mirror"]["columns"][:2] == ["text", "id"]
+    assert len(result["mirror"]["columns"]) == 9
+    assert set(result["stages"]) == {"tokenize", "merge_tokenized"}
+    assert result["stages"]["tokenize"]["jobs"] == 2 and result["stages"]["tokenize"]["span_s"] > 0
+    # A job's span covers its benchmark's seconds (merge_tokenized logs one line, at its end).
+    merge = result["stages"]["merge_tokenized"]
+    assert merge["span_s"] >= merge["job_seconds_sum"] - 0.01 > 0
+    assert result["tokens"] > 0 and result["ratio_end_to_end_to_bare"] > 0
