@@ -57,7 +57,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("experiment", help="the experiment's name (training.experiments.<name>)")
     p.add_argument("-d", "--directory", default=".", help="the workflow's working directory")
+    p = sub.add_parser(
+        "retry-training",
+        help="after fixing the cause of a chain's stop (out_of_memory, missing_file, ...): "
+        "let the next run of the workflow submit the chain anew",
+    )
+    p.add_argument("experiment", help="the experiment's name (training.experiments.<name>)")
+    p.add_argument("-d", "--directory", default=".", help="the workflow's working directory")
     args = parser.parse_args(argv)
+    if args.command == "retry-training":
+        from hpcllm.training.chain import describe_stop, retry_training
+
+        stop = retry_training(args.directory, args.experiment)
+        if stop is None:
+            print(f"{args.experiment}: its chain has not stopped; nothing to clear")
+        else:
+            print(
+                f"cleared: {describe_stop(args.experiment, stop)}. The next run of the "
+                "workflow submits the chain anew, from the newest checkpoint"
+            )
+        return 0
     if args.command == "cancel-training":
         from hpcllm.training.chain import ChainError, cancel_training
 

@@ -49,6 +49,18 @@ def training_workdir(text_data: Path, path: Path) -> Path:
 
 
 CURVE = f"results/train/{EXPERIMENT}/loss.png"
+# The chain's 3-segment campaign: few iterations, so that a segment is mostly its start-up.
+THREE = (
+    "training: {experiments: {tiny_2n: {segments: 3, iterations_per_segment: 4, "
+    "save_interval: 2, eval_interval: 4}}}\n"
+)
+FINAL3 = f"results/train/{EXPERIMENT}/seg3.json"
+
+
+def three_segments(work: Path) -> Path:
+    path = work / "three.yaml"
+    path.write_text(THREE)
+    return path
 
 
 def run_training(work: Path, cluster, *args: str, **kw):
@@ -98,6 +110,17 @@ def uninterrupted(slurm_cluster, text_data, tmp_path_factory):
     output = (work / "snakemake.out").read_text()
     assert proc.returncode == 0, output[-5000:] + slurm_cluster.log_tail()
     return work, ranks, output
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_three(slurm_cluster, text_data, tmp_path_factory) -> Path:
+    """The chain's 3-segment campaign trained without a chain (one plugin job per
+    segment) and without interruption: the chained runs' reference."""
+    slurm_cluster.restore()
+    work = training_workdir(text_data, tmp_path_factory.mktemp("slurm-train3") / "work")
+    three = three_segments(work)
+    slurmruns.run(work, slurm_cluster, "--configfile", str(CONFIG), str(three), "--", FINAL3)
+    return work
 
 
 def test_two_node_segment_runs_a_rank_on_each_node_and_saves_once(uninterrupted, slurm_cluster):
@@ -525,11 +548,7 @@ def test_a_deterministic_failure_in_segment_2_stops_the_chain(
     from hpcllm.training import chain
 
     work = training_workdir(text_data, tmp_path / "work")
-    short = work / "three.yaml"
-    short.write_text(
-        "training: {experiments: {tiny_2n: {segments: 3, iterations_per_segment: 4, "
-        "save_interval: 2, eval_interval: 4}}}\n"
-    )
+    short = three_segments(work)
     index_cache(work, short)
     campaign = chain_campaign(work, cluster, monkeypatch, short)
     _, (first,) = chain.ensure(campaign)
@@ -543,7 +562,9 @@ def test_a_deterministic_failure_in_segment_2_stops_the_chain(
         timeout=hang_guard(60),  # segment 1, 4 iterations: ~20 s quiet
     )
     assert (work / f"results/train/{EXPERIMENT}/seg1.json").exists()
-    (work / "data/tokenized/sample_bpe/fineweb_text_document.bin").unlink()
+    data_file = work / "data/tokenized/sample_bpe/fineweb_text_document.bin"
+    shutil.copy2(data_file, tmp_path / data_file.name)  # restored (mtime too) for the rerun
+    data_file.unlink()
     cluster.run("scontrol", "release", second)
     deadline = time.monotonic() + hang_guard(60)  # segment 2 refuses at its start
     while chain.chain_jobs(campaign.job_name()):
@@ -574,16 +595,47 @@ def test_a_deterministic_failure_in_segment_2_stops_the_chain(
     shown = campaign_status(work, [str(CONFIG), str(short)], "profiles/testcluster")
     failure = stop["failure"]
     assert f"last failure: {failure} (job {second}); the chain stopped at segment 2" in shown, shown
+    assert "fix the cause, then `hpcllm retry-training tiny_2n`" in shown, shown
+
+    # The workflow run again (training.chain, through the plugin) names the stop and does
+    # not submit a new chain: another would repeat it. The data file is back, so that
+    # Snakemake does not remake the text stage; the chain cannot know the cause is gone.
+    shutil.copy2(tmp_path / data_file.name, data_file)
+    chained = work / "chained.yaml"
+    chained.write_text("training: {chain: true}\n")
+    args = ("--configfile", str(CONFIG), str(short), str(chained), "--", FINAL3)
+    again = slurmruns.run(work, cluster, *args, check=False)
+    out = again.stdout + again.stderr
+    assert again.returncode != 0, out[-4000:]
+    assert (
+        f"the chain of tiny_2n stopped at segment 2: {failure} in Slurm job {second}" in out
+        and "Not submitted again" in out
+        and "hpcllm retry-training tiny_2n" in out
+    ), out[-4000:]
+    assert [s["job"] for s in chain.submitted_jobs(work / SAVE)] == submitted
+    assert not chain.chain_jobs(campaign.job_name())
+    # The cause fixed, `hpcllm retry-training` clears the stop: the next run submits the
+    # chain anew (a new attempt budget) and finishes segments 2 and 3.
+    assert "cleared: the chain of tiny_2n stopped at segment 2" in hpcllm(
+        work, cluster, "retry-training", EXPERIMENT
+    )
+    resumed = slurmruns.run(work, cluster, *args)
+    out = resumed.stdout + resumed.stderr
+    assert "train_segment" not in slurmruns.rule_headers(out)[0], out[-4000:]
+    new_chain = chain.submitted_jobs(work / SAVE)[3:]
+    assert new_chain[0]["after"] is None, new_chain  # the new chain's first job, then its own
+    assert f"submitted the chain of tiny_2n: job {new_chain[0]['job']};" in out, out[-4000:]
+    assert chain.committed_iteration(work / SAVE) == 12
+    assert chain.stopped(work / SAVE) is None
 
 
-def hpcllm_status(work: Path, cluster, *configfiles: str) -> str:
-    """`hpcllm status` as a user runs it next to the campaign (real squeue)."""
+def hpcllm(work: Path, cluster, *args: str) -> str:
+    """An `hpcllm` command as a user runs it next to the campaign (real squeue)."""
     import subprocess
     import sys
 
     proc = subprocess.run(
-        [sys.executable, "-m", "hpcllm", "status", "--profile", "profiles/testcluster",
-         "--configfile", *configfiles],
+        [sys.executable, "-m", "hpcllm", *args],
         cwd=work, env=slurmruns.environment(cluster), capture_output=True, text=True,
         timeout=hang_guard(60),
     )  # fmt: skip
@@ -591,19 +643,28 @@ def hpcllm_status(work: Path, cluster, *configfiles: str) -> str:
     return proc.stdout
 
 
+def hpcllm_status(work: Path, cluster, *configfiles: str) -> str:
+    return hpcllm(
+        work, cluster, "status", "--profile", "profiles/testcluster", "--configfile", *configfiles
+    )
+
+
 def test_a_chained_campaign_outlives_its_controller_and_the_rerun_reattaches(
-    uninterrupted, cluster, text_data, tmp_path
+    uninterrupted_three, cluster, text_data, tmp_path
 ):
-    """training.chain: the controller (SIGKILLed once segment 1 trains, its waiting
-    script with it) is gone; Slurm's chain finishes every segment. The same command run
-    again submits no training job: it finds every segment committed, writes the records
-    on the login node and draws the loss curve. Bitwise equal to the uninterrupted run."""
+    """training.chain, 3 segments: the controller (SIGKILLed once segment 1 trains, its
+    waiting script with it) is gone; Slurm's chain trains segments 1 and 2. Started again
+    while the chain still runs (segment 3's job held pending, so that it still does on a
+    slow machine), the same command submits no training job: it says what it found
+    (segments 1-2 committed, segment 3's job pending), waits for segment 3 and draws the
+    loss curve. Bitwise equal to the same campaign trained without a chain."""
     from hpcllm.training import chain
 
     work = training_workdir(text_data, tmp_path / "work")
     chained = work / "chained.yaml"
     chained.write_text("training: {chain: true}\n")
-    args = ("--configfile", str(CONFIG), str(chained), "--", FINAL, CURVE)
+    configs = (str(CONFIG), str(three_segments(work)), str(chained))
+    args = ("--configfile", *configs, "--", FINAL3, CURVE)
     proc = slurmruns.start(work, cluster, *args, log=work / "snakemake.out")
     engine_log = work / f"logs/train_segment/{EXPERIMENT}/seg1.engine.log"
     deadline = time.monotonic() + hang_guard(90)  # data cache, then segment 1: ~60 s quiet
@@ -623,33 +684,57 @@ def test_a_chained_campaign_outlives_its_controller_and_the_rerun_reattaches(
         in (work / f"logs/train_segment/{EXPERIMENT}/seg1.log").read_text()
     ), output[-4000:]
     name = chain.job_name_of(work, EXPERIMENT)
-    deadline = time.monotonic() + hang_guard(120)  # both segments: ~60 s quiet
-    shown = ""
-    while True:
-        live = [j for j in cluster.jobs() if j["name"] == name and j["state"] in chain.LIVE_STATES]
-        if not live:
-            break
-        if " chain " not in shown:  # `hpcllm status` while the chain runs, no controller
-            shown = hpcllm_status(work, cluster, str(CONFIG), str(chained))
-        assert time.monotonic() < deadline, cluster.jobs()
-        time.sleep(0.5)
-    assert chain.committed_iteration(work / SAVE) == 80
-    (work / "status_while_chained.txt").write_text(shown)  # docs/training.md shows one
-    assert re.search(r"jobs: \d+ (RUNNING|PENDING) chain", shown), shown
-    assert chain.stopped(work / SAVE) is None
-    submitted = chain.submitted_jobs(work / SAVE)
-    assert len(submitted) == 3  # seg1, seg2, seg2's successor (cancelled)
 
-    slurmruns.run(work, cluster, *args[:3], "--unlock")
-    again = slurmruns.run(work, cluster, *args)
-    out = again.stdout + again.stderr
+    def chain_jobs() -> list[dict[str, str]]:  # ended ones too (MinJobAge), by id
+        return sorted((j for j in cluster.jobs() if j["name"] == name), key=lambda j: int(j["id"]))
+
+    # Segment 2's job submits segment 3's when it starts: hold that one.
+    deadline = time.monotonic() + hang_guard(120)  # segment 1, segment 2's start: ~40 s quiet
+    while len(chain_jobs()) < 3:
+        assert time.monotonic() < deadline, cluster.jobs()
+        time.sleep(0.3)
+    third = chain_jobs()[2]["id"]
+    cluster.run("scontrol", "hold", third)
+    first, second = (j["id"] for j in chain_jobs()[:2])
+    cluster.wait_job(
+        lambda j: j["id"] == second and j["state"] not in chain.LIVE_STATES,
+        timeout=hang_guard(60),  # segment 2, 4 iterations: ~20 s quiet
+    )
+    assert chain.committed_iteration(work / SAVE) == 8  # two segments, no controller
+    shown = hpcllm_status(work, cluster, *configs)
+    (work / "status_while_chained.txt").write_text(shown)  # docs/training.md shows one
+    assert f"jobs: {third} PENDING chain next" in shown, shown
+
+    slurmruns.run(work, cluster, "--configfile", *configs, "--unlock")
+    restarted = slurmruns.start(work, cluster, *args, log=work / "restarted.out")
+    said = re.compile(
+        r"the chain of tiny_2n is in Slurm, segments 1-2 of 3 committed \(checkpoint "
+        rf"iteration 8 of 12\); jobs: {third} PENDING.*; waiting for segment 3"
+    )
+    deadline = time.monotonic() + hang_guard(60)  # Snakemake's start, 3 local jobs
+    while not said.search((work / "restarted.out").read_text()):
+        assert restarted.poll() is None, (work / "restarted.out").read_text()[-4000:]
+        assert time.monotonic() < deadline, (work / "restarted.out").read_text()[-4000:]
+        time.sleep(0.5)
+    cluster.run("scontrol", "release", third)
+    restarted.wait(timeout=hang_guard(60))  # segment 3, then the loss curve: ~30 s quiet
+    out = (work / "restarted.out").read_text()
+    assert restarted.returncode == 0, out[-4000:]
     remote, local = slurmruns.rule_headers(out)
     assert "train_segment" not in remote and local.get("plot_training") == 1, out[-4000:]
-    assert chain.submitted_jobs(work / SAVE) == submitted  # no training job submitted
+    assert "segment 1 is done, segments 1-2 of 3 committed" in out, out[-4000:]
+    submitted = chain.submitted_jobs(work / SAVE)
+    # One chain, submitted by the first controller; every later job by its predecessor:
+    # seg1, seg2, seg3, and seg3's successor (cancelled when the campaign completed).
+    assert [s["job"] for s in submitted] == [first, second, third, submitted[3]["job"]]
+    assert [s["after"] for s in submitted] == [None, first, second, third], submitted
+    assert chain.committed_iteration(work / SAVE) == 12
+    assert chain.stopped(work / SAVE) is None
+    assert [j["state"] for j in chain_jobs()] == ["COMPLETED"] * 3 + ["CANCELLED"]
     assert (work / CURVE).stat().st_size > 10_000
-    for k in (1, 2):
+    for k in (1, 2, 3):
         record = json.loads((work / f"results/train/{EXPERIMENT}/seg{k}.json").read_text())
-        assert record["last_iteration"] == 40 * k
-    reference = final_weights(uninterrupted[0])
+        assert record["last_iteration"] == 4 * k
+    reference = final_weights(uninterrupted_three)
     chained_weights = final_weights(work)
     assert all(torch.equal(chained_weights[k], reference[k]) for k in reference)

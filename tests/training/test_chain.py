@@ -1,6 +1,7 @@
 """The chain's parts that need no Slurm: the sbatch options (the official plugin's own),
-what `hpcllm status` shows of a chain, and `hpcllm cancel-training` without squeue. The
-chain itself runs on the test cluster (tests/slurm/test_training.py)."""
+what `hpcllm status` shows of a chain, `hpcllm cancel-training` without squeue, and what a
+rerun does with a stopped chain (stand-in squeue and sbatch). The chain itself runs on the
+test cluster (tests/slurm/test_training.py)."""
 
 from __future__ import annotations
 
@@ -110,3 +111,111 @@ def test_a_save_in_progress_is_not_committed(tmp_path, tracker, expected):
     if tracker is not None:
         (tmp_path / "latest_checkpointed_iteration.txt").write_text(tracker)
     assert chain.committed_iteration(tmp_path) == expected
+
+
+def stand_in_slurm(tmp_path, monkeypatch, squeue_lines: str = "") -> tuple:
+    """squeue printing ``squeue_lines``; sbatch answering job 61; both log their calls."""
+    calls = tmp_path / "calls"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\nprintf '{squeue_lines}'\n")
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\necho sbatch "$@" >> {calls}\necho 61\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    return calls
+
+
+def three_segments(tmp_path, reached: int) -> chain.Campaign:
+    """A campaign of 3 segments of 4 iterations whose checkpoint is at ``reached``."""
+    save = tmp_path / "checkpoints" / "tiny_local"
+    (save / "chain").mkdir(parents=True)
+    (save / "latest_checkpointed_iteration.txt").write_text(str(reached))
+    prepared = SimpleNamespace(experiment={"segments": 3, "iterations_per_segment": 4})
+    return chain.Campaign(
+        name="tiny_local", prepared=prepared, cluster=None, workdir=str(tmp_path),
+        container=None, sbatch=["-p", "batch"], max_attempts=3,
+    )  # fmt: skip
+
+
+def stop(campaign: chain.Campaign, failure: str) -> None:
+    (campaign.folder() / "stopped.json").write_text(
+        json.dumps({"chain": "1", "segment": 2, "failure": failure, "job_id": "57",
+                    "message": "FileNotFoundError: fineweb_text_document.bin", "time": 5})
+    )  # fmt: skip
+
+
+def test_a_rerun_does_not_resubmit_a_chain_stopped_for_good_until_told(
+    tmp_path, monkeypatch, capsys
+):
+    """missing_file in segment 2: the rerun names class and job and submits nothing;
+    after `hpcllm retry-training` the next one submits the chain anew."""
+    calls = stand_in_slurm(tmp_path, monkeypatch)
+    campaign = three_segments(tmp_path, reached=4)
+    stop(campaign, "missing_file")
+    with pytest.raises(chain.ChainStopped) as refused:
+        chain.wait_for_segment(campaign, 2, poll_seconds=0)
+    message = str(refused.value)
+    assert "stopped at segment 2: missing_file in Slurm job 57" in message, message
+    assert "hpcllm retry-training tiny_local" in message and "iteration 4" in message, message
+    assert not calls.exists()  # nothing submitted
+    shown = status.campaign_status(tmp_path, jobs=[])
+    assert "fix the cause, then `hpcllm retry-training tiny_local`" in shown, shown
+
+    assert cli.main(["retry-training", "tiny_local", "-d", str(tmp_path)]) == 0
+    assert "cleared: the chain of tiny_local stopped at segment 2" in capsys.readouterr().out
+    assert chain.stopped(campaign.folder().parent) is None
+    assert (campaign.folder() / "stopped.5.json").is_file()  # kept
+    state, jobs = chain.ensure(campaign)
+    assert (state, jobs[0]["id"]) == ("submitted", "61")
+    assert len(calls.read_text().splitlines()) == 1
+    assert cli.main(["retry-training", "tiny_local", "-d", str(tmp_path)]) == 0
+    assert "its chain has not stopped; nothing to clear" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("failure", [None, "time_limit", "max_attempts", "cancelled"])
+def test_a_rerun_resubmits_a_chain_stopped_for_a_reason_that_may_pass_and_says_so(
+    tmp_path, monkeypatch, failure
+):
+    """None: no chain yet (or one whose successor could not be submitted: no stop)."""
+    calls = stand_in_slurm(tmp_path, monkeypatch)
+    campaign = three_segments(tmp_path, reached=4)
+    if failure:
+        stop(campaign, failure)
+    said = []
+    monkeypatch.setattr(chain, "commit_record", lambda c, k, settled=False: bool(calls.exists()))
+    chain.wait_for_segment(campaign, 2, poll_seconds=0, say=said.append)
+    assert len(calls.read_text().splitlines()) == 1
+    if failure is None:
+        assert said[0] == (
+            "submitted the chain of tiny_local: job 61; segment 1 of 3 committed "
+            "(checkpoint iteration 4 of 12)"
+        ), said
+        return
+    assert said[0].startswith(
+        f"submitted the chain of tiny_local (the chain of tiny_local stopped at segment 2: "
+        f"{failure} in Slurm job 57"
+    ), said
+    assert "a new attempt budget): job 61; segment 1 of 3 committed" in said[0], said
+
+
+def test_a_rerun_reattaches_to_the_chain_in_slurm_and_says_what_it_found(tmp_path, monkeypatch):
+    name = chain.job_name_of(tmp_path, "tiny_local")
+    assert name  # squeue is asked by name; the stand-in answers whatever it is asked
+    calls = stand_in_slurm(
+        tmp_path,
+        monkeypatch,
+        "57|RUNNING|(null)|None\\n58|PENDING|afterany:57(unfulfilled)|JobHeldUser\\n",
+    )
+    campaign = three_segments(tmp_path, reached=8)
+    chain.save(campaign)
+    said = []
+    done = iter([False, False, True])
+    monkeypatch.setattr(chain, "commit_record", lambda c, k, settled=False: next(done))
+    chain.wait_for_segment(campaign, 3, poll_seconds=0, say=said.append)
+    assert not calls.exists()  # nothing submitted
+    assert said[0] == (
+        "the chain of tiny_local is in Slurm, segments 1-2 of 3 committed (checkpoint "
+        "iteration 8 of 12); jobs: 57 RUNNING (segment 3), 58 PENDING after "
+        "afterany:57(unfulfilled) [JobHeldUser]; waiting for segment 3"
+    ), said

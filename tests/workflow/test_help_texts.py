@@ -49,6 +49,7 @@ def test_hpcllm_help_is_plain_text_and_every_option_says_what_it_does(monkeypatc
         "status",
         "restart-training",
         "cancel-training",
+        "retry-training",
     }
     for name, p in parsers.items():
         text = p.format_help()

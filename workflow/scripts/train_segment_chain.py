@@ -2,6 +2,7 @@
 # experiment's chain of Slurm jobs, or reattach to the one in Slurm, and wait until this
 # segment is committed (hpcllm.training.chain, docs/training.md).
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import hpcllm_checkout  # noqa: F401  (hpcllm from the checkout that planned the
 
 import hpcllm
 from hpcllm import logs
-from hpcllm.training.chain import Campaign, sbatch_geometry, wait_for_segment
+from hpcllm.training.chain import Campaign, ChainStopped, sbatch_geometry, wait_for_segment
 
 logs.setup(snakemake.log.main)
 settings = SimpleNamespace(**json.loads(os.environ.get("HPCLLM_CHAIN_SLURM_SETTINGS", "{}")))
@@ -30,4 +31,10 @@ campaign = Campaign(
         "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))
     },
 )
-wait_for_segment(campaign, int(snakemake.wildcards.k), poll_seconds=5.0)
+# What it finds and waits for goes to the terminal too (hpcllm.progress), the stop as one line.
+say = logging.getLogger("hpcllm.progress")
+try:
+    wait_for_segment(campaign, int(snakemake.wildcards.k), poll_seconds=5.0, say=say.info)
+except ChainStopped as e:
+    say.error("%s", e)
+    sys.exit(1)

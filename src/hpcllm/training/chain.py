@@ -21,6 +21,11 @@ issues 133 and 109, snakemake issue 4084), so a campaign that must outlive its c
   one writer per checkpoint folder, which the lease guarantees anyway.
 - A stopped chain leaves ``chain/stopped.json`` (segment, class, job id, message); the
   jobs submitted are logged in ``chain/jobs.jsonl``.
+- The controller run again (:func:`wait_for_segment`) submits nothing while the chain is
+  in Slurm: it says what it found and waits. After a stop another chain would repeat
+  (:func:`needs_a_fix`) it refuses to submit, naming class and job id, until the user
+  clears the stop (:func:`retry_training`, ``hpcllm retry-training``); after any other
+  stop it submits a new chain and says why.
 
 Compute nodes must be allowed to call ``sbatch``. No site document of the clusters here
 says so either way (JSC's and LUMI's user docs describe job chains submitted from the
@@ -65,6 +70,10 @@ LIVE_STATES = {"PENDING", "RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING", "
 
 class ChainError(RuntimeError):
     """The chain cannot be submitted or asked about; the message says what to do."""
+
+
+class ChainStopped(RuntimeError):
+    """The chain stopped before the segment was committed; the message names class and job."""
 
 
 @dataclass
@@ -295,13 +304,18 @@ def ensure(campaign: Campaign) -> tuple[str, list[dict[str, str]]]:
     """Make sure the experiment's chain is in Slurm: ``("running", jobs)`` when it already
     is (a controller reattaching), ``("complete", [])`` when every segment is committed,
     else a new chain is submitted: ``("submitted", jobs)``. A new chain has a fresh
-    attempt budget (as a new Snakemake run had)."""
+    attempt budget (as a new Snakemake run had). A chain that stopped for a failure
+    another chain would repeat is not submitted again (:class:`ChainStopped`) until
+    :func:`retry_training` clears its stop."""
     with _locked(campaign.folder()):
         live = chain_jobs(campaign.job_name())
         if live:
             return "running", live
         if next_segment(campaign) is None:
             return "complete", []
+        stop = stopped(Path(campaign.workdir) / campaign.save)
+        if stop and needs_a_fix(stop):
+            raise ChainStopped(refusal_message(campaign, stop))
         campaign.started = time.time()
         campaign.chain_id = f"{campaign.started:.6f}"
         with contextlib.suppress(FileNotFoundError):
@@ -317,6 +331,46 @@ def stopped(save: str | os.PathLike) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except (FileNotFoundError, ValueError):
         return None
+
+
+def needs_a_fix(stop: Mapping[str, Any]) -> bool:
+    """Whether a chain's stop is one another chain would repeat: a deterministic class
+    (out_of_memory, missing_file, config_error, error). A user's ``scancel``
+    (``cancelled``), a used-up attempt budget and an attempt that added no iteration
+    after a transient class are not: the next run submits the chain anew, as a new
+    Snakemake run starts a new chain of attempts without ``training.chain``."""
+    failure = stop.get("failure")
+    return not is_transient(failure) and failure not in ("cancelled", "max_attempts")
+
+
+def describe_stop(name: str, stop: Mapping[str, Any]) -> str:
+    return (
+        f"the chain of {name} stopped at segment {stop['segment']}: {stop['failure']} in "
+        f"Slurm job {stop.get('job_id') or '-'}: "
+        + (stop.get("message") or "see its log").rstrip(". ")
+    )
+
+
+def refusal_message(campaign: Campaign, stop: Mapping[str, Any]) -> str:
+    reached = committed_iteration(Path(campaign.workdir) / campaign.save)
+    return (
+        f"{describe_stop(campaign.name, stop)}. Not submitted again: another chain would "
+        f"repeat the {stop['failure']} on GPUs (logs/train_segment/{campaign.name}/chain/"
+        f"{stop.get('job_id') or '<job id>'}.log). Fix the cause, then run `hpcllm "
+        f"retry-training {campaign.name}` in the workflow's directory and the workflow "
+        f"again: it submits the chain anew, from checkpoint iteration {reached}."
+    )
+
+
+def retry_training(workdir: str | os.PathLike, name: str) -> dict[str, Any] | None:
+    """Clear the experiment's chain stop (kept as ``stopped.<time>.json``) so that the next
+    run submits the chain anew; the stop cleared, or None when there was none."""
+    folder = Path(workdir) / "checkpoints" / name / CHAIN
+    stop = stopped(folder.parent)
+    if stop is None:
+        return None
+    (folder / STOPPED).rename(folder / f"stopped.{int(stop.get('time') or time.time())}.json")
+    return stop
 
 
 def _stop(campaign: Campaign, segment: int, failure: str, job: str | None, message: str) -> None:
@@ -445,10 +499,6 @@ def keep_record(campaign: Campaign, segment: int) -> None:
 # ---- on the login node
 
 
-class ChainStopped(RuntimeError):
-    """The chain stopped before the segment was committed; the message names class and job."""
-
-
 def commit_record(campaign: Campaign, segment: int, settled: bool = False) -> bool:
     """Write segment ``segment``'s result record from the chain's copy when the checkpoint
     reached its target and was trained with the current settings; whether it did.
@@ -503,11 +553,31 @@ def _record_from_log(campaign: Campaign, segment: int) -> dict[str, Any]:
     }
 
 
-def describe_jobs(jobs: list[dict[str, str]]) -> str:
-    return ", ".join(
-        f"{j['id']} {j['state']}"
-        + (f" after {j['dependency']}" if j.get("dependency") not in ("", "(null)", None) else "")
-        for j in jobs
+def describe_jobs(jobs: list[dict[str, str]], running_segment: int | None = None) -> str:
+    """``57 RUNNING (segment 2), 58 PENDING after afterany:57(unfulfilled)``: the running
+    job trains the next uncommitted segment, a pending one waits for its predecessor (or
+    for what squeue names, e.g. ``[JobHeldUser]``)."""
+    words = []
+    for j in jobs:
+        text = f"{j['id']} {j['state']}"
+        if j["state"] == "RUNNING" and running_segment:
+            text += f" (segment {running_segment})"
+        if j.get("dependency") not in ("", "(null)", None):
+            text += f" after {j['dependency']}"
+        if j["state"] == "PENDING" and j.get("reason") not in ("", "None", "Dependency", None):
+            text += f" [{j['reason']}]"
+        words.append(text)
+    return ", ".join(words)
+
+
+def progress(campaign: Campaign) -> str:
+    """``segments 1-2 of 3 committed (checkpoint iteration 8 of 12)``."""
+    reached = committed_iteration(Path(campaign.workdir) / campaign.save)
+    done = sum(1 for k in range(1, campaign.segments + 1) if campaign.target(k) <= reached)
+    which = "no segment" if not done else "segment 1" if done == 1 else f"segments 1-{done}"
+    return (
+        f"{which} of {campaign.segments} committed (checkpoint iteration {reached} of "
+        f"{campaign.target(campaign.segments)})"
     )
 
 
@@ -517,49 +587,61 @@ def wait_for_segment(
     """The controller's rule on a Slurm cluster: make sure the chain is in Slurm (submit
     it, or reattach to the one running), then wait until segment ``segment`` is committed
     and write its record; raise :class:`ChainStopped` naming the class and job id when the
-    chain stopped before."""
+    chain stopped before (and, for a stop another chain would repeat, refusing to submit
+    a new one: :func:`ensure`)."""
     if commit_record(campaign, segment):
-        say(f"segment {segment} of {campaign.name} is done (committed by the chain)")
+        say(f"{campaign.name}: segment {segment} is done, {progress(campaign)} by the chain")
         return
+    previous = stopped(Path(campaign.workdir) / campaign.save)
     state, jobs = ensure(campaign)
     if state == "complete" and commit_record(campaign, segment, settled=True):
-        say(f"segment {segment} of {campaign.name} is done (committed by the chain)")
+        say(f"{campaign.name}: segment {segment} is done, {progress(campaign)} by the chain")
         return
     if state == "submitted":
-        say(f"submitted the chain of {campaign.name}: job {jobs[0]['id']}")
+        why = (
+            f" ({describe_stop(campaign.name, previous)}; a new attempt budget)" if previous else ""
+        )
+        say(
+            f"submitted the chain of {campaign.name}{why}: job {jobs[0]['id']}; {progress(campaign)}"
+        )
     elif state == "running":
-        say(f"the chain of {campaign.name} is in Slurm: {describe_jobs(jobs)}; waiting")
+        # A controller reattaching: nothing is submitted, it waits for the chain.
+        say(
+            f"the chain of {campaign.name} is in Slurm, {progress(campaign)}; jobs: "
+            f"{describe_jobs(jobs, next_segment(campaign))}; waiting for segment {segment}"
+        )
     campaign = load(campaign.file())
     seen = ""
     while True:
         if commit_record(campaign, segment):
-            say(f"segment {segment} of {campaign.name} is done")
+            say(f"{campaign.name}: segment {segment} is done, {progress(campaign)}")
             return
         jobs = chain_jobs(campaign.job_name())
         if not jobs:
             time.sleep(min(poll_seconds, 5.0))  # the last job may be writing the record
             if commit_record(campaign, segment, settled=True):
-                say(f"segment {segment} of {campaign.name} is done")
+                say(f"{campaign.name}: segment {segment} is done, {progress(campaign)}")
                 return
-            stop = stopped(campaign.save)
+            stop = stopped(Path(campaign.workdir) / campaign.save)
             if stop and stop.get("chain") == campaign.chain_id:
+                if needs_a_fix(stop):
+                    raise ChainStopped(refusal_message(campaign, stop))
                 raise ChainStopped(
-                    f"the chain of {campaign.name} stopped at segment {stop['segment']}: "
-                    f"{stop['failure']} in Slurm job {stop['job_id']}: {stop['message']}"
+                    f"{describe_stop(campaign.name, stop)}. Run the workflow again to "
+                    "submit the chain anew (a new attempt budget)."
                 )
-            last = submitted_jobs(campaign.save)[-1:]
+            last = submitted_jobs(Path(campaign.workdir) / campaign.save)[-1:]
             where = f" (its last job: {last[0]['job']})" if last else ""
             raise ChainStopped(
                 f"the chain of {campaign.name} is no longer in Slurm{where} and segment "
                 f"{segment} is not committed: see logs/train_segment/{campaign.name}/chain/. "
                 "Run the workflow again to submit the chain anew."
             )
-        now = describe_jobs(jobs)
+        now = describe_jobs(jobs, next_segment(campaign))
         if now != seen:
-            reached = committed_iteration(Path(campaign.workdir) / campaign.save)
             say(
-                f"waiting for segment {segment} of {campaign.name} (checkpoint iteration "
-                f"{reached or 0} of {campaign.target(segment)}); chain jobs: {now}"
+                f"waiting for segment {segment} of {campaign.name}, {progress(campaign)}; "
+                f"chain jobs: {now}"
             )
             seen = now
         time.sleep(poll_seconds)
@@ -594,7 +676,11 @@ def main(argv: list[str] | None = None) -> int:
 
         go_offline()  # a compute job: no Hugging Face hub lookups (docs/clusters.md)
         return step(args.campaign)
-    state, jobs = ensure(load(args.campaign))
+    try:
+        state, jobs = ensure(load(args.campaign))
+    except ChainStopped as e:
+        print(e, file=sys.stderr)
+        return 1
     print(state, " ".join(j["id"] for j in jobs))
     return 0
 

@@ -218,7 +218,7 @@ def experiment_status(
     ]
     # The experiment's chain (hpcllm.training.chain): the running job trains the next
     # segment, the pending one is its successor.
-    from hpcllm.training.chain import job_name_of, stopped
+    from hpcllm.training.chain import job_name_of, needs_a_fix, stopped
 
     chain_name = job_name_of(workdir, name)
     next_k = next(
@@ -242,6 +242,8 @@ def experiment_status(
             f"{stop['failure']} (job {stop['job_id'] or '-'}); the chain stopped at "
             f"segment {stop['segment']}"
         )
+        if needs_a_fix(stop):  # the next run refuses to submit it again until then
+            last_failure += f"; fix the cause, then `hpcllm retry-training {name}`"
     return ExperimentStatus(
         name=name,
         segments_done=len(done),
