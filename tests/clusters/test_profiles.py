@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -343,6 +344,8 @@ def submit_command(rule: str, resources: dict) -> str:
 def test_sbatch_line_of_the_gpu_rules(name, dry_runs):
     """The Slurm plugin's own submit string for every GPU job the dry run plans, from the
     resources the workflow and the profile give it (nothing copied into this test)."""
+    from hpcllm.training.chain import sbatch_geometry
+
     cfg = profile(name)
     cluster = load_cluster(name, REPO / "config" / "clusters", environ=USER_ENV)
     assert cfg["executor"] == "slurm" and cfg["config"]["cluster"] == name
@@ -366,6 +369,11 @@ def test_sbatch_line_of_the_gpu_rules(name, dry_runs):
         if rule == "train_segment":
             assert res["nodes"] == experiment["layout"]["nodes"]
             assert f"--signal=TERM@{experiment['time']['signal_seconds']}" in call, call
+            # training.chain submits the segment jobs itself, with the same options (all
+            # but the plugin's job name, log, comment and working directory)
+            words = shlex.split(call)
+            workdir = words.index("-D")
+            assert sbatch_geometry(res) == words[9:workdir] + words[workdir + 2 :], call
         else:
             assert "--exclusive" in call, call  # timings on nodes of their own
         if "qos" in res:

@@ -219,3 +219,13 @@ def test_a_rerun_reattaches_to_the_chain_in_slurm_and_says_what_it_found(tmp_pat
         "iteration 8 of 12); jobs: 57 RUNNING (segment 3), 58 PENDING after "
         "afterany:57(unfulfilled) [JobHeldUser]; waiting for segment 3"
     ), said
+
+
+def test_a_stop_at_a_segment_committed_since_does_not_hold_the_chain_back(tmp_path, monkeypatch):
+    """Segment 2 stopped with missing_file, then trained by a run without the chain: the
+    next chained run submits for segment 3."""
+    calls = stand_in_slurm(tmp_path, monkeypatch)
+    campaign = three_segments(tmp_path, reached=8)
+    stop(campaign, "missing_file")
+    state, _ = chain.ensure(campaign)
+    assert state == "submitted" and len(calls.read_text().splitlines()) == 1

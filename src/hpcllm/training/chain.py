@@ -314,7 +314,8 @@ def ensure(campaign: Campaign) -> tuple[str, list[dict[str, str]]]:
         if next_segment(campaign) is None:
             return "complete", []
         stop = stopped(Path(campaign.workdir) / campaign.save)
-        if stop and needs_a_fix(stop):
+        # (a stop at a segment committed since, e.g. by a run without the chain, is past)
+        if stop and needs_a_fix(stop) and next_segment(campaign) <= stop["segment"]:
             raise ChainStopped(refusal_message(campaign, stop))
         campaign.started = time.time()
         campaign.chain_id = f"{campaign.started:.6f}"
