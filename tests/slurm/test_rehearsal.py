@@ -95,8 +95,13 @@ def rehearsal(slurm_cluster, image, tmp_path_factory):
 
 
 def jobs_of(work: Path) -> dict[str, str]:
-    """Slurm job id -> rule of every job this run submitted (the plugin's logs)."""
-    return {job: rule for rule, logs in slurmruns.slurm_logs(work).items() for job, _ in logs}
+    """Slurm job id -> rule of every job this run submitted (the plugin's logs), and with
+    training.chain the chain's jobs that ran (those with a log; a successor cancelled
+    while pending has none)."""
+    jobs = {job: rule for rule, logs in slurmruns.slurm_logs(work).items() for job, _ in logs}
+    for log in (work / "logs/train_segment").glob("*/chain/*.log"):
+        jobs[log.stem] = "train_segment"
+    return jobs
 
 
 def test_every_gpu_job_completed_on_both_nodes(rehearsal, slurm_cluster):
