@@ -493,16 +493,19 @@ def chain_jobs_of(cluster, campaign) -> list[dict[str, str]]:
 
 
 def test_a_chain_trains_every_segment_with_no_controller_alive(
-    uninterrupted, cluster, text_data, tmp_path, monkeypatch
+    uninterrupted_three, cluster, text_data, tmp_path, monkeypatch
 ):
-    """No Snakemake at all once the chain is submitted: each chain job submits its
-    successor first, trains the next segment, and the last one cancels its successor.
-    Never more than two jobs of the chain in Slurm; bitwise equal to the uninterrupted run."""
+    """No Snakemake at all once the 3-segment chain is submitted: each chain job submits
+    its successor first, trains the next segment, and the last one cancels its successor.
+    Never more than two jobs of the chain in Slurm; bitwise equal to the same campaign
+    trained without a chain. The workflow run afterwards (a controller started again once
+    the campaign finished) submits no training job and draws the loss curve."""
     from hpcllm.training import chain
 
     work = training_workdir(text_data, tmp_path / "work")
-    index_cache(work)
-    campaign = chain_campaign(work, cluster, monkeypatch)
+    three = three_segments(work)
+    index_cache(work, three)
+    campaign = chain_campaign(work, cluster, monkeypatch, three)
     assert campaign.sbatch[:4] == ["-p", "batch", "-t", "30"], campaign.sbatch
     state, jobs = chain.ensure(campaign)
     assert state == "submitted" and len(jobs) == 1
@@ -510,19 +513,19 @@ def test_a_chain_trains_every_segment_with_no_controller_alive(
     again, live = chain.ensure(chain.load(campaign.file()))
     assert again == "running" and [j["id"] for j in live] == [jobs[0]["id"]]
     most = 0
-    deadline = time.monotonic() + hang_guard(120)  # 2 segments: ~60 s quiet
+    deadline = time.monotonic() + hang_guard(120)  # 3 segments of 4 iterations: ~60 s quiet
     while chain.next_segment(campaign) is not None or chain.chain_jobs(campaign.job_name()):
         assert time.monotonic() < deadline, cluster.jobs()
         most = max(most, len(chain.chain_jobs(campaign.job_name())))
         time.sleep(0.5)
     assert most <= 2
     submitted = chain.submitted_jobs(work / SAVE)
-    # seg1's job, seg2's job, and seg2's successor, cancelled when the campaign completed
-    assert len(submitted) == 3, submitted
-    assert [s["after"] for s in submitted] == [None, submitted[0]["job"], submitted[1]["job"]]
+    # seg1's, seg2's and seg3's jobs, and seg3's successor, cancelled when it completed
+    assert len(submitted) == 4, submitted
+    assert [s["after"] for s in submitted] == [None] + [s["job"] for s in submitted[:3]]
     states = {j["id"]: j["state"] for j in chain_jobs_of(cluster, campaign)}
-    assert [states[s["job"]] for s in submitted] == ["COMPLETED", "COMPLETED", "CANCELLED"]
-    for k, s in ((1, submitted[0]), (2, submitted[1])):
+    assert [states[s["job"]] for s in submitted] == ["COMPLETED"] * 3 + ["CANCELLED"]
+    for k, s in zip((1, 2, 3), submitted):
         (entry,) = json.loads(
             (work / f"logs/train_segment/{EXPERIMENT}/seg{k}.attempts.json").read_text()
         )
@@ -531,12 +534,25 @@ def test_a_chain_trains_every_segment_with_no_controller_alive(
             json.loads((work / f"results/train/{EXPERIMENT}/seg{k}.json").read_text())[
                 "last_iteration"
             ]
-            == 40 * k
+            == 4 * k
         )
     assert chain.stopped(work / SAVE) is None
-    reference = final_weights(uninterrupted[0])
+    reference = final_weights(uninterrupted_three)
     chained = final_weights(work)
     assert all(torch.equal(chained[k], reference[k]) for k in reference)
+
+    # The controller started again after the campaign: no training job, the loss curve.
+    monkeypatch.undo()
+    chain_on = work / "chained.yaml"
+    chain_on.write_text("training: {chain: true}\n")
+    rerun = slurmruns.run(
+        work, cluster, "--configfile", str(CONFIG), str(three), str(chain_on), "--", FINAL3, CURVE
+    )
+    out = rerun.stdout + rerun.stderr
+    remote, local = slurmruns.rule_headers(out)
+    assert "train_segment" not in remote and local.get("plot_training") == 1, out[-4000:]
+    assert chain.submitted_jobs(work / SAVE) == submitted  # no training job submitted
+    assert (work / CURVE).stat().st_size > 10_000
 
 
 def test_a_deterministic_failure_in_segment_2_stops_the_chain(
