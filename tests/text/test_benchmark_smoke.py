@@ -25,13 +25,17 @@ def test_plan_scale_runs_on_a_tiny_plan(tmp_path, capsys):
     assert "ratio time" in capsys.readouterr().out
 
 
-@pytest.mark.slurm
-def test_text_volume_runs_on_the_test_cluster(tmp_path):
+def skip_without_test_cluster() -> None:
     sys.path.insert(0, str(REPO / "tests" / "slurm"))
     import testcluster
 
     if testcluster.missing_requirements():
         pytest.skip(testcluster.missing_requirements())
+
+
+@pytest.mark.slurm
+def test_text_volume_runs_on_the_test_cluster(tmp_path):
+    skip_without_test_cluster()
     result = load("text_volume").main(
         ["--gigabytes", "0.002", "--shards", "2", "--workdir", str(tmp_path)]
     )
@@ -43,11 +47,7 @@ def test_text_volume_runs_on_the_test_cluster(tmp_path):
 
 @pytest.mark.slurm
 def test_fineweb_scale_runs_on_the_test_cluster(tmp_path):
-    sys.path.insert(0, str(REPO / "tests" / "slurm"))
-    import testcluster
-
-    if testcluster.missing_requirements():
-        pytest.skip(testcluster.missing_requirements())
+    skip_without_test_cluster()
     result = load("fineweb_scale").main(
         ["--parquet-gigabytes", "0.004", "--files", "2", "--shards", "2", "--row-group-mb", "1"]
         + ["--workdir", str(tmp_path)]
