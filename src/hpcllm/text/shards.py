@@ -18,12 +18,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import zstandard
 
 from hpcllm.atomic import atomic_paths
 from hpcllm.progress import Progress
-from hpcllm.text.sources import BadRecord, Document, SkipLog, shard_documents, shard_limit
+from hpcllm.text.arrow_texts import blank, utf8_offsets
+from hpcllm.text.sources import (
+    BadRecord,
+    Document,
+    SkipLog,
+    TextRun,
+    shard_documents,
+    shard_limit,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +74,46 @@ class ShardCounts:
     skipped: SkipLog = field(default_factory=SkipLog)
 
 
+def _keep(
+    item: Document | BadRecord, name: str, policy: ShardPolicy, counts: ShardCounts
+) -> tuple[Document | None, bool]:
+    """One record under the shard's policy: ``(document or None, stop after it)``. Bad
+    records raise (``on_bad_record: fail``) or are counted, empty documents are counted
+    and dropped, and the shard's limits end it."""
+    if isinstance(item, Document):
+        text = item.text
+        # An ASCII string's length is its size in UTF-8: no encoded copy to count it.
+        size = len(text) if text.isascii() else len(text.encode("utf-8"))
+        if size > policy.max_document_bytes:
+            item = BadRecord(
+                item.where,
+                "too_large",
+                f"document of {size} bytes exceeds max_document_bytes="
+                f"{policy.max_document_bytes}; raise the limit or skip bad records",
+            )
+    if isinstance(item, BadRecord):
+        if policy.on_bad_record != "skip":
+            raise BadRecord(
+                item.where,
+                item.reason,
+                f"{str(item).split(': ', 1)[1]} (source '{name}'; fix the input or set "
+                f"text.sources.{name}.on_bad_record: skip to skip and count such records)",
+            )
+        counts.skipped.add(item.reason, str(item))
+        return None, False
+    if not text or text.isspace():  # strip() would copy most documents
+        counts.empty += 1  # no tokens to train on; counted, not an error
+        return None, False
+    if policy.max_bytes is not None and counts.bytes + size > policy.max_bytes:
+        return None, True
+    if policy.max_documents is not None and counts.documents >= policy.max_documents:
+        return None, True  # a shard whose share of the limit is 0
+    counts.documents += 1
+    counts.bytes += size
+    full = policy.max_documents is not None and counts.documents >= policy.max_documents
+    return item, full
+
+
 def shard_texts(
     name: str,
     cfg: dict[str, Any],
@@ -78,37 +127,103 @@ def shard_texts(
     files: bad records raise (``on_bad_record: fail``) or are counted in ``counts``,
     empty documents are dropped and counted, the shard's limits applied."""
     for item in shard_documents(name, cfg, shard, num_shards, base):
-        if isinstance(item, Document):
-            text = item.text
-            # An ASCII string's length is its size in UTF-8: no encoded copy to count it.
-            size = len(text) if text.isascii() else len(text.encode("utf-8"))
-            if size > policy.max_document_bytes:
-                item = BadRecord(
-                    item.where,
-                    "too_large",
-                    f"document of {size} bytes exceeds max_document_bytes="
-                    f"{policy.max_document_bytes}; raise the limit or skip bad records",
-                )
-        if isinstance(item, BadRecord):
-            if policy.on_bad_record != "skip":
-                raise BadRecord(
-                    item.where,
-                    item.reason,
-                    f"{str(item).split(': ', 1)[1]} (source '{name}'; fix the input or set "
-                    f"text.sources.{name}.on_bad_record: skip to skip and count such records)",
-                )
-            counts.skipped.add(item.reason, str(item))
-            continue
-        if not text or text.isspace():  # strip() would copy most documents
-            counts.empty += 1  # no tokens to train on; counted, not an error
-            continue
-        if policy.max_bytes is not None and counts.bytes + size > policy.max_bytes:
-            break
-        counts.documents += 1
-        counts.bytes += size
-        yield item
-        if policy.max_documents is not None and counts.documents >= policy.max_documents:
-            break
+        doc, stop = _keep(item, name, policy, counts)
+        if doc is not None:
+            yield doc
+        if stop:
+            return
+
+
+def _keep_run(
+    run: TextRun, policy: ShardPolicy, counts: ShardCounts
+) -> tuple[list[Any], bool] | None:
+    """:func:`_keep` on every row of ``run`` at once: ``(the rows kept, as slices of the
+    Arrow array, stop)``, the same rows and counts as row by row; ``None`` when a row is
+    too large (then the rows go one by one, to report it)."""
+    texts = run.texts
+    offsets = utf8_offsets(texts)
+    sizes = np.diff(offsets)
+    if len(sizes) and sizes.max() > policy.max_document_bytes:
+        return None
+    empty = blank(texts, offsets)
+    keep = np.flatnonzero(~empty)
+    end, stop = len(sizes), False  # rows from ``end`` on are not reached
+    if policy.max_bytes is not None:
+        over = np.flatnonzero(counts.bytes + np.cumsum(sizes[keep]) > policy.max_bytes)
+        if len(over):
+            end, keep, stop = int(keep[over[0]]), keep[: over[0]], True
+    if policy.max_documents is not None:
+        room = max(policy.max_documents - counts.documents, 0)
+        if room and len(keep) >= room:
+            end, keep, stop = min(end, int(keep[room - 1]) + 1), keep[:room], True
+        elif not room and len(keep):
+            end, keep, stop = min(end, int(keep[0])), keep[:0], True
+    counts.empty += int(empty[:end].sum())
+    counts.documents += len(keep)
+    counts.bytes += int(sizes[keep].sum())
+    # Runs of consecutive kept rows, as slices (no copy; empty documents are few).
+    cuts = np.flatnonzero(np.diff(keep) != 1) + 1
+    runs = [(int(r[0]), int(r[-1]) + 1) for r in np.split(keep, cuts) if len(r)]
+    return [texts.slice(a, b - a) for a, b in runs], stop
+
+
+def shard_batches(
+    name: str,
+    cfg: dict[str, Any],
+    policy: ShardPolicy,
+    shard: int,
+    num_shards: int,
+    counts: ShardCounts,
+    batch_bytes: int,
+    base: str | os.PathLike = ".",
+) -> Iterator[Any]:
+    """The texts :func:`shard_texts` keeps, in batches of about ``batch_bytes``: lists of
+    ``str``, or Arrow string arrays where a Parquet file's rows are clean (no Python
+    string per document: the tokenizer reads the array's buffers)."""
+    batch: list[str] = []
+    size = 0
+    for item in shard_documents(name, cfg, shard, num_shards, base, columnar=True):
+        if isinstance(item, TextRun):
+            kept = _keep_run(item, policy, counts)
+            if kept is not None:
+                if batch:
+                    yield batch
+                    batch, size = [], 0
+                runs, stop = kept
+                for texts in runs:
+                    yield from _slices(texts, batch_bytes)
+                if stop:
+                    return
+                continue
+            items: Iterable[Document | BadRecord] = item.documents()
+        else:
+            items = (item,)
+        for record in items:
+            doc, stop = _keep(record, name, policy, counts)
+            if doc is not None:
+                batch.append(doc.text)
+                size += len(doc.text)
+                if size >= batch_bytes:
+                    yield batch
+                    batch, size = [], 0
+            if stop:
+                if batch:
+                    yield batch
+                return
+    if batch:
+        yield batch
+
+
+def _slices(texts: Any, batch_bytes: int) -> Iterator[Any]:
+    """An Arrow string array in consecutive slices of about ``batch_bytes`` (no copy)."""
+    ends = np.cumsum(np.diff(utf8_offsets(texts)))
+    start = 0
+    while start < len(texts):
+        before = ends[start - 1] if start else 0
+        stop = int(np.searchsorted(ends, before + batch_bytes, side="left")) + 1
+        stop = min(max(stop, start + 1), len(texts))
+        yield texts.slice(start, stop - start)
+        start = stop
 
 
 def shard_manifest(
@@ -153,20 +268,6 @@ def _log_shard(name: str, shard: int, num_shards: int, counts: ShardCounts, star
         log.warning("%s shard %d is empty: the source has fewer documents than shards", name, shard)
 
 
-def batches_of(texts: Iterable[str], batch_bytes: int) -> Iterator[list[str]]:
-    """Texts in lists of about ``batch_bytes`` characters (the last one shorter)."""
-    batch: list[str] = []
-    size = 0
-    for text in texts:
-        batch.append(text)
-        size += len(text)
-        if size >= batch_bytes:
-            yield batch
-            batch, size = [], 0
-    if batch:
-        yield batch
-
-
 def tokenize_source_shard(
     name: str,
     cfg: dict[str, Any],
@@ -189,10 +290,10 @@ def tokenize_source_shard(
 
     counts = ShardCounts()
     start = time.monotonic()
-    texts = (d.text for d in shard_texts(name, cfg, policy, shard, num_shards, counts, base))
+    batches = shard_batches(name, cfg, policy, shard, num_shards, counts, batch_bytes, base)
     with atomic_paths(out_manifest) as (tmp_manifest,):
         tokenize_shard(
-            batches_of(texts, batch_bytes),
+            batches,
             output_prefix,
             tok,
             eod_token,

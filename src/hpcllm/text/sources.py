@@ -57,6 +57,23 @@ class Document:
     where: str
 
 
+@dataclass(frozen=True)
+class TextRun:
+    """Consecutive rows of a Parquet file's text column kept as one Arrow string array:
+    no nulls and valid UTF-8 (checked), so the tokenizer reads its buffers without a
+    Python string per document. ``documents()`` gives the same rows one by one."""
+
+    path: str
+    first_row: int
+    texts: Any  # pyarrow StringArray or LargeStringArray
+
+    def documents(self) -> Iterator[Document]:
+        name = Path(self.path).name
+        for k, text in enumerate(self.texts.to_pylist()):
+            row = self.first_row + k
+            yield Document(text, f"{name}#{row}", f"{self.path} row {row}")
+
+
 @dataclass
 class SkipLog:
     """Counts of skipped records by reason, with the first few places for the manifest."""
@@ -184,10 +201,16 @@ def _datasets_records(
 
 
 def _parquet_records(
-    path: str, text_field: str, id_field: str | None, start: int = 0, stop: int | None = None
-) -> Iterator[Document | BadRecord]:
+    path: str,
+    text_field: str,
+    id_field: str | None,
+    start: int = 0,
+    stop: int | None = None,
+    columnar: bool = False,
+) -> Iterator[Document | BadRecord | TextRun]:
     """Rows ``start``..``stop`` of a Parquet file, read with pyarrow in batches of the text
-    (and id) column; only the row groups that hold them are read."""
+    (and id) column; only the row groups that hold them are read. ``columnar``: clean
+    batches come as :class:`TextRun` (the text column only), the others row by row."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -208,7 +231,9 @@ def _parquet_records(
                 "set the source's 'text_field'",
             )
         return
-    columns = [text_field] + ([id_field] if id_field and id_field in names else [])
+    columns = [text_field]
+    if id_field and id_field in names and not columnar:
+        columns.append(id_field)
     offset = 0
     try:
         for rg in range(pf.num_row_groups):
@@ -221,7 +246,9 @@ def _parquet_records(
             for batch in pf.iter_batches(batch_size=4096, row_groups=[rg], columns=columns):
                 lo, hi = max(start - offset, 0), min(stop - offset, batch.num_rows)
                 if lo < hi:
-                    yield from _parquet_batch(path, batch, offset, lo, hi, text_field, id_field)
+                    yield from _parquet_batch(
+                        path, batch, offset, lo, hi, text_field, id_field, columnar
+                    )
                 offset += batch.num_rows
                 if offset >= stop:
                     return
@@ -232,8 +259,15 @@ def _parquet_records(
 
 
 def _parquet_batch(
-    path: str, batch: Any, offset: int, lo: int, hi: int, text_field: str, id_field: str | None
-) -> Iterator[Document | BadRecord]:
+    path: str,
+    batch: Any,
+    offset: int,
+    lo: int,
+    hi: int,
+    text_field: str,
+    id_field: str | None,
+    columnar: bool = False,
+) -> Iterator[Document | BadRecord | TextRun]:
     import pyarrow as pa
 
     column = batch.column(text_field)
@@ -243,6 +277,15 @@ def _parquet_batch(
                 f"{path} row {row}", "missing_text", f"field '{text_field}' is not a string"
             )
         return
+    if columnar and column.null_count == 0:
+        texts = column.slice(lo, hi - lo)
+        try:
+            texts.validate(full=True)  # pyarrow does not check UTF-8 on read
+        except pa.ArrowInvalid:
+            pass  # row by row below, which names the bad rows
+        else:
+            yield TextRun(path, offset + lo, texts)
+            return
     try:
         texts = column.slice(lo, hi - lo).to_pylist()
     except UnicodeDecodeError:  # pyarrow does not check UTF-8 on read: find the rows
@@ -280,9 +323,14 @@ def _parquet_batch(
 
 
 def _local_file_records(
-    path: str, cfg: dict[str, Any], start: int = 0, stop: int | None = None
-) -> Iterator[Document | BadRecord]:
-    """The records ``start``..``stop`` of one file (all by default)."""
+    path: str,
+    cfg: dict[str, Any],
+    start: int = 0,
+    stop: int | None = None,
+    columnar: bool = False,
+) -> Iterator[Document | BadRecord | TextRun]:
+    """The records ``start``..``stop`` of one file (all by default); ``columnar``: a
+    Parquet file's clean batches as :class:`TextRun`."""
     text_field, id_field = cfg.get("text_field") or "text", cfg.get("id_field", "id")
     if os.path.getsize(path) == 0:
         if start == 0 and stop != 0:
@@ -292,7 +340,7 @@ def _local_file_records(
         return
     fmt = cfg.get("format") or _format_of(path)
     if fmt == "parquet":
-        yield from _parquet_records(path, text_field, id_field, start, stop)
+        yield from _parquet_records(path, text_field, id_field, start, stop, columnar)
         return
     if fmt == "jsonl":
         records = _jsonl_records(path, text_field, id_field)
@@ -444,7 +492,8 @@ def _file_blocks(
     cfg: dict[str, Any],
     shard: int,
     num_shards: int,
-) -> Iterator[Document | BadRecord]:
+    columnar: bool = False,
+) -> Iterator[Document | BadRecord | TextRun]:
     """Shard k of a list of files: a block of whole files when there are enough (each job
     opens, or downloads, only its own), else a block of the records of all of them (the
     records counted once; a Parquet file's from its footer, and only the row groups of
@@ -452,7 +501,7 @@ def _file_blocks(
     if len(names) >= num_shards:
         start, end = block(len(names), shard, num_shards)
         for name in names[start:end]:
-            yield from _local_file_records(local_path(name), cfg)
+            yield from _local_file_records(local_path(name), cfg, columnar=columnar)
         return
     paths = [local_path(n) for n in names]
     counts = [_count_records(path, cfg) for path in paths]
@@ -461,29 +510,35 @@ def _file_blocks(
     for path, n in zip(paths, counts, strict=True):
         lo, hi = max(start - offset, 0), min(stop - offset, n)
         if lo < hi:
-            yield from _local_file_records(path, cfg, lo, hi)
+            yield from _local_file_records(path, cfg, lo, hi, columnar)
         offset += n
         if offset >= stop:
             break
 
 
 def shard_documents(
-    name: str, cfg: dict[str, Any], shard: int, num_shards: int, base: str | os.PathLike = "."
-) -> Iterator[Document | BadRecord]:
-    """The raw records of shard ``shard`` of ``num_shards`` (before limits), in source order."""
+    name: str,
+    cfg: dict[str, Any],
+    shard: int,
+    num_shards: int,
+    base: str | os.PathLike = ".",
+    columnar: bool = False,
+) -> Iterator[Document | BadRecord | TextRun]:
+    """The raw records of shard ``shard`` of ``num_shards`` (before limits), in source
+    order; ``columnar``: clean batches of Parquet rows as :class:`TextRun`."""
     if not 0 <= shard < num_shards:
         raise SourceError(f"text.sources.{name}: shard {shard} out of range 0..{num_shards - 1}")
     if cfg["type"] == "local":
         files = resolve_local_files(name, cfg, base)
-        yield from _file_blocks(files, lambda path: path, cfg, shard, num_shards)
+        yield from _file_blocks(files, lambda path: path, cfg, shard, num_shards, columnar)
         return
     mirror_root = os.environ.get("HPCLLM_HF_MIRROR")
     if hub_mirror(cfg, mirror_root):
-        yield from _hub_documents(name, cfg, shard, num_shards, mirror_root)
+        yield from _hub_documents(name, cfg, shard, num_shards, mirror_root, columnar)
         return
     check_hub_reachable(name, cfg)
     try:
-        yield from _hub_documents(name, cfg, shard, num_shards, mirror_root)
+        yield from _hub_documents(name, cfg, shard, num_shards, mirror_root, columnar)
     except Exception as e:
         if not _is_connection_error(e):
             raise
@@ -491,8 +546,13 @@ def shard_documents(
 
 
 def _hub_documents(
-    name: str, cfg: dict[str, Any], shard: int, num_shards: int, mirror_root: str | None
-) -> Iterator[Document | BadRecord]:
+    name: str,
+    cfg: dict[str, Any],
+    shard: int,
+    num_shards: int,
+    mirror_root: str | None,
+    columnar: bool = False,
+) -> Iterator[Document | BadRecord | TextRun]:
     if reads_files_directly(cfg):
         repo = Repository(cfg, hub_mirror(cfg, mirror_root))
         try:
@@ -500,13 +560,13 @@ def _hub_documents(
         except ScriptDataset as e:
             raise SourceError(f"text.sources.{name}: {e}") from None
         file_cfg = {**cfg, "text_field": cfg.get("text_field") or default_text_field(cfg)}
-        yield from _file_blocks(names, repo.local_path, file_cfg, shard, num_shards)
+        yield from _file_blocks(names, repo.local_path, file_cfg, shard, num_shards, columnar)
         return
     mirror = hub_mirror(cfg, mirror_root)
     files = hub_data_files(cfg, mirror) if mirror else None
     if files:
         file_cfg = {**cfg, "text_field": cfg.get("text_field") or "text"}
-        yield from _file_blocks(files, lambda path: path, file_cfg, shard, num_shards)
+        yield from _file_blocks(files, lambda path: path, file_cfg, shard, num_shards, columnar)
         return
     ds = hub_dataset(cfg, mirror_root)
     text_field, id_field = cfg.get("text_field") or "text", cfg.get("id_field", "id")

@@ -31,6 +31,7 @@ import numpy as np
 import orjson
 
 from hpcllm.progress import Progress
+from hpcllm.text.arrow_texts import utf8_data, utf8_offsets
 from hpcllm.text.compressed import open_binary
 from hpcllm.text.indexed_dataset import IndexedDatasetWriter, optimal_dtype
 
@@ -43,9 +44,11 @@ PIECE_CHARS = 1 << 20
 # What every shard checks against the reference (HF tokenizers), on top of the fixed
 # probe texts: documents picked at random in every batch, worth CHECK_FRACTION of the
 # batch's characters plus half of what is left of CHECK_RESERVE_CHARS (a small shard is so
-# checked almost whole, a FineWeb-sized one at about CHECK_FRACTION). The reference is
-# 5-40x slower than gigatoken (measured here), so 1/1000 costs 0.5-4 % of the encoding.
-CHECK_FRACTION = 1e-3
+# checked almost whole, a FineWeb-sized one at about CHECK_FRACTION). The reference
+# encodes a character about 80-100x slower than the whole stage (measured here on a
+# 0.5 GB FineWeb-shaped shard, docs/text.md): 1/4000 keeps the check near 5 % of it
+# (1/1000 cost 9-14 %).
+CHECK_FRACTION = 2.5e-4
 CHECK_RESERVE_CHARS = 64 << 10
 CHECK_CHARS = 4096  # the window checked when no whole document fits the allowance
 _CUT = re.compile(r"\s(?=\S)")  # the last whitespace of a run, before a non-space
@@ -137,6 +140,45 @@ def probe_texts(tok) -> list[str]:
     return texts
 
 
+# A batch of texts: a list of ``str``, or an Arrow string array (Parquet rows handed over
+# without a Python string per document; see hpcllm.text.shards.shard_batches).
+Texts = Any
+
+
+def is_arrow(texts: Texts) -> bool:
+    return type(texts).__module__.startswith("pyarrow")
+
+
+def text_sizes(texts: Texts) -> np.ndarray:
+    """Every text's size: its characters for ``str`` (``len``), its UTF-8 bytes for Arrow
+    (from the offsets, without reading the text; never fewer than its characters)."""
+    if is_arrow(texts):
+        return np.diff(utf8_offsets(texts))
+    return np.fromiter(map(len, texts), np.int64, len(texts))
+
+
+def text_at(texts: Texts, i: int) -> str:
+    return texts[i].as_py() if is_arrow(texts) else texts[i]
+
+
+def as_list(texts: Texts) -> list[str]:
+    return texts.to_pylist() if is_arrow(texts) else list(texts)
+
+
+def awkward_strings(texts: Any):
+    """An Arrow string array as the awkward array of strings gigatoken reads: the Arrow
+    data buffer itself (no copy) with 64-bit offsets (gigatoken takes no others)."""
+    import awkward as ak
+
+    return ak.Array(
+        ak.contents.ListOffsetArray(
+            ak.index.Index64(utf8_offsets(texts)),
+            ak.contents.NumpyArray(utf8_data(texts), parameters={"__array__": "char"}),
+            parameters={"__array__": "string"},
+        )
+    )
+
+
 @dataclass
 class Encoder:
     """Batch encoder returning ``(flat ids, lengths)``; ``name`` says which library."""
@@ -144,13 +186,13 @@ class Encoder:
     name: str
     _encode: Any
 
-    def encode(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    def encode(self, texts: Texts) -> tuple[np.ndarray, np.ndarray]:
         return self._encode(texts)
 
 
 def hf_encoder(tok) -> Encoder:
-    def encode(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        encs = tok.encode_batch_fast(list(texts), add_special_tokens=False)
+    def encode(texts: Texts) -> tuple[np.ndarray, np.ndarray]:
+        encs = tok.encode_batch_fast(as_list(texts), add_special_tokens=False)
         lengths = np.fromiter((len(e.ids) for e in encs), np.int64, len(encs))
         flat = np.fromiter((i for e in encs for i in e.ids), np.int64, int(lengths.sum()))
         return flat, lengths
@@ -173,8 +215,8 @@ def gigatoken_encoder(tok) -> Encoder:
     # tokenizers costs 0.1-0.2 s of every job's start-up for a 32k vocabulary.
     gt = gigatoken.Tokenizer.from_json(data)
 
-    def encode(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        arr = gt.encode_batch(list(texts))
+    def encode(texts: Texts) -> tuple[np.ndarray, np.ndarray]:
+        arr = gt.encode_batch(awkward_strings(texts) if is_arrow(texts) else list(texts))
         return ak.to_numpy(ak.flatten(arr)), ak.to_numpy(ak.num(arr))
 
     return Encoder("gigatoken", encode)
@@ -185,20 +227,39 @@ def same_ids(a: Encoder, b: Encoder, texts: Sequence[str]) -> bool:
     return np.array_equal(got[1], want[1]) and np.array_equal(got[0], want[0])
 
 
-def make_encoder(tok, choice: str = "auto", probe: Sequence[str] = ()) -> Encoder:
+def load_fast_encoder(tok, choice: str = "auto") -> Encoder | Exception | None:
+    """gigatoken loaded for ``tok`` (the exception if it cannot be; ``None`` for ``hf``):
+    the first half of :func:`make_encoder`, to run while the first batch is read."""
+    if choice not in ENCODERS:
+        raise TokenizerError(f"encoder '{choice}' unknown; use one of {', '.join(ENCODERS)}")
+    if choice == "hf":
+        return None
+    try:
+        return gigatoken_encoder(tok)
+    except Exception as e:
+        return e
+
+
+def make_encoder(
+    tok,
+    choice: str = "auto",
+    probe: Sequence[str] = (),
+    loaded: Encoder | Exception | None = None,
+) -> Encoder:
     """The fastest encoder that gives the reference ids on ``probe`` and :func:`probe_texts`.
 
     ``auto`` tries gigatoken, compares it with ``tokenizers`` and falls back to
     ``tokenizers`` if it cannot load the tokenizer or differs on a single id.
+    ``loaded``: what :func:`load_fast_encoder` gave, if it ran already.
     """
     if choice not in ENCODERS:
         raise TokenizerError(f"encoder '{choice}' unknown; use one of {', '.join(ENCODERS)}")
     reference = hf_encoder(tok)
     if choice == "hf":
         return reference
-    try:
-        fast = gigatoken_encoder(tok)
-    except Exception as e:
+    fast = loaded if loaded is not None else load_fast_encoder(tok, choice)
+    if isinstance(fast, Exception):
+        e = fast
         if choice == "gigatoken":
             raise TokenizerError(f"gigatoken cannot load this tokenizer: {e}") from e
         log.warning("gigatoken cannot load the tokenizer (%s); encoding with tokenizers", e)
@@ -252,9 +313,10 @@ def in_pieces(enc: Encoder, max_chars: int, budget_chars: int) -> Encoder:
     """``enc`` with documents over ``max_chars`` encoded piece by piece, at most
     ``budget_chars`` of pieces at a time: a 60 MB document costs the memory of a batch."""
 
-    def encode(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        if all(len(t) <= max_chars for t in texts):
+    def encode(texts: Texts) -> tuple[np.ndarray, np.ndarray]:
+        if not len(texts) or text_sizes(texts).max() <= max_chars:
             return enc.encode(texts)
+        texts = as_list(texts)
         flats, lengths = [], []
         group: list[str] = []
         size = 0
@@ -304,18 +366,19 @@ class SampledCheck:
         self.checked_chars = self.seen_chars = self.checked_docs = 0
         self.rng = np.random.default_rng(seed)
 
-    def pick(self, texts: Sequence[str]) -> tuple[list[int], str | None]:
+    def pick(self, texts: Texts) -> tuple[list[int], str | None]:
         """Indices of whole documents of ``texts`` to check, and a window to check when
         none fits (or ``None``)."""
-        chars = sum(map(len, texts))
+        sizes = text_sizes(texts)
+        chars = int(sizes.sum())
         self.seen_chars += chars
         share = self.reserve / 2
         self.reserve -= share
         self.credit += self.fraction * chars + share
         picked: list[int] = []
         limit = min(self.credit, self.max_doc_chars)
-        for i in self.rng.permutation(len(texts)) if texts else ():
-            n = len(texts[i])
+        for i in self.rng.permutation(len(texts)) if len(texts) else ():
+            n = int(sizes[i])
             if n <= limit:
                 picked.append(int(i))
                 limit -= n
@@ -324,10 +387,11 @@ class SampledCheck:
             if limit < 1:
                 break
         window = None
-        if not picked and texts and self.credit >= CHECK_CHARS:
+        if not picked and len(texts) and self.credit >= CHECK_CHARS:
             i = int(self.rng.integers(len(texts)))
-            start = int(self.rng.integers(max(len(texts[i]) - CHECK_CHARS, 0) + 1))
-            window = texts[i][start : start + CHECK_CHARS]
+            text = text_at(texts, i)
+            start = int(self.rng.integers(max(len(text) - CHECK_CHARS, 0) + 1))
+            window = text[start : start + CHECK_CHARS]
             self.credit -= len(window)
             self.checked_chars += len(window)
         self.checked_docs += len(picked)
@@ -341,7 +405,7 @@ def differing_document(
     written) are not the reference's, or ``None``."""
     if not picked:
         return None
-    ref_flat, ref_lengths = reference.encode([texts[i] for i in picked])
+    ref_flat, ref_lengths = reference.encode([text_at(texts, i) for i in picked])
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     ref_offsets = np.concatenate([[0], np.cumsum(ref_lengths)])
     for k, i in enumerate(picked):
@@ -375,7 +439,8 @@ def read_texts(path: str | os.PathLike, batch_bytes: int) -> Iterator[list[str]]
 
 
 def _prefetch(it: Iterator[Any], depth: int = 2) -> Iterator[Any]:
-    """Run ``it`` in a thread so reading and decompressing overlap with encoding."""
+    """Run ``it`` in a thread, started at once, so reading and decompressing overlap with
+    loading the encoder and encoding."""
     q: queue.Queue = queue.Queue(depth)
     done = object()
 
@@ -388,10 +453,14 @@ def _prefetch(it: Iterator[Any], depth: int = 2) -> Iterator[Any]:
         q.put(done)
 
     threading.Thread(target=work, daemon=True).start()
-    while (item := q.get()) is not done:
-        if isinstance(item, BaseException):
-            raise item
-        yield item
+
+    def items() -> Iterator[Any]:
+        while (item := q.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    return items()
 
 
 def with_eod(
@@ -503,12 +572,15 @@ def _tokenize_shard(
 ) -> TokenizeStats:
     dtype = optimal_dtype(tok.get_vocab_size(with_added_tokens=True))
     batches = _prefetch(texts)
+    # gigatoken loads (its imports and BPE hold the GIL) while the thread reads the first
+    # batch (pyarrow's decoding releases it).
+    loaded = load_fast_encoder(tok, encoder)
     first = next(batches, [])
     check = SampledCheck(check_fraction, max_doc_chars=piece_chars)
     # The first batch's sample is the probe: a difference there falls back to tokenizers.
     picked, window = check.pick(first)
-    probe = [first[i] for i in picked] + ([window] if window else [])
-    enc = make_encoder(tok, encoder, probe=probe)
+    probe = [text_at(first, i) for i in picked] + ([window] if window else [])
+    enc = make_encoder(tok, encoder, probe=probe, loaded=loaded)
     reference = hf_encoder(tok)
     if not splits_at_whitespace(tok):
         piece_chars = 1 << 62  # pieces would change the ids: whole documents
@@ -517,7 +589,7 @@ def _tokenize_shard(
     docs = tokens = 0
     progress = Progress(f"tokenize {Path(output_prefix).name}", total_documents, "documents")
     with IndexedDatasetWriter(output_prefix, dtype) as writer:
-        for n, batch in enumerate(_chain([first] if first else [], batches)):
+        for n, batch in enumerate(_chain([first] if len(first) else [], batches)):
             flat, lengths = encode.encode(batch)
             if n and enc.name != reference.name:
                 # Every later batch: the ids written for documents picked at random are
