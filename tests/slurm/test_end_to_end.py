@@ -36,6 +36,9 @@ def test_builtin_config_runs_as_slurm_jobs_and_matches_local_run(cluster, tmp_pa
             assert job_id in output, f"job {job_id} not reported by Snakemake"
             assert known[job_id]["state"] == "COMPLETED", known[job_id]
             assert known[job_id]["comment"].startswith(f"rule_{rule}"), known[job_id]
+    # A tokenize job gets its 4 threads' cores on a cluster (on one machine the shards
+    # share its cores: tests/workflow/test_text_workflow.py).
+    assert {known[j]["cpus"] for j, _ in logs["tokenize"]} == {"4"}, logs["tokenize"]
 
     locally = slurmruns.make_workdir(tmp_path / "local")
     # The reference: the deterministic stages that write data/, and training (bitwise

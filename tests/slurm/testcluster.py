@@ -336,9 +336,9 @@ class TestCluster:
 
     # Jobs ----------------------------------------------------------------------------
     def jobs(self) -> list[dict[str, str]]:
-        """Every job the controller still knows: id, state, name, comment, nodes."""
-        out = self.run("squeue", "-h", "--states=all", "-o", "%i|%T|%j|%k|%N")
-        keys = ("id", "state", "name", "comment", "nodes")
+        """Every job the controller still knows: id, state, name, comment, nodes, cpus."""
+        out = self.run("squeue", "-h", "--states=all", "-o", "%i|%T|%j|%k|%N|%C")
+        keys = ("id", "state", "name", "comment", "nodes", "cpus")
         return [dict(zip(keys, line.split("|"))) for line in out.splitlines() if line.strip()]
 
     def wait_job(self, predicate, timeout: float = 600, interval: float = 0.3) -> dict[str, str]:

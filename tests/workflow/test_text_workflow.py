@@ -249,11 +249,7 @@ def test_a_juwels_plan_tokenizes_twelve_shards_per_slurm_job(workdir):
         timeout=hang_guard(15),  # a dry run: ~15 s quiet
     )
     threads = int(
-        (REPO / "workflow/rules/text.smk")
-        .read_text()
-        .split("rule tokenize:")[1]
-        .split("threads: ")[1]
-        .split()[0]
+        (REPO / "workflow/rules/common.smk").read_text().split("TOKENIZE_THREADS = ")[1].split()[0]
     )
     cores = yaml.safe_load((REPO / "config/clusters/juwels.yaml").read_text())["cpus_per_node"]
     per_job = cores // threads
@@ -270,6 +266,23 @@ def test_a_juwels_plan_tokenizes_twelve_shards_per_slurm_job(workdir):
     # The merge waits for the batches of its source.
     merge = proc.stdout.split("rule merge_tokenized:")[1:]
     assert any(m.split("input: ")[1].split("\n")[0].count("batch") == 3 for m in merge)
+
+
+def planned_threads(stdout: str, rule: str) -> list[int]:
+    """Every planned job's threads (Snakemake prints none for 1)."""
+    jobs = [j.split("\n[")[0] for j in stdout.split(f"rule {rule}:")[1:]]
+    return [int(j.split("threads: ")[1].split()[0]) if "threads: " in j else 1 for j in jobs]
+
+
+def test_shards_share_this_machines_cores(workdir):
+    """Run here with fewer cores than the shards' threads, the shards share the cores (and
+    run side by side), at most 4 each (on a cluster each gets 4: tests/slurm/
+    test_end_to_end.py)."""
+    (workdir / "four.yaml").write_text("text:\n  sources:\n    sample_en:\n      shards: 4\n")
+    target = [t for t in TARGETS if "/sample_en_" in t]
+    for cores, want in (("2", 1), ("8", 2), ("64", 4)):
+        proc = run_snakemake(workdir, "-n", "--cores", cores, *target, "--configfile", "four.yaml")
+        assert planned_threads(proc.stdout, "tokenize") == [want] * 4, (cores, proc.stdout)
 
 
 def test_a_tokenizer_trains_on_its_sources_only(workdir):

@@ -89,7 +89,7 @@ rule tokenize:
         "results/timings/tokenize/{tok}/{source}/{shard}.tsv"
     conda:
         "../../envs/workflow.yaml"
-    threads: 4
+    threads: tokenize_threads
     resources:
         mem_mb=4000,
         runtime=60,
