@@ -571,7 +571,11 @@ def _tokenize_shard(
     start,
 ) -> TokenizeStats:
     dtype = optimal_dtype(tok.get_vocab_size(with_added_tokens=True))
-    batches = _prefetch(texts)
+    # Up to 16 batches read ahead (64 MiB at the default batch_bytes): pyarrow decodes a
+    # Parquet batch of 4096 rows (~50 MB of web text) in one burst, which a queue of 2
+    # made the encoder wait for; the stage on a 0.5 GB shard took 4.9 s with 2, 4.0 s
+    # with 16 or 64 (medians of 4, 2 cores; benchmarks/tokenize_stage.py).
+    batches = _prefetch(texts, depth=16)
     # gigatoken loads (its imports and BPE hold the GIL) while the thread reads the first
     # batch (pyarrow's decoding releases it).
     loaded = load_fast_encoder(tok, encoder)
