@@ -13,10 +13,12 @@ from hpcllm.text.shard_pool import (
     ShardPoolError,
     ShardTask,
     batch_minutes,
+    check_batch_outputs,
     overlapping,
     read_record,
     run_batch,
     shard_done,
+    write_batch_record,
 )
 from hpcllm.text.tokenization import load_tokenizer, tokenize_shard
 
@@ -139,6 +141,34 @@ def test_a_shard_is_redone_when_its_settings_or_outputs_change(
     # An output the shard should have written (its own manifest) is missing: not done.
     Path(tasks[1].prefix + ".manifest.json").unlink()
     assert not shard_done(tasks[1])
+
+
+def test_a_shard_deleted_after_its_batch_is_named_and_redone_alone(
+    tmp_path, sample_texts, trained_tokenizer
+):
+    """Snakemake sees only the batch's record: the merge's check names a shard whose files
+    went missing or changed since, and the way to redo it alone."""
+    (tmp_path / "tok").mkdir()
+    shards = make_shards(tmp_path, sample_texts[:300], 3)
+    tasks = tasks_for(tmp_path, shards, trained_tokenizer)
+    batch = tmp_path / "tok" / "batch0000.json"
+    write_batch_record(batch, tasks, run_batch(tasks, WORK, workers=2))
+    check_batch_outputs(batch)  # as written: fine
+    Path(tasks[1].prefix + ".bin").unlink()
+    Path(tasks[2].prefix + ".idx").write_bytes(b"\0" * 40)
+    with pytest.raises(ShardPoolError) as e:
+        check_batch_outputs(batch)
+    message = str(e.value)
+    assert f"shard 0001: {tasks[1].prefix}.bin missing" in message, message
+    assert "shard 0002:" in message and "changed since the batch ran" in message
+    assert "shard 0000" not in message and f"Delete {batch}" in message
+    kept = outputs_stat(tasks[0])
+    batch.unlink()  # what the message says; then the batch job again
+    result = run_batch(tasks, WORK, workers=2)
+    assert sorted(result.done) == ["0001", "0002"] and result.skipped == ["0000"]
+    assert outputs_stat(tasks[0]) == kept
+    write_batch_record(batch, tasks, result)
+    check_batch_outputs(batch)
 
 
 def test_repeated_shard_names_are_refused(tmp_path, trained_tokenizer):

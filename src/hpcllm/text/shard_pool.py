@@ -270,6 +270,37 @@ def write_batch_record(
     )
 
 
+def check_batch_outputs(
+    batch_record: str | os.PathLike, suffixes: Sequence[str] = (".bin", ".idx", ".manifest.json")
+) -> None:
+    """Raise :class:`ShardPoolError` naming every shard of a finished batch whose files are
+    missing or are no longer the ones its shard record lists (deleted or rewritten since
+    the batch ran: Snakemake sees only the batch's record, so it would not redo them), and
+    how to redo those shards alone."""
+    record = json.loads(Path(batch_record).read_text())
+    folder = Path(batch_record).parent
+    problems = []
+    for entry in record["shards"]:
+        prefix = str(folder / f"{entry['shard']}_text_document")
+        outputs = [Path(prefix + s) for s in suffixes]
+        missing = [str(p) for p in outputs if not p.exists()]
+        try:
+            written = json.loads(Path(prefix + RECORD_SUFFIX).read_text())["outputs"]
+        except (OSError, ValueError, KeyError):
+            written = None
+        if missing:
+            problems.append(f"  - shard {entry['shard']}: {', '.join(missing)} missing")
+        elif written is None or written != [_stat(p) for p in outputs]:
+            problems.append(f"  - shard {entry['shard']}: {prefix}.* changed since the batch ran")
+    if problems:
+        raise ShardPoolError(
+            f"{batch_record}: shards of this batch are not as it wrote them:\n"
+            + "\n".join(problems)
+            + f"\nDelete {batch_record} and run the workflow again: the batch then redoes "
+            "these shards only and keeps the others."
+        )
+
+
 def tokenize_source_task(
     source: str,
     cfg: dict[str, Any],
