@@ -187,6 +187,11 @@ def test_fetch_copies_the_configs_files_as_they_are_verified(tmp_path, fineweb_r
     assert [d.text for d in shard_documents("web", cfg, 0, 1)] == [
         d.text for d in shard_documents("web", shipped, 0, 1)
     ]
+    # ... and its shards' manifests name the commit the fetch resolved.
+    from hpcllm.text.shards import ShardCounts, shard_manifest
+
+    assert shard_manifest("web", cfg, 0, 1, ShardCounts())["revision"] == f"{COMMIT} (fetched)"
+    assert "local mirror" in shard_manifest("web", shipped, 0, 1, ShardCounts())["revision"]
 
 
 def test_a_dropped_download_resumes_from_where_it_stopped(tmp_path, fineweb_repo):

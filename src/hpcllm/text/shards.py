@@ -370,6 +370,14 @@ def write_shard(
 def _revision(cfg: dict[str, Any]) -> str:
     if cfg["type"] == "local":
         return "local files"
+    if cfg.get("mirror"):
+        # A mirror fetch_text wrote (data/hub/<source>/files): the commit it resolved.
+        fetched = Path(cfg["mirror"]).parent / "fetched.json"
+        if Path(cfg["mirror"]).name == "files" and fetched.is_file():
+            try:
+                return f"{json.loads(fetched.read_text())['revision']} (fetched)"
+            except (OSError, ValueError, KeyError):
+                pass
     if cfg.get("mirror") or os.environ.get("HPCLLM_HF_MIRROR"):
         return f"local mirror ({cfg.get('revision') or 'revision as downloaded'})"
     return cfg.get("revision") or "main"
