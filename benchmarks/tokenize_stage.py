@@ -14,7 +14,9 @@ then measures in rounds, every tool in a fresh process with ``--cores`` threads:
 - the stage: ``tokenize_source_shard`` on a ``type: local`` source of the file, as a
   ``tokenize`` job runs it (reading in place, the bad-record policy, the check against HF
   tokenizers, end-of-document ids, the ``.bin/.idx`` written), with what loading gigatoken
-  and the check took inside it.
+  and the check's calls took inside it, and the same stage with the check switched off
+  (the check runs beside the encoding: what it adds is the difference, not its calls'
+  wall time).
 
 Prints every round and the medians: the stage's rate against bare encode (issue 22's 0.8
 target), against bare read + bare encode one after the other, and against gigatoken's own
@@ -111,6 +113,9 @@ def timed(f, key):
     return g
 t.same_ids = timed(t.same_ids, "check")
 t.differing_document = timed(t.differing_document, "check")
+if sys.argv[5] == "nocheck":  # the stage without any comparison with HF (measuring only)
+    t.same_ids = lambda *a: True
+    t.SampledCheck.pick = lambda self, texts: ([], None)
 t.load_fast_encoder = timed(t.load_fast_encoder, "load")
 stats = []
 tokenize_shard = t.tokenize_shard
@@ -170,7 +175,13 @@ def main(argv: list[str] | None = None) -> dict:
         enc = py(BARE_ENCODE, tok, args.cores, path)
         read = py(BARE_READ, path)
         files = py(GIGATOKEN_FILES, tok, args.cores, path)
-        stage = py(STAGE, tok, path, work / "stage_text_document", args.cores)
+        # The stage, and the same without the check against HF (in turns: first one, then
+        # the other), whose difference is what the check adds (it runs beside the
+        # encoding, so its calls' own wall time overstates its cost).
+        runs = {}
+        for mode in ("check", "nocheck")[:: 1 if r % 2 == 0 else -1]:
+            runs[mode] = py(STAGE, tok, path, work / f"{mode}_text_document", args.cores, mode)
+        stage, bare_stage = runs["check"], runs["nocheck"]
         rate = enc["tokens"] / enc["seconds"]
         # The stage writes one end-of-document id per document more: the same text.
         stage_rate = (stage["tokens"] - enc["documents"]) / stage["seconds"]
@@ -187,7 +198,10 @@ def main(argv: list[str] | None = None) -> dict:
             "stage_vs_gigatoken_files": files["seconds"] / stage["seconds"],
             "gigatoken_files_vs_bare_encode": enc["seconds"] / files["seconds"],
             "bound_from_reading": enc["seconds"] / (enc["seconds"] + read["cpu_s"] / args.cores),
-            "check_share_of_stage": stage["check_s"] / stage["seconds"],
+            "check_calls_share_of_stage": stage["check_s"] / stage["seconds"],
+            "stage_without_check_s": bare_stage["seconds"],
+            "check_added_share_of_stage": (stage["seconds"] - bare_stage["seconds"])
+            / stage["seconds"],
         }
         assert files["tokens"] == enc["tokens"], "gigatoken's file path gave other ids"
         rounds.append(row)
