@@ -160,7 +160,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--workdir", type=Path, default=Path("/tmp/hpcllm-tokenize-stage"))
+    ap.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path("/tmp/hpcllm-tokenize-stage"),
+        help="the generated Parquet file, the tokenizer and the outputs (default: %(default)s)",
+    )
     ap.add_argument("--repeat", type=int, default=5, help="rounds (medians)")
     ap.add_argument("--cores", type=int, default=2, help="threads every tool gets")
     ap.add_argument("--text-megabytes", type=float, default=500, help="text in the file")
