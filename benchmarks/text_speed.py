@@ -44,6 +44,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tokenize_stage import STAGE  # noqa: E402  (the stage as a job runs it, timed)
+
 EOD = "<|endoftext|>"
 
 BARE = """
@@ -60,42 +62,6 @@ flat, lengths = enc.encode(texts)
 s = time.perf_counter() - t
 print(json.dumps({"tokens": int(len(flat)), "documents": len(texts), "seconds": s,
                   "bytes": sum(len(x.encode()) for x in texts)}))
-"""
-
-STAGE = """
-import json, os, sys, time
-os.environ["RAYON_NUM_THREADS"] = sys.argv[4]
-import hpcllm.text.tokenization as t
-from hpcllm.text.shards import source_policy, tokenize_source_shard
-spent = {"check": 0.0, "gigatoken_load": 0.0}
-def timed(f, key):
-    def g(*a, **k):
-        start = time.perf_counter()
-        try:
-            return f(*a, **k)
-        finally:
-            spent[key] += time.perf_counter() - start
-    return g
-# The check against HF tokenizers: the probe's comparisons (same_ids: both encoders on the
-# probe texts and the first batch's sample) and every later batch's (differing_document).
-t.same_ids = timed(t.same_ids, "check")
-t.differing_document = timed(t.differing_document, "check")
-t.gigatoken_encoder = timed(t.gigatoken_encoder, "gigatoken_load")
-stats = []
-tokenize_shard = t.tokenize_shard
-t.tokenize_shard = lambda *a, **k: stats.append(tokenize_shard(*a, **k))
-tok = t.load_tokenizer(sys.argv[1])
-# The stage as the workflow runs it: one shard of a local source read in place.
-cfg = {"type": "local", "files": [sys.argv[2]]}
-start = time.perf_counter()
-tokenize_source_shard(
-    "speed", cfg, source_policy(cfg, {}, 0, 1), 0, 1, sys.argv[3], sys.argv[3] + ".json",
-    tok, "<|endoftext|>",
-)
-s = stats[0]
-print(json.dumps({"tokens": s.tokens, "seconds": time.perf_counter() - start,
-                  "check_s": spent["check"], "gigatoken_load_s": spent["gigatoken_load"],
-                  "encoder": s.encoder}))
 """
 
 MEGATRON = """
@@ -265,13 +231,13 @@ def main(argv: list[str] | None = None) -> dict:
         out, _ = py(BARE, tok, whole, args.cores)
         bare = json.loads(out)
         row["bare_gigatoken_tokens_per_s"] = bare["tokens"] / bare["seconds"]
-        out, wall = py(STAGE, tok, whole, work / "stage_text_document", args.cores)
+        out, wall = py(STAGE, tok, whole, work / "stage_text_document", args.cores, "check")
         stage = json.loads(out)
         # The stage writes one EOD per document more than the bare encode: same text.
         row["stage_tokens_per_s"] = (stage["tokens"] - bare["documents"]) / stage["seconds"]
         row["stage_s"], row["stage_process_wall_s"] = stage["seconds"], wall
         row["check_share_of_stage"] = stage["check_s"] / stage["seconds"]
-        row["gigatoken_load_s"] = stage["gigatoken_load_s"]  # import and load, in the stage
+        row["gigatoken_load_s"] = stage["load_s"]  # import and load, in the stage
         row["stage_vs_bare_gigatoken"] = (
             row["stage_tokens_per_s"] / row["bare_gigatoken_tokens_per_s"]
         )

@@ -216,7 +216,8 @@ def shard_batches(
 
 def _slices(texts: Any, batch_bytes: int) -> Iterator[Any]:
     """An Arrow string array in consecutive slices of about ``batch_bytes`` (no copy)."""
-    ends = np.cumsum(np.diff(utf8_offsets(texts)))
+    offsets = utf8_offsets(texts)
+    ends = offsets[1:] - offsets[0]
     start = 0
     while start < len(texts):
         before = ends[start - 1] if start else 0
