@@ -39,6 +39,7 @@ include: "workflow/rules/containers.smk"
 include: "workflow/rules/training.smk"
 include: "workflow/rules/benchmarks.smk"
 include: "workflow/rules/results.smk"
+include: "workflow/rules/cost.smk"
 
 
 rule all:

@@ -1,36 +1,9 @@
 # Benchmark sweeps: one job per sweep point, then the summary, the plots and the report.
 # The points come from the experiments in config `benchmarks.experiments` expanded for the
 # cluster (hpcllm.bench.sweeps); docs/benchmarks.md describes them.
-import yaml as _yaml
-from snakemake.exceptions import WorkflowError
 
-from hpcllm.bench.sweeps import SweepError, expand_all, facts_of, point_time_limit
-from hpcllm.containers import image_for
 
-BENCH = config["benchmarks"]
-_dropped = []  # points the planner finds cannot run (memory, layout): said, not queued
-try:
-    BENCH_POINTS = {
-        p.id: p.row()
-        for p in expand_all(
-            BENCH["experiments"],
-            facts_of(CLUSTER),
-            schema=_yaml.safe_load(
-                open(f"{workflow.basedir}/workflow/schemas/benchmarks.schema.yaml")
-            ),
-            dropped=_dropped,
-        )
-    }
-except SweepError as e:
-    raise WorkflowError(f"benchmarks: {e}")
-for _message in _dropped:
-    logger.warning(f"Warning: benchmarks: {_message}")
-from hpcllm.configuration import vision_split_errors
-
-_split_errors = vision_split_errors(BENCH["experiments"], config["vision"]["datasets"])
-if _split_errors:
-    raise WorkflowError("\n".join(_split_errors))
-BENCH_PLOTS = ("efficiency", "throughput", "batch_time_cdf", "loss")
+include: "benchmarks_functions.smk"
 
 
 wildcard_constraints:

@@ -4,26 +4,9 @@
 # nothing (method copy) there is no rule: the image is a file the user copies in, used as
 # it is. Where the runtime is "none" no GPU rule asks for an image, so build_container is
 # not part of the DAG and steps run in the virtual environment.
-from snakemake.exceptions import WorkflowError
-from snakemake.logging import logger
 
-from hpcllm.containers import (
-    ContainerRuntimeError,
-    build_executable,
-    image_for,
-    image_plan_error,
-    recipe_path,
-)
 
-CONTAINERS = config["containers"]
-
-for _purpose, _images in CONTAINERS["use"].items():
-    for _vendor, _image in _images.items():
-        if _image not in CONTAINERS["images"]:
-            raise ValueError(
-                f"containers.use.{_purpose}.{_vendor} names image '{_image}', which is not "
-                f"in containers.images ({', '.join(CONTAINERS['images']) or 'none defined'})"
-            )
+include: "containers_functions.smk"
 
 
 # A site that builds nothing has no rule for the image: a copied image is a source file,

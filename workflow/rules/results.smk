@@ -2,6 +2,9 @@
 # status in one self-contained HTML file, the first thing to open (docs/benchmarks.md).
 
 
+include: "results_functions.smk"
+
+
 rule results_page:
     input:
         unpack(results_page_inputs),

@@ -2,6 +2,9 @@
 # tokenizer, tokenize (straight from the source's files), merge.
 
 
+include: "text_functions.smk"
+
+
 rule fetch_text:
     input:
         hub_source_reachable,

@@ -1,14 +1,8 @@
 # Image trees to one LMDB per dataset and split (read by the vision benchmark, which
 # stages them to node-local storage with hpcllm.vision.stage_in, see docs/vision.md).
-from hpcllm.vision.datasets_config import check_dataset, dataset_root, is_configured
 
-VISION = config["vision"]
-IMAGE_DATASETS = VISION["datasets"]
 
-# A missing tree or labels file is reported here, at plan time (dry run included).
-for _name, _dataset in IMAGE_DATASETS.items():
-    if is_configured(_dataset):
-        check_dataset(_name, _dataset)
+include: "vision_functions.smk"
 
 
 rule make_sample_images:

@@ -1,0 +1,112 @@
+# The benchmarks stage's globals, plan-time checks and input/params functions (its rules:
+# benchmarks.smk, which includes this file first).
+import yaml as _yaml
+from snakemake.exceptions import WorkflowError
+
+from hpcllm.bench.sweeps import SweepError, expand_all, facts_of, point_time_limit
+from hpcllm.containers import image_for
+
+BENCH = config["benchmarks"]
+_dropped = []  # points the planner finds cannot run (memory, layout): said, not queued
+try:
+    BENCH_POINTS = {
+        p.id: p.row()
+        for p in expand_all(
+            BENCH["experiments"],
+            facts_of(CLUSTER),
+            schema=_yaml.safe_load(
+                open(f"{workflow.basedir}/workflow/schemas/benchmarks.schema.yaml")
+            ),
+            dropped=_dropped,
+        )
+    }
+except SweepError as e:
+    raise WorkflowError(f"benchmarks: {e}")
+for _message in _dropped:
+    logger.warning(f"Warning: benchmarks: {_message}")
+from hpcllm.configuration import vision_split_errors
+
+_split_errors = vision_split_errors(BENCH["experiments"], config["vision"]["datasets"])
+if _split_errors:
+    raise WorkflowError("\n".join(_split_errors))
+BENCH_PLOTS = ("efficiency", "throughput", "batch_time_cdf", "loss")
+
+
+def bench_ids(benchmark):
+    return [i for i, p in BENCH_POINTS.items() if p["benchmark"] == benchmark]
+
+
+def bench_point(wildcards):
+    return BENCH_POINTS[wildcards.point]
+
+
+def bench_container(benchmark, check=False):
+    """The point's image (None without); ``check``: as an input, stop the plan when it
+    can be neither found nor built (container_image)."""
+    purpose = "train" if benchmark == "language" else "vision"
+    images = container_image(purpose, check)
+    return images[0] if images else None
+
+
+def bench_vision_inputs(wildcards):
+    point = BENCH_POINTS[wildcards.point]
+    inputs = {"lmdb": f"data/vision/{point['dataset']}/{point['split']}.lmdb"}
+    if point.get("val_split"):
+        inputs["val"] = f"data/vision/{point['dataset']}/{point['val_split']}.lmdb"
+    if bench_container("vision"):
+        inputs["container"] = bench_container("vision", check=True)
+    return inputs
+
+
+def bench_language_inputs(wildcards):
+    point = BENCH_POINTS[wildcards.point]
+    inputs = {}
+    if point["data"] != "mock":
+        inputs["data"] = [point["data"] + ".bin", point["data"] + ".idx"]
+    if point.get("tokenizer"):
+        inputs["tokenizer"] = point["tokenizer"]
+    if bench_container("language"):
+        inputs["container"] = bench_container("language", check=True)
+    return inputs
+
+
+def bench_nodes(wildcards):
+    return BENCH_POINTS[wildcards.point]["nodes"] if CLUSTER.uses_slurm else 1
+
+
+def bench_threads(wildcards):
+    """Slurm: the whole node for the launcher; here: one core per process of the run."""
+    point = BENCH_POINTS[wildcards.point]
+    return CLUSTER.cpus_per_node if CLUSTER.uses_slurm else point["gpus"]
+
+
+def bench_gres(wildcards):
+    return f"gpu:{CLUSTER.gpus_per_node}" if CLUSTER.gpus_per_node else ""
+
+
+def bench_runtime_min(point):
+    """A language point's time limit sized from its work; 120 min for a vision point."""
+    work = point_time_limit(point, facts_of(CLUSTER))
+    return work.limit_minutes if work else 120
+
+
+def bench_runtime(wildcards):
+    return bench_runtime_min(BENCH_POINTS[wildcards.point])
+
+
+def bench_time_limit_s(wildcards, resources):
+    return resources.runtime * 60 * BENCH["run_time_limit_fraction"]
+
+
+def bench_records():
+    return [
+        f"results/bench/{p['benchmark']}/{i}/run.json" for i, p in BENCH_POINTS.items()
+    ]
+
+
+def benchmark_targets():
+    if not BENCH_POINTS:
+        return []
+    return ["results/bench/summary.csv"] + [
+        f"results/bench/plots/{name}.png" for name in BENCH_PLOTS
+    ]

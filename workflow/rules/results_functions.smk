@@ -1,0 +1,36 @@
+# The results stage's globals, plan-time checks and input/params functions (its rules:
+# results.smk, which includes this file first).
+def page_experiment_names():
+    """The experiments the default target trains (see all_targets): on a GPU cluster
+    the laptop's torch-engine examples only when named in `training.run`."""
+    names = TRAINING.get("run") or list(EXPERIMENTS)
+    if CLUSTER.uses_slurm and CLUSTER.gpus_per_node and not TRAINING.get("run"):
+        names = [n for n in names if EXPERIMENTS[n].experiment["engine"] != "torch"]
+    return names
+
+
+def results_page_target():
+    if not BENCH_POINTS and not page_experiment_names():
+        return []
+    return ["results/index.html"]
+
+
+def results_page_inputs(wildcards):
+    """The results page reads the benchmark summary and plots, and per experiment its
+    loss curve and every segment's record (named keys for the script)."""
+    inputs = {}
+    if BENCH_POINTS:
+        inputs["summary"] = "results/bench/summary.csv"
+        for name in BENCH_PLOTS:
+            inputs[f"plot_{name}"] = f"results/bench/plots/{name}.png"
+    for name in page_experiment_names():
+        inputs[f"loss_{name}"] = f"results/train/{name}/loss.png"
+        segments = EXPERIMENTS[name].experiment["segments"]
+        inputs[f"records_{name}"] = [
+            f"results/train/{name}/seg{k}.json" for k in range(1, segments + 1)
+        ]
+    return inputs
+
+
+def results_page_experiments(wildcards):
+    return {name: EXPERIMENTS[name] for name in page_experiment_names()}

@@ -1,0 +1,239 @@
+# The training stage's globals, plan-time checks and input/params functions (its rules:
+# training.smk, which includes this file first).
+from hpcllm.training.segment import prepare_experiment
+
+TRAINING = config["training"]
+EXPERIMENTS = {}
+for _name, _raw in TRAINING["experiments"].items():
+    try:
+        EXPERIMENTS[_name] = prepare_experiment(_name, _raw, TEXT, CLUSTER)
+    except ValueError as e:
+        raise _WorkflowError(str(e))
+from hpcllm.training.job_plan import segment_job
+
+# Each experiment's segment job on this cluster: its time limit (sized from its work) and
+# what cannot run here (refused here) or would waste GPU-hours (warned about with the
+# cost lines, for the experiments the plan runs).
+SEGMENT_JOBS = {}
+for _name, _prepared in EXPERIMENTS.items():
+    _tok = TEXT["tokenizers"][_prepared.experiment["data"]["tokenizer"]]
+    _vocab = (
+        _prepared.experiment["model"].get("vocab_size")
+        or _tok.get("vocab_size")
+        or 50257
+    )
+    try:
+        SEGMENT_JOBS[_name] = segment_job(_name, _prepared, CLUSTER, _vocab, _tok)
+    except ValueError as e:
+        raise _WorkflowError(str(e))
+from hpcllm.training.segment import hub_tokenizer_warning
+
+for _name, _prepared in EXPERIMENTS.items():
+    _warning = hub_tokenizer_warning(
+        _name,
+        _prepared.experiment["engine"],
+        TEXT["tokenizers"][_prepared.experiment["data"]["tokenizer"]],
+        _prepared.tokenizer_files,
+        _prepared.eod_token,
+    )
+    if _warning:
+        logger.warning(f"Warning: {_warning}")
+from hpcllm.training.megatron_args import transformer_impl_for
+from hpcllm.training.settings import plan_warning, weight_settings as _weight_settings
+
+for _name, _prepared in EXPERIMENTS.items():
+    # Settings that differ from what the checkpoints were trained with: the reason the
+    # segments are planned again, and why they will refuse.
+    _warning = plan_warning(
+        _name,
+        f"checkpoints/{_name}",
+        _weight_settings(_prepared, transformer_impl_for(CLUSTER)),
+    )
+    if _warning:
+        logger.warning(f"Warning: {_warning}")
+
+
+def training_targets():
+    names = TRAINING.get("run") or list(EXPERIMENTS)
+    return [
+        path
+        for name in names
+        for path in (
+            f"results/train/{name}/seg{EXPERIMENTS[name].experiment['segments']}.json",
+            f"results/train/{name}/loss.png",
+        )
+    ]
+
+
+def index_cache_dir(wildcards):
+    return f"data/index_cache/{wildcards.experiment}"
+
+
+def all_segment_records(wildcards):
+    segments = EXPERIMENTS[wildcards.experiment].experiment["segments"]
+    return [
+        f"results/train/{wildcards.experiment}/seg{k}.json"
+        for k in range(1, segments + 1)
+    ]
+
+
+def segment_engine_logs(wildcards):
+    segments = EXPERIMENTS[wildcards.experiment].experiment["segments"]
+    return [
+        f"logs/train_segment/{wildcards.experiment}/seg{k}.engine.log"
+        for k in range(1, segments + 1)
+    ]
+
+
+def experiment_seq_length(wildcards):
+    return EXPERIMENTS[wildcards.experiment].experiment["model"]["seq_length"]
+
+
+def segment_attempt(wildcards, attempt):
+    return attempt
+
+
+def segment_retry_refused(experiment, k, attempt):
+    from hpcllm.training import attempts, checkpoints
+
+    try:
+        latest = checkpoints.latest_iteration(f"checkpoints/{experiment}") or 0
+    except checkpoints.CheckpointError:
+        return True
+    entries = attempts.load(f"logs/train_segment/{experiment}/seg{k}.attempts.json")
+    return attempts.refusal(entries, attempt, latest) is not None
+
+
+def settings_refused(experiment):
+    from hpcllm.training.megatron_args import transformer_impl_for
+    from hpcllm.training.settings import plan_warning, weight_settings
+
+    settings = weight_settings(EXPERIMENTS[experiment], transformer_impl_for(CLUSTER))
+    return plan_warning(experiment, f"checkpoints/{experiment}", settings) is not None
+
+
+def prepared_experiment(wildcards):
+    return EXPERIMENTS[wildcards.experiment]
+
+
+def weight_settings(wildcards):
+    """The experiment's weight-determining settings, one key=value line each: a param, so
+    that changing one replans its segments (hpcllm.training.settings)."""
+    from hpcllm.training.megatron_args import transformer_impl_for
+    from hpcllm.training.settings import param_text, weight_settings
+
+    prepared = EXPERIMENTS[wildcards.experiment]
+    return param_text(weight_settings(prepared, transformer_impl_for(CLUSTER)))
+
+
+def data_settings(wildcards):
+    """What the index cache is built from (blend, split, sequence length, tokenizer, seed)."""
+    from hpcllm.training.settings import data_settings, param_text
+
+    return param_text(data_settings(EXPERIMENTS[wildcards.experiment]))
+
+
+def previous_segment(wildcards):
+    """Segment k-1's result record (none for the first segment)."""
+    k = int(wildcards.k)
+    if k > EXPERIMENTS[wildcards.experiment].experiment["segments"]:
+        raise ValueError(f"{wildcards.experiment} has no segment {k}")
+    return [] if k == 1 else [f"results/train/{wildcards.experiment}/seg{k - 1}.json"]
+
+
+def training_data(wildcards):
+    prefixes = EXPERIMENTS[wildcards.experiment].blend.prefixes
+    return [p + ext for p in prefixes for ext in (".bin", ".idx")]
+
+
+def training_tokenizer(wildcards):
+    """The files the engines read (hpcllm.text.tokenizers_config.engine_files): a trained
+    tokenizer's vocab.json and merges.txt, the tokenizer_folder of a given tokenizer.json,
+    or the GPT-2 files a type: files tokenizer names."""
+    return list(EXPERIMENTS[wildcards.experiment].tokenizer_files)
+
+
+def training_container(wildcards):
+    """The training image on clusters with a container runtime, for either engine (the
+    torch engine needs the GPU build of PyTorch there too); none where the runtime is none.
+    """
+    return container_image("train")
+
+
+def segment_nodes(wildcards, attempt):
+    """The layout's nodes; one for a retry that will refuse to run (it only reports), and
+    for a segment that will refuse a checkpoint trained with other settings."""
+    if attempt > 1 and segment_retry_refused(
+        wildcards.experiment, wildcards.k, attempt
+    ):
+        return 1
+    if settings_refused(wildcards.experiment):
+        return 1
+    return EXPERIMENTS[wildcards.experiment].experiment["layout"]["nodes"]
+
+
+def segment_runtime(wildcards):
+    """The segment's time limit in minutes (60 where there is no GPU to size it for)."""
+    return SEGMENT_JOBS[wildcards.experiment].limit_minutes or 60
+
+
+def segment_slurm_extra(wildcards):
+    """Slurm signals the job steps (srun -> torchrun -> the engine) before the time limit."""
+    seconds = EXPERIMENTS[wildcards.experiment].experiment["time"]["signal_seconds"]
+    return f"--ntasks-per-node=1 --signal=TERM@{seconds}{threads_per_core_flag()}"
+
+
+def threads_per_core_flag():
+    """Cores, not hardware threads, where the site's Slurm counts those as CPUs (JSC)."""
+    return " --threads-per-core=1" if CLUSTER.threads_per_core > 1 else ""
+
+
+from hpcllm.training.megatron_args import container_commit_mismatch
+
+if any(p.experiment["engine"] == "megatron" for p in EXPERIMENTS.values()):
+    for _image in container_image("train", check=False):
+        _definition = config["containers"]["images"][
+            os.path.basename(_image)[: -len(".sif")]
+        ]
+        if not os.path.exists(_definition):
+            _definition = os.path.join(workflow.basedir, _definition)
+        _mismatch = container_commit_mismatch(open(_definition).read(), _definition)
+        if _mismatch:
+            logger.warning(f"Warning: {_mismatch}")
+for _name in TRAINING.get("run") or []:
+    if _name not in EXPERIMENTS:
+        raise _WorkflowError(
+            f"training.run names '{_name}', which is not in training.experiments "
+            f"({', '.join(EXPERIMENTS) or 'none defined'})"
+        )
+
+# training.chain on a Slurm run: train_segment runs on the login node, submits the
+# experiment's self-continuing chain of Slurm jobs (or reattaches to it) and waits for its
+# segment (hpcllm.training.chain; docs/training.md). Elsewhere it trains in place.
+CHAINED = (
+    bool(TRAINING["chain"])
+    and CLUSTER.uses_slurm
+    and (
+        getattr(workflow.executor_plugin, "name", None)
+        not in ("local", "slurm-jobstep")
+    )
+)
+# Only the controller retries (in a Slurm job a retry would run in the same allocation,
+# whose time is up); in a chain the chain's jobs make the attempts.
+SEGMENT_RETRIES = (
+    TRAINING["max_attempts"] - 1 if workflow.is_main_process and not CHAINED else 0
+)
+if CHAINED:
+    import json as _json
+
+    _settings = getattr(workflow, "executor_settings", None)
+    # What the plugin adds to a job's sbatch line from its own settings; for the script.
+    # (set for the script, which runs as a child of this process; not read here)
+    os.environ.update(
+        HPCLLM_CHAIN_SLURM_SETTINGS=_json.dumps(
+            {
+                key: getattr(_settings, key, None)
+                for key in ("requeue", "no_requeue", "qos", "reservation")
+            }
+        )
+    )
