@@ -5,8 +5,8 @@ Booster, JUPITER, Leonardo Booster), one job per shard would hold a GPU node for
 threads' work. Snakemake's job groups were meant to pack the shards per node, but inside
 the group job the Slurm job step's Snakemake runs them one at a time (the executor plugin
 starts it with ``--jobs 1`` and its job-step executor waits for each job before the next:
-docs/text.md, "Many CPU jobs on GPU-only sites"). So a batch of shards is one Snakemake
-job, and this module runs its shards in parallel, each in its own process.
+docs/measurements/text.md, "Why not Snakemake job groups"). So a batch of shards is one
+Snakemake job, and this module runs its shards in parallel, each in its own process.
 
 What a batch guarantees:
 

@@ -46,7 +46,7 @@ PIECE_CHARS = 1 << 20
 # batch's characters plus half of what is left of CHECK_RESERVE_CHARS (a small shard is so
 # checked almost whole, a FineWeb-sized one at about CHECK_FRACTION). The reference
 # encodes a character about 80-100x slower than the whole stage (measured here on a
-# 0.5 GB FineWeb-shaped shard, docs/text.md): 1/8000 keeps the check's calls under 10 %
+# 0.5 GB FineWeb-shaped shard, docs/measurements/text.md): 1/8000 keeps the check's calls under 10 %
 # of the stage's time (1/1000 took 9-14 %, 1/4000 10-12 % once encoding ran beside it).
 CHECK_FRACTION = 1.25e-4
 CHECK_RESERVE_CHARS = 64 << 10
