@@ -293,7 +293,7 @@ def pack_lmdb(
     ``report_path``: counts, sizes, time, and ``skipped``: path, kind, message).
     ``read_ahead_bytes``: how far the readers may run ahead of the writer, beyond the
     minimum of ``threads`` x 4 chunks of images: two transactions by default, so that
-    they go on reading while the writer commits (13% faster packing, docs/vision.md).
+    they go on reading while the writer commits (13% faster packing, docs/measurements/vision.md).
     """
     if on_bad_image not in ("fail", "skip"):
         raise ValueError(f"on_bad_image must be fail or skip, not '{on_bad_image}'")
