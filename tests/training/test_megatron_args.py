@@ -207,3 +207,25 @@ def test_without_transformer_engine_the_fusions_that_need_it_are_off(preset):
     assert "--sequence-parallel" not in local
     if PRESETS[preset].get("layout", {}).get("sequence_parallel"):
         assert "--sequence-parallel" in args_for(preset)
+
+
+@pytest.mark.parametrize("preset", ["opengptx_800m", "gpt3_175b", "gpt_13b6", "gpt_7b"])
+def test_data_parallel_communication_overlaps_with_compute(preset):
+    """Every preset with the distributed optimizer overlaps its gradient reduce-scatter
+    and parameter all-gather with backward/forward (both off by default in Megatron-LM)."""
+    got = pairs(args_for(preset))
+    assert "--use-distributed-optimizer" in got
+    assert "--overlap-grad-reduce" in got and "--overlap-param-gather" in got
+
+
+def test_overlap_param_gather_only_with_the_distributed_optimizer():
+    # Megatron-LM's validate_args refuses --overlap-param-gather without it
+    exp = resolve_experiment("x", {"preset": "gpt3_860m", "save_interval": 100})
+    kw = dict(data_path=None, split="100,0,0", vocab_file=None, merge_file=None, save=None,
+              tensorboard_dir=None, data_cache_path=None, train_iters=10, stop_iteration=10,
+              exit_minutes=None)  # fmt: skip
+    got = pairs(pretrain_gpt_args(exp, check_layout("x", exp, 8), **kw))
+    assert "--overlap-grad-reduce" in got and "--overlap-param-gather" not in got
+    # one replica: nothing to reduce across
+    got = pairs(pretrain_gpt_args(exp, check_layout("x", exp, 1), **kw))
+    assert "--overlap-grad-reduce" not in got

@@ -51,6 +51,8 @@ FLAGS: dict[str, dict[str, str]] = {
         "pipeline_model_parallel_size": "--pipeline-model-parallel-size",
         "sequence_parallel": "--sequence-parallel",
         "use_distributed_optimizer": "--use-distributed-optimizer",
+        "overlap_grad_reduce": "--overlap-grad-reduce",
+        "overlap_param_gather": "--overlap-param-gather",
         "recompute_granularity": "--recompute-granularity",
         "recompute_method": "--recompute-method",
         "recompute_num_layers": "--recompute-num-layers",
@@ -225,7 +227,17 @@ def pretrain_gpt_args(
     add("pipeline_model_parallel_size", layout.pp)
     # (not with Megatron's local layers: torch's norm refuses it without apex, above)
     add("sequence_parallel", bool(lay.get("sequence_parallel")) and transformer_impl != "local")
-    add("use_distributed_optimizer", bool(lay.get("distributed_optimizer")))
+    distributed_optimizer = bool(lay.get("distributed_optimizer"))
+    add("use_distributed_optimizer", distributed_optimizer)
+    # Both off by default at the pin: then the gradient reduce-scatter runs after the whole
+    # backward pass and the distributed optimizer's parameter all-gather before the next
+    # forward, exposed, a share of each step that grows in strong scaling as the compute
+    # per GPU shrinks. With them Megatron overlaps both in buckets with backward/forward;
+    # it refuses the gather without the distributed optimizer or the grad overlap
+    # (validate_args).
+    overlap = layout.dp > 1
+    add("overlap_grad_reduce", overlap)
+    add("overlap_param_gather", overlap and distributed_optimizer)
     if model.get("flash_attention") and transformer_impl == "transformer_engine":
         add("attention_backend", "flash")
     recompute = lay.get("recompute", "none")
