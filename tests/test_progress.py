@@ -39,8 +39,31 @@ def test_an_unknown_total_gives_count_and_rate_only():
         "download fineweb 0000", None, "documents", interval=1, clock=clock, emit=lines.append
     )
     clock.now += 4
-    p.update(40)
-    assert lines == ["download fineweb 0000: 40 documents, 10.0 documents/s"]
+    p.update(40)  # the first work done: no rate yet
+    clock.now += 4
+    p.update(80)
+    assert lines == [
+        "download fineweb 0000: 40 documents",
+        "download fineweb 0000: 80 documents, 10.0 documents/s",
+    ]
+
+
+def test_the_eta_is_measured_from_the_first_iteration_not_from_the_start_up():
+    """A segment's start-up (95 s here) before iteration 1, then 1 iteration/s: the ETA
+    is 4 s, not the 0:01:07 that counting the start-up gives."""
+    clock, lines = Clock(), []
+    p = Progress("segment 1 of tiny", 10, "iterations", interval=5, clock=clock, emit=lines.append)
+    clock.now += 95
+    p.update(1)
+    clock.now += 5
+    p.update(6)
+    clock.now += 4
+    p.finish(10)
+    assert lines == [
+        "segment 1 of tiny: 1 of 10 iterations (10.0%)",
+        "segment 1 of tiny: 6 of 10 iterations (60.0%), 1 iterations/s, ETA 0:00:04",
+        "segment 1 of tiny: 10 of 10 iterations (100.0%), 1 iterations/s, done in 0:01:44",
+    ]
 
 
 def test_progress_goes_to_the_log_file_and_to_stderr(tmp_path):

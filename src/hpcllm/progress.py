@@ -2,6 +2,10 @@
 
 ``tokenize 0003: 1,234 of 5,000 documents (24.7%), 812 documents/s, ETA 0:00:05``
 
+The rate (and so the ETA) is measured from the first update that reports work done, not
+from the start: a training segment's start-up can take minutes before its first
+iteration, and counting it made the first ETA many times too long.
+
 A line at most every ``interval`` seconds (and one at the end), through the logger
 ``hpcllm.progress``, which :func:`hpcllm.logs.setup` also sends to stderr: the job's log
 file has it, and so has the terminal of a job run locally (Snakemake passes a local job's
@@ -50,18 +54,33 @@ class Progress:
         self.emit = emit or log.info
         self.start = self.last = clock()
         self.done = 0.0
+        # (time, done) of the first update with work done: the rate is measured from there,
+        # as start-up (a model built, a first iteration compiled) is not the pace of the rest.
+        self.first: tuple[float, float] | None = None
+
+    def rate(self, done: float) -> float | None:
+        """Units per second since the first update with work done; None until a later one
+        adds work (a final line without updates: since the start)."""
+        now = self.clock()
+        if self.first is not None and done > self.first[1] and now > self.first[0]:
+            return (done - self.first[1]) / (now - self.first[0])
+        return None
 
     def line(self, done: float, final: bool = False) -> str:
         elapsed = max(self.clock() - self.start, 1e-9)
-        rate = done / elapsed
+        rate = self.rate(done)
+        if rate is None and final:
+            rate = done / elapsed
         if self.total:
             share = f" of {self.total:,.0f} {self.unit} ({100 * done / self.total:.1f}%)"
         else:
             share = f" {self.unit}"
-        text = f"{self.what}: {done:,.0f}{share}, {_rate(rate)} {self.unit}/s"
+        text = f"{self.what}: {done:,.0f}{share}"
+        if rate is not None:
+            text += f", {_rate(rate)} {self.unit}/s"
         if final:
             text += f", done in {_eta(elapsed)}"
-        elif self.total and done < self.total and rate > 0:
+        elif self.total and done < self.total and rate:
             text += f", ETA {_eta((self.total - done) / rate)}"
         return text
 
@@ -69,6 +88,8 @@ class Progress:
         """Record ``done``; emit a line when ``interval`` has passed since the last."""
         self.done = done
         now = self.clock()
+        if self.first is None and done > 0:
+            self.first = (now, done)
         if now - self.last >= self.interval:
             self.last = now
             self.emit(self.line(done))
