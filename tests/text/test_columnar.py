@@ -123,7 +123,9 @@ def test_a_bad_row_sends_its_batch_row_by_row(tmp_path):
     got, counts, _ = by_batches(cfg, policy, 0, 1, tmp_path)
     assert got == ["good one", "good two"] + texts[4:]
     assert counts.skipped.counts == {"missing_text": 1, "too_large": 1}
-    with pytest.raises(BadRecord, match=r"b.parquet row 1: field 'text' is not a string"):
+    with pytest.raises(
+        BadRecord, match=r"b.parquet row 2 \(rows counted from 1\): field 'text' is not"
+    ):
         by_batches(cfg, ShardPolicy(max_document_bytes=50), 0, 1, tmp_path)
 
 

@@ -134,38 +134,51 @@ def parquet_bad(tmp_path, table):
 
 
 def invalid_utf8_strings():
-    """A Parquet string column holding invalid UTF-8 in row 2 (pyarrow writes it as is)."""
+    """A Parquet string column holding invalid UTF-8 in its third row (pyarrow writes it
+    as is)."""
     data = b"okfine\xffbadlast"
     offsets = np.array([0, 2, 6, 10, 14], dtype=np.int32)
     return pa.StringArray.from_buffers(4, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data))
 
 
+# Rows are counted from 1, as JSON lines are, and the message says so.
 @pytest.mark.parametrize(
     "table,reason,where,message",
     [
         (
             pa.table({"content": ["a", "b"]}),
             "missing_text",
-            "row 0",
+            "row 1 (rows counted from 1)",
             "no field 'text' (fields: content)",
         ),
-        (pa.table({"text": [1, 2, 3]}), "missing_text", "row 0", "field 'text' is not a string"),
+        (
+            pa.table({"text": [1, 2, 3]}),
+            "missing_text",
+            "row 1 (rows counted from 1)",
+            "field 'text' is not a string (it holds int64)",
+        ),
         (
             pa.table({"text": ["a", None, "c"]}),
             "missing_text",
-            "row 1",
+            "row 2 (rows counted from 1)",
             "field 'text' is not a string",
         ),
         (
             pa.table({"text": invalid_utf8_strings()}),
             "invalid_utf8",
-            "row 2",
+            "row 3 (rows counted from 1)",
+            "invalid UTF-8 at byte 0",
+        ),
+        (
+            pa.table({"text": invalid_utf8_strings().view(pa.binary())}),
+            "invalid_utf8",
+            "row 3 (rows counted from 1)",
             "invalid UTF-8 at byte 0",
         ),
         (
             pa.table({"text": ["x" * 100, "y"]}),
             "too_large",
-            "row 0",
+            "row 1 (rows counted from 1)",
             "exceeds max_document_bytes=50",
         ),
     ],
@@ -183,6 +196,33 @@ def test_bad_parquet_records_name_file_and_row_or_are_counted(
     skip = ShardPolicy(on_bad_record="skip", max_document_bytes=50)
     _, (m,) = tokenize_source(tmp_path / "skip", cfg, 1, trained_tokenizer, skip)
     assert m["skipped"][reason] >= 1 and f"bad.parquet {where}" in m["skipped_examples"][0]
+
+
+@pytest.mark.parametrize("kind", [pa.binary(), pa.large_binary()])
+def test_a_parquet_text_column_stored_as_bytes_is_read_as_utf8_text(
+    tmp_path, trained_tokenizer, sample_texts, edge_texts, kind
+):
+    """Some writers store text as Parquet binary: the same .bin/.idx bytes as the same
+    texts stored as string (the columnar path and, with a null, the row by row one)."""
+    texts = (edge_texts + sample_texts)[:60]
+    for name, column in (("str", pa.array(texts)), ("bin", pa.array(texts).cast(kind))):
+        pq.write_table(pa.table({"text": column}), tmp_path / f"{name}.parquet", row_group_size=9)
+    merged = {}
+    for name in ("str", "bin"):
+        cfg = {"type": "local", "files": [str(tmp_path / f"{name}.parquet")]}
+        merged[name], _ = tokenize_source(tmp_path / name, cfg, 2, trained_tokenizer)
+    same_bytes(merged["bin"], merged["str"])
+    # A null among them sends its batch row by row: still text, still the same bytes.
+    with_null = texts[:5] + [None] + texts[5:]
+    for name, column in (("strn", pa.array(with_null)), ("binn", pa.array(with_null, kind))):
+        pq.write_table(pa.table({"text": column}), tmp_path / f"{name}.parquet")
+    skip = ShardPolicy(on_bad_record="skip")
+    for name in ("strn", "binn"):
+        cfg = {"type": "local", "files": [str(tmp_path / f"{name}.parquet")]}
+        merged[name], (m,) = tokenize_source(tmp_path / name, cfg, 1, trained_tokenizer, skip)
+        assert m["skipped"] == {"missing_text": 1}
+        assert "row 6 (rows counted from 1)" in m["skipped_examples"][0]
+    same_bytes(merged["binn"], merged["strn"])
 
 
 @pytest.mark.parametrize("cut", [lambda b: b[: len(b) // 2], lambda b: b[:-9], lambda b: b"PAR1"])

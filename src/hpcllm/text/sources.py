@@ -71,7 +71,7 @@ class TextRun:
         name = Path(self.path).name
         for k, text in enumerate(self.texts.to_pylist()):
             row = self.first_row + k
-            yield Document(text, f"{name}#{row}", f"{self.path} row {row}")
+            yield Document(text, f"{name}#{row}", row_where(self.path, row))
 
 
 @dataclass
@@ -90,6 +90,12 @@ class SkipLog:
     @property
     def total(self) -> int:
         return sum(self.counts.values())
+
+
+def row_where(path: str, row: int) -> str:
+    """Where row ``row`` (from 0, as pyarrow counts) of a Parquet file is, for a message:
+    counted from 1, as JSON lines are (``file:line``), and said so."""
+    return f"{path} row {row + 1} (rows counted from 1)"
 
 
 LOCAL_FORMATS = ("jsonl", "parquet", "text")
@@ -193,11 +199,12 @@ def _datasets_records(
     i = -1
     try:
         for i, record in enumerate(dataset):
-            yield _document(record, f"{label} record {i}", text_field, id_field, f"{label}#{i}")
+            where = f"{label} record {i + 1} (records counted from 1)"
+            yield _document(record, where, text_field, id_field, f"{label}#{i}")
     except UnicodeDecodeError as e:
         yield BadRecord(label, "invalid_utf8", f"invalid UTF-8 ({e.reason} at byte {e.start})")
     except (OSError, ValueError) as e:  # pyarrow and datasets errors on a corrupt file
-        raise SourceError(f"{label}: cannot read after record {i} ({e})") from e
+        raise SourceError(f"{label}: cannot read after record {i + 1} ({e})") from e
 
 
 def _parquet_records(
@@ -225,7 +232,7 @@ def _parquet_records(
     if text_field not in names:
         for row in range(start, stop):
             yield BadRecord(
-                f"{path} row {row}",
+                row_where(path, row),
                 "missing_text",
                 f"no field '{text_field}' (fields: {', '.join(sorted(names)) or 'none'}); "
                 "set the source's 'text_field'",
@@ -271,10 +278,18 @@ def _parquet_batch(
     import pyarrow as pa
 
     column = batch.column(text_field)
+    if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
+        # Text stored as bytes (some writers do): the same buffers read as a string
+        # column (no copy), so UTF-8 is checked below as for one, and the same bytes
+        # come out as from the text stored as string.
+        wide = pa.types.is_large_binary(column.type)
+        column = column.view(pa.large_string() if wide else pa.string())
     if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
         for row in range(offset + lo, offset + hi):
             yield BadRecord(
-                f"{path} row {row}", "missing_text", f"field '{text_field}' is not a string"
+                row_where(path, row),
+                "missing_text",
+                f"field '{text_field}' is not a string (it holds {column.type})",
             )
         return
     if columnar and column.null_count == 0:
@@ -297,7 +312,7 @@ def _parquet_batch(
             except UnicodeDecodeError as e:
                 texts.append(
                     BadRecord(
-                        f"{path} row {offset + lo + k}",
+                        row_where(path, offset + lo + k),
                         "invalid_utf8",
                         f"invalid UTF-8 at byte {e.start} of the text",
                     )
@@ -314,11 +329,11 @@ def _parquet_batch(
             yield text
         elif not isinstance(text, str):
             yield BadRecord(
-                f"{path} row {row}", "missing_text", f"field '{text_field}' is not a string"
+                row_where(path, row), "missing_text", f"field '{text_field}' is not a string"
             )
         else:
             yield Document(
-                text, str(doc_id) if doc_id is not None else f"{name}#{row}", f"{path} row {row}"
+                text, str(doc_id) if doc_id is not None else f"{name}#{row}", row_where(path, row)
             )
 
 
