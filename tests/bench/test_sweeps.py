@@ -277,6 +277,30 @@ def test_time_limits_from_the_points_work_on_lumi():
     assert point_time_limit(expand_experiment("v", vision, lumi)[0].row(), lumi) is None
 
 
+def test_points_without_transformer_engine_are_planned_as_they_run():
+    """Megatron's local layers (LUMI's image) have no sequence parallelism and no flash
+    attention: GPT-3 175B at 16, 32 and 64 nodes of 8 GPUs needs about 57, 49 and 44 GB
+    per GPU so (36, 28 and 23 with both), more than 90% of 48 GB; the points say what
+    runs."""
+    peaks = {"bf16": 191.5, "fp32": 23.9}
+    te = ClusterFacts("lumi", 8, 48.0, peaks, "GPU")
+    local = ClusterFacts("lumi", 8, 48.0, peaks, "GPU", transformer_impl="local")
+    nodes_of = lambda points: sorted({p.nodes for p in points if p.model == "gpt3_175b"})  # noqa: E731
+    with_te = expand_experiment("lang", language(), te)
+    assert nodes_of(with_te) == [16, 32, 64, 128]
+    assert all(p.settings["sequence_parallel"] for p in with_te if p.model == "gpt3_175b")
+    dropped: list[str] = []
+    without = expand_experiment("lang", language(), local, dropped)
+    assert nodes_of(without) == [128]
+    assert not any(p.settings["sequence_parallel"] for p in without)
+    assert (
+        "sequence_parallel is true, but Megatron-LM runs on lumi without Transformer" in dropped[0]
+    )
+    assert sum("n0016" in m and "57.4 GB" in m for m in dropped) == 2
+    lumi = facts_of(load_cluster("lumi", REPO / "config/clusters", environ={}))
+    assert lumi.transformer_impl == "local"
+
+
 def test_max_nodes_beyond_the_partition_is_refused():
     lumi = facts_of(load_cluster("lumi", REPO / "config/clusters", environ={}))
     assert lumi.partition_nodes == 1024

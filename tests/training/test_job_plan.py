@@ -12,7 +12,7 @@ import yaml
 
 from hpcllm.clusters import load_cluster
 from hpcllm.training.job_plan import segment_job
-from hpcllm.training.planner import PlanError
+from hpcllm.training.planner import PlanError, pad_vocab
 from hpcllm.training.segment import prepare_experiment
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,9 +66,9 @@ def test_more_work_than_the_partition_allows_is_clamped_and_said():
 
 
 def test_ranks_below_the_gpus_of_a_whole_node_warn_with_the_billed_hours_wasted():
-    """opengptx_800m as written (4 ranks per node) on LUMI's 8-GCD nodes."""
-    planned = job("lumi", opengptx())
-    (warning,) = planned.warnings
+    """opengptx_800m with 4 ranks per node on LUMI's 8-GCD nodes."""
+    planned = job("lumi", opengptx(procs_per_node=4))
+    (warning,) = [w for w in planned.warnings if "procs_per_node" in w]
     idle = 10 * 4 * 4 * planned.limit_minutes / 60
     assert "training.experiments.opengptx_800m.layout.procs_per_node: 4 ranks" in warning
     assert "lumi's whole nodes of 8 GPUs" in warning
@@ -140,3 +140,40 @@ def test_memory_on_lumi_counts_activations_without_sequence_parallelism():
     juwels = load_cluster("juwels", REPO / "config/clusters", environ={"HPCLLM_SCRATCH": "/s"})
     on_juwels = prepare_experiment("opengptx_800m", copy.deepcopy(exp), TEXT, juwels)
     assert on_juwels.memory_gb < on_lumi.memory_gb
+
+
+def test_megatron_memory_is_planned_as_it_runs_without_transformer_engine():
+    """opengptx_800m (TP 2, micro batch 4) asks for sequence parallelism and flash
+    attention; LUMI's Megatron has neither (--transformer-impl local): per layer then
+    s*b*h*(10 + 24/TP) + 5*a*s^2*b/TP bytes, 11.3 GB over 16 layers, not the 4.6 GB of
+    34*s*b*h/TP. The plan says what is dropped and counts what runs."""
+    s, b, h, a, tp = 2048, 4, 2048, 8, 2
+    logits = 4 * s * b * pad_vocab(50257, tp) / tp / 1e9
+    on_lumi = job("lumi", opengptx(procs_per_node=8))
+    assert on_lumi.memory.activations - logits == pytest.approx(
+        16 * (s * b * h * (10 + 24 / tp) + 5 * a * s * s * b / tp) / 1e9
+    )
+    assert on_lumi.memory.activations - logits == pytest.approx(11.3, abs=0.05)
+    (dropped,) = [w for w in on_lumi.warnings if "Transformer Engine" in w]
+    assert "asks for sequence parallelism and flash attention, but Megatron-LM runs on lumi" in (
+        dropped
+    )
+    assert f"planned at {on_lumi.memory.describe()}" in dropped
+    on_juwels = job("juwels", opengptx())
+    assert on_juwels.memory.activations - logits == pytest.approx(16 * 34 * s * b * h / tp / 1e9)
+    assert on_juwels.warnings == ()
+
+
+def test_a_layout_that_fits_only_with_transformer_engine_is_refused_without_it():
+    """Micro batch 32 on LUMI: about 46 GB per GCD with sequence parallelism and flash
+    attention (under 90% of 64), about 100 GB as Megatron runs it there."""
+    from hpcllm.training.planner import check_layout, estimate_memory
+    from hpcllm.training.presets import resolve_experiment
+
+    exp = opengptx(procs_per_node=8)
+    exp["batch"] = {"micro": 32, "global": 512}
+    resolved = resolve_experiment("x", copy.deepcopy(exp))
+    asked = estimate_memory(resolved, check_layout("x", resolved, 32), 50257)
+    assert asked.total < 0.9 * 64
+    with pytest.raises(PlanError, match=r"opengptx_800m: TP=2 PP=1 DP=16 needs about 99.9 GB"):
+        job("lumi", exp)

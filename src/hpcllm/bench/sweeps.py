@@ -48,6 +48,9 @@ class ClusterFacts:
     max_minutes: int = 1440  # the GPU partition's longest time limit
     partition_nodes: int | None = None  # the GPU partition's nodes (None: not known)
     whole_nodes: bool = False  # Slurm jobs get whole GPU nodes
+    # Megatron's --transformer-impl here ("local" on AMD: no sequence parallelism, no
+    # flash attention; megatron_args.as_run)
+    transformer_impl: str = "transformer_engine"
 
     @property
     def procs_per_node(self) -> int:
@@ -81,6 +84,8 @@ class Point:
 
 def facts_of(cluster) -> ClusterFacts:
     """The sweep's view of a :class:`hpcllm.clusters.Cluster`."""
+    from hpcllm.training.megatron_args import transformer_impl_for
+
     gpu = cluster.gpu
     return ClusterFacts(
         name=cluster.name,
@@ -92,6 +97,7 @@ def facts_of(cluster) -> ClusterFacts:
         max_minutes=cluster.max_minutes,
         partition_nodes=cluster.gpu_partition_nodes,
         whole_nodes=cluster.whole_nodes,
+        transformer_impl=transformer_impl_for(cluster),
     )
 
 
@@ -253,10 +259,13 @@ def language_plan_problem(point: Point, cluster: ClusterFacts) -> str | None:
     Checked at plan time, so that a point that would fail at start-up costs no job.
     """
     from hpcllm.bench.language import experiment_of
+    from hpcllm.training.megatron_args import as_run
     from hpcllm.training.planner import PlanError, plan
 
     row = point.row()
     exp = experiment_of(row)
+    if row["engine"] == "megatron":  # the memory of what runs, not of what is asked for
+        exp, _ = as_run(exp, cluster.transformer_impl)
     vocab = exp["model"].get("vocab_size") or 50257
     memory_gb = cluster.gpu_memory_gb if cluster.gpus_per_node and cluster.gpu_memory_gb else None
     try:
@@ -281,6 +290,18 @@ def _expand_language(name: str, exp: dict, cluster: ClusterFacts, notes: list[st
     per_node = cluster.procs_per_node
     micro = exp.get("micro_batch", 1)
     points = []
+    # Megatron's local layers (no Transformer Engine) have no sequence parallelism: the
+    # points say what runs, and the plan says what is dropped (megatron_args.as_run).
+    sequence_parallel = bool(exp.get("sequence_parallel", True))
+    if exp.get("engine", "megatron") == "megatron" and cluster.transformer_impl == "local":
+        if sequence_parallel:
+            notes.append(
+                f"{where}: sequence_parallel is true, but Megatron-LM runs on {cluster.name} "
+                "without Transformer Engine (--transformer-impl local): its points run "
+                "without sequence parallelism and flash attention, and their memory is "
+                "planned so"
+            )
+        sequence_parallel = False
     for model, m in exp["models"].items():
         mwhere = f"{where}, model {model}"
         max_nodes = _max_nodes(
@@ -329,7 +350,7 @@ def _expand_language(name: str, exp: dict, cluster: ClusterFacts, notes: list[st
                         "tp": tp,
                         "pp": pp,
                         "dp": dp,
-                        "sequence_parallel": bool(exp.get("sequence_parallel", True)) and tp > 1,
+                        "sequence_parallel": sequence_parallel and tp > 1,
                         "distributed_optimizer": bool(exp.get("distributed_optimizer", True)),
                         "iterations": exp.get("iterations", 20),
                         "warmup_iterations": exp.get("warmup_iterations", 3),

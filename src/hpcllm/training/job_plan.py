@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpcllm.clusters import VARIABLE
-from hpcllm.training.planner import PlanError
+from hpcllm.training.planner import Memory, PlanError, plan
 from hpcllm.work_time import WorkTime, flops_per_iteration, time_limit
 
 
@@ -22,6 +22,7 @@ class SegmentJob:
     limit_minutes: int | None  # None: the rule's own (no GPU to size it for)
     work: WorkTime | None
     warnings: tuple[str, ...]
+    memory: Memory | None = None  # per GPU, as the engine runs the layout on this cluster
 
 
 def variable_in_path(key: str, value: str | None) -> str | None:
@@ -63,6 +64,29 @@ def check_nodes(name: str, layout: dict[str, Any], cluster) -> None:
         )
 
 
+def memory_as_run(name: str, prepared, cluster, vocab_size: int) -> tuple[Memory, list[str]]:
+    """The memory per GPU of the layout as Megatron-LM runs it on ``cluster`` (refused
+    when it does not fit), and a warning for each thing the experiment asks for that it
+    runs without there (sequence parallelism and flash attention on the local layers)."""
+    from hpcllm.training.megatron_args import as_run, transformer_impl_for
+
+    exp, lay = prepared.experiment, prepared.experiment["layout"]
+    impl = transformer_impl_for(cluster) if exp["engine"] == "megatron" else "transformer_engine"
+    runs, dropped = as_run(exp, impl)
+    gpu_gb = cluster.gpu.memory_gb if cluster.gpu is not None else None
+    _, memory = plan(name, runs, prepared.layout.gpus, vocab_size, gpu_gb, lay["procs_per_node"])
+    warnings = (
+        [
+            f"training.experiments.{name}: asks for {' and '.join(dropped)}, but Megatron-LM runs "
+            f"on {cluster.name} without Transformer Engine (--transformer-impl {impl}), which has "
+            f"neither: the job runs without them, planned at {memory.describe()}"
+        ]
+        if dropped
+        else []
+    )
+    return memory, warnings
+
+
 def segment_flops(prepared, vocab_size: int) -> float:
     exp = prepared.experiment
     return exp["iterations_per_segment"] * flops_per_iteration(
@@ -87,9 +111,11 @@ def segment_job(
         )
         if problem:
             raise PlanError(problem)
+    memory, dropped = memory_as_run(name, prepared, cluster, vocab_size)
+    warnings.extend(dropped)
     gpus_per_node = cluster.gpus_per_node
     if not (cluster.uses_slurm and gpus_per_node and cluster.gpu is not None):
-        return SegmentJob(timing.get("limit_minutes"), None, ())
+        return SegmentJob(timing.get("limit_minutes"), None, tuple(warnings), memory)
     check_nodes(name, lay, cluster)
     work = time_limit(
         segment_flops(prepared, vocab_size),
@@ -127,4 +153,4 @@ def segment_job(
             f"x {limit} min). Set procs_per_node to {gpus_per_node} (and the batch or tp to "
             "match)."
         )
-    return SegmentJob(limit, work, tuple(warnings))
+    return SegmentJob(limit, work, tuple(warnings), memory)

@@ -111,6 +111,31 @@ def transformer_impl_for(cluster) -> str:
     return TRANSFORMER_IMPL.get(vendor, "transformer_engine")
 
 
+def as_run(experiment: dict[str, Any], transformer_impl: str) -> tuple[dict[str, Any], list[str]]:
+    """The experiment as Megatron-LM runs it with ``transformer_impl``, and what of it
+    that drops. Megatron's local layers (the ROCm image: no Transformer Engine, no apex)
+    run without sequence parallelism (torch's norm refuses it) and with unfused attention,
+    which keeps the score matrix (``--attention-backend flash`` needs TE): the memory
+    planner must count those activations, not the ones the experiment asks for."""
+    if transformer_impl != "local":
+        return experiment, []
+    lay, model = experiment["layout"], experiment["model"]
+    dropped = [
+        what
+        for what, asked in (
+            ("sequence parallelism", lay.get("sequence_parallel")),
+            ("flash attention", model.get("flash_attention")),
+        )
+        if asked
+    ]
+    runs = {
+        **experiment,
+        "layout": {**lay, "sequence_parallel": False},
+        "model": {**model, "flash_attention": False},
+    }
+    return runs, dropped
+
+
 class MegatronArgsError(ValueError):
     """An experiment that the pinned Megatron-LM version cannot express."""
 
@@ -185,6 +210,7 @@ def pretrain_gpt_args(
             f"Megatron-LM commit {commit} has no flag table; supported: {', '.join(FLAGS)}"
         )
     table = FLAGS[commit]
+    experiment, _ = as_run(experiment, transformer_impl)
     model, lay, optim = experiment["model"], experiment["layout"], experiment["optim"]
     args: list[str] = []
 
@@ -225,8 +251,8 @@ def pretrain_gpt_args(
         add("no_persist_layer_norm")
     add("tensor_model_parallel_size", layout.tp)
     add("pipeline_model_parallel_size", layout.pp)
-    # (not with Megatron's local layers: torch's norm refuses it without apex, above)
-    add("sequence_parallel", bool(lay.get("sequence_parallel")) and transformer_impl != "local")
+    # (not with Megatron's local layers: torch's norm refuses it without apex, above; as_run)
+    add("sequence_parallel", bool(lay.get("sequence_parallel")))
     distributed_optimizer = bool(lay.get("distributed_optimizer"))
     add("use_distributed_optimizer", distributed_optimizer)
     # Both off by default at the pin: then the gradient reduce-scatter runs after the whole
@@ -238,7 +264,7 @@ def pretrain_gpt_args(
     overlap = layout.dp > 1
     add("overlap_grad_reduce", overlap)
     add("overlap_param_gather", overlap and distributed_optimizer)
-    if model.get("flash_attention") and transformer_impl == "transformer_engine":
+    if model.get("flash_attention"):  # (TE's; as_run turns it off for the local layers)
         add("attention_backend", "flash")
     recompute = lay.get("recompute", "none")
     if recompute == "selective":
