@@ -177,3 +177,16 @@ def test_a_layout_that_fits_only_with_transformer_engine_is_refused_without_it()
     assert asked.total < 0.9 * 64
     with pytest.raises(PlanError, match=r"opengptx_800m: TP=2 PP=1 DP=16 needs about 99.9 GB"):
         job("lumi", exp)
+
+
+@pytest.mark.parametrize("cluster", ["lumi", "karolina", "juwels"])
+def test_the_shipped_experiment_uses_every_gpu_of_the_sites_nodes(cluster):
+    """config/experiments/opengptx_800m.yaml takes its ranks per node from the site (it
+    ran 4 ranks on LUMI's and Karolina's 8-GPU nodes: about 1,120 and 650 billed
+    GPU-hours idle)."""
+    c = load_cluster(cluster, REPO / "config/clusters", environ={"HPCLLM_SCRATCH": "/s"})
+    planned = job(cluster, opengptx())
+    assert not [w for w in planned.warnings if "procs_per_node" in w]
+    prepared = prepare_experiment("opengptx_800m", opengptx(), TEXT, c)
+    assert prepared.experiment["layout"]["procs_per_node"] == c.gpus_per_node
+    assert prepared.layout.gpus == 4 * c.gpus_per_node
