@@ -107,6 +107,12 @@ SCHEMA: dict[str, Any] = {
                 "max_minutes": {"type": ["integer", "null"], "minimum": 1},
             },
         },
+        "billing": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["gpu_hours_per_node_hour"],
+            "properties": {"gpu_hours_per_node_hour": {"type": "number", "exclusiveMinimum": 0}},
+        },
         "container_runtime": {"enum": ["apptainer", "singularity", "none"]},
         "container_build": {
             "type": "object",
@@ -227,6 +233,9 @@ class Cluster:
     env_globs: dict[str, str] = field(default_factory=dict)
     # (key, variable) of site facts that name an environment variable that is not set.
     unset: tuple[tuple[str, str], ...] = field(default=())
+    # The site's GPU-hours billed per whole-node hour where its unit is not one GPU as
+    # gpus_per_node counts them (LUMI bills an MI250X module, 2 GCDs: 4 per node-hour).
+    billing_gpu_hours_per_node_hour: float | None = None
 
     @property
     def uses_slurm(self) -> bool:
@@ -245,6 +254,11 @@ class Cluster:
     def max_minutes(self) -> int:
         """The longest time limit of a GPU job here."""
         return self.gpu_partition_max_minutes or DEFAULT_MAX_MINUTES
+
+    @property
+    def billed_gpus_per_node(self) -> float:
+        """GPU-hours, in the site's billing unit, that one node-hour costs."""
+        return self.billing_gpu_hours_per_node_hour or self.gpus_per_node
 
     @property
     def whole_nodes(self) -> bool:
@@ -376,6 +390,7 @@ def load_cluster(
         threads_per_core=raw.get("threads_per_core", 1),
         gpu_cpu_masks=masks,
         env_globs=globs,
+        billing_gpu_hours_per_node_hour=raw.get("billing", {}).get("gpu_hours_per_node_hour"),
     )
 
 

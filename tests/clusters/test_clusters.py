@@ -75,6 +75,20 @@ def test_site_specifics_from_the_issue():
     )
 
 
+def test_cost_is_counted_in_each_sites_billing_unit():
+    """LUMI bills 4 GPU-hours per standard-g node-hour (a GPU-hour is an MI250X module of
+    2 GCDs, its billing policy), not the 8 GCDs ROCm shows; elsewhere a GPU is a GPU."""
+    from hpcllm.plan_cost import Job, cost_per_rule
+
+    lumi = load_cluster("lumi", ROOT)
+    assert lumi.gpus_per_node == 8 and lumi.billed_gpus_per_node == 4
+    (cost,) = cost_per_rule([Job("train_segment", 4, 600)], lumi.billed_gpus_per_node)
+    assert (cost.node_hours, cost.gpu_hours) == (40, 160)
+    for name, per_node in (("juwels", 4), ("karolina", 8)):
+        assert load_cluster(name, ROOT, environ=ALL_SET).billed_gpus_per_node == per_node
+    assert "docs.lumi-supercomputer.eu/runjobs/lumi_env/billing" in (ROOT / "lumi.yaml").read_text()
+
+
 def test_unknown_cluster_lists_the_known_ones():
     with pytest.raises(ClusterError, match="unknown cluster 'juwles'.*Known clusters: .*juwels"):
         load_cluster("juwles", ROOT)

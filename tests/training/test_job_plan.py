@@ -69,7 +69,8 @@ def test_ranks_below_the_gpus_of_a_whole_node_warn_with_the_billed_hours_wasted(
     """opengptx_800m with 4 ranks per node on LUMI's 8-GCD nodes."""
     planned = job("lumi", opengptx(procs_per_node=4))
     (warning,) = [w for w in planned.warnings if "procs_per_node" in w]
-    idle = 10 * 4 * 4 * planned.limit_minutes / 60
+    # LUMI bills an MI250X module (2 GCDs) as its GPU-hour: 4 idle GCDs are 2 GPU-hours
+    idle = 10 * 4 * 4 / 2 * planned.limit_minutes / 60
     assert "training.experiments.opengptx_800m.layout.procs_per_node: 4 ranks" in warning
     assert "lumi's whole nodes of 8 GPUs" in warning
     assert f"{idle:,.1f} billed GPU-hours wasted" in warning

@@ -145,7 +145,9 @@ def segment_job(
                 f"it trains. Lower time.{key} (or raise time.limit_minutes)."
             )
     if ppn < gpus_per_node:
-        idle = exp["segments"] * nodes * (gpus_per_node - ppn) * limit / 60
+        # in the site's billing unit (LUMI's GPU-hour is 2 of its 8 GCDs)
+        per_gpu = cluster.billed_gpus_per_node / gpus_per_node
+        idle = exp["segments"] * nodes * (gpus_per_node - ppn) * per_gpu * limit / 60
         warnings.append(
             f"{where}.layout.procs_per_node: {ppn} ranks on {cluster.name}'s whole nodes of "
             f"{gpus_per_node} GPUs: {gpus_per_node - ppn} GPUs per node stay idle, up to "
