@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,21 @@ def test_cost_is_counted_in_each_sites_billing_unit():
     for name, per_node in (("juwels", 4), ("karolina", 8)):
         assert load_cluster(name, ROOT, environ=ALL_SET).billed_gpus_per_node == per_node
     assert "docs.lumi-supercomputer.eu/runjobs/lumi_env/billing" in (ROOT / "lumi.yaml").read_text()
+
+
+@pytest.mark.parametrize("name", sorted(ISSUE_CLUSTERS - {"local"}))
+def test_collectives_cannot_fall_back_to_tcp_silently(name):
+    """NCCL (RCCL) falls back to TCP sockets when its network (the InfiniBand transport,
+    LUMI's libfabric plugin) does not load; NCCL_NET names it, so that the job stops at
+    start-up instead of training at a fraction of the speed."""
+    from hpcllm.launch import build_launch
+
+    c = load_cluster(name, ROOT, environ=ALL_SET)
+    header = (ROOT / f"{name}.yaml").read_text().split("\ndescription:")[0]
+    expected = "AWS Libfabric" if "Slingshot" in header else "IB"
+    assert c.env.get("NCCL_NET") == expected, name
+    script = build_launch(c, nodes=2, procs_per_node=c.gpus_per_node, command=["python"]).shell()
+    assert f"export NCCL_NET={shlex.quote(expected)}\n" in script
 
 
 def test_unknown_cluster_lists_the_known_ones():
