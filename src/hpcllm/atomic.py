@@ -13,6 +13,8 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from hpcllm.diskspace import DiskFull, from_oserror, is_full
+
 SUFFIX = ".incomplete"
 
 
@@ -34,18 +36,36 @@ def atomic_paths(*paths: str | os.PathLike) -> Iterator[tuple[Path, ...]]:
         p.parent.mkdir(parents=True, exist_ok=True)
     try:
         yield tuple(temps)
-    except BaseException:
+    except BaseException as e:
+        written = {p: _size(t) for t, p in zip(temps, finals)}
         for t in temps:
             with contextlib.suppress(FileNotFoundError):
                 if t.is_dir():
                     shutil.rmtree(t)
                 else:
                     t.unlink()
+        if is_full(e) and not isinstance(e, DiskFull):
+            # Named after the file that was growing (a failed write names none), with the
+            # free space now that the partial files are gone.
+            by_temp = dict(zip(map(str, temps), finals))
+            growing = max(finals, key=lambda p: written[p])
+            e.filename = str(by_temp.get(str(e.filename), e.filename or growing))
+            raise from_oserror(e, finals, sum(written.values())) from e
         raise
     for t, p in zip(temps, finals):
         if not t.exists():
             raise FileNotFoundError(f"{t} was not written; {p} is not complete")
         replace(t, p)
+
+
+def _size(path: Path) -> int:
+    """Bytes in a file or folder (0 when it is not there)."""
+    try:
+        if path.is_dir():
+            return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def replace(tmp: Path, final: Path) -> None:

@@ -21,6 +21,7 @@ sentence splitting), so the document indices are ``0, 1, ..., n``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import struct
@@ -31,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcllm.atomic import atomic_paths
+from hpcllm.diskspace import ensure_space
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -178,14 +180,23 @@ class IndexedDatasetWriter:
         self.add_documents(arr, [len(arr)])
 
     def close(self) -> None:
-        self._bin.close()
-        lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.int32)
-        write_index(self._tmp_idx, self.dtype, lengths, np.arange(len(lengths) + 1))
+        try:
+            self._bin.close()  # writes the buffer's last bytes: a full disk fails here
+            lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.int32)
+            write_index(self._tmp_idx, self.dtype, lengths, np.arange(len(lengths) + 1))
+        except BaseException as e:
+            self._abort(e)
+            raise
         self._paths.__exit__(None, None, None)
 
     def abort(self) -> None:
-        self._bin.close()
-        self._paths.__exit__(RuntimeError, RuntimeError("aborted"), None)
+        self._abort(RuntimeError("aborted"))
+
+    def _abort(self, exc: BaseException) -> None:
+        """Remove the temporary files; a full disk is raised as ``DiskFull`` (atomic)."""
+        with contextlib.suppress(OSError):
+            self._bin.close()  # its buffer cannot be written where the disk is full
+        self._paths.__exit__(type(exc), exc, exc.__traceback__)
 
     def __enter__(self) -> IndexedDatasetWriter:
         return self
@@ -194,7 +205,7 @@ class IndexedDatasetWriter:
         if exc_type is None:
             self.close()
         else:
-            self.abort()
+            self._abort(exc)
 
 
 def _copy_bytes(src: Path, dst) -> None:
@@ -243,6 +254,11 @@ def merge_datasets(
         lengths.append(ix.sequence_lengths)
         docs.append(ix.document_indices[1:] + seq_offset)
         seq_offset += len(ix.sequence_lengths)
+    # The merge's size is known: a file system without room for it fails before writing.
+    ensure_space(
+        data_paths(output_prefix)[0],
+        sum(os.path.getsize(f) for p in prefixes for f in data_paths(p)),
+    )
     with atomic_paths(*data_paths(output_prefix)) as (tmp_bin, tmp_idx):
         with open(tmp_bin, "wb", buffering=0) as out:
             for prefix in prefixes:
