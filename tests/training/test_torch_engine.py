@@ -1,4 +1,5 @@
-"""The torch engine on real sample data: exact resume, signals, log format, bad input."""
+"""The torch engine on real sample data: exact resume (dropout on, every random state),
+signals, log format, bad input."""
 
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ def engine_argv(save: Path, prefixes, vocab_file, *extra: str) -> list[str]:
         "--save", str(save), "--load", str(save), "--save-interval", "100",
         "--log-interval", "1", "--log-throughput", "--threads", "1", "--exit-signal-handler",
         "--eval-interval", "4", "--eval-iters", "1",
+        # the model draws random numbers while it trains: a resume must restore them
+        "--hidden-dropout", "0.1", "--attention-dropout", "0.1",
         *extra,
     ]  # fmt: skip
 
@@ -53,7 +56,16 @@ def final_weights(save: Path) -> dict[str, torch.Tensor]:
         "iteration": it,
         **state["model"],
         **{f"opt{k}": v for k, v in _flat(state["optimizer"])},
+        **{f"rng.{k}": v for k, v in _rng(state["rng_state"][0])},
     }
+
+
+def _rng(rng: dict):
+    """Python's, NumPy's and torch's generator states, comparable with == or torch.equal."""
+    yield "random", rng["random"]
+    name, keys, pos, has_gauss, gauss = rng["np"]
+    yield "np", (name, keys.tolist(), pos, has_gauss, gauss)
+    yield "torch", rng["torch"]
 
 
 def _flat(opt_state):
@@ -87,6 +99,30 @@ def test_three_segments_equal_one_bitwise(tmp_path, data_prefixes, vocab_file, o
         )
         assert summary["first_iteration"] == stop - 3 and summary["last_iteration"] == stop
     assert sorted(checkpoints.iteration_dirs(save)) == [4, 8, 12]
+    assert_bitwise_equal(final_weights(save), one_segment)
+
+
+def test_a_kill_between_saves_resumes_bitwise(tmp_path, data_prefixes, vocab_file, one_segment):
+    """SIGKILL (no save) after iteration 6 of 12 is logged, checkpoints every 2: the resume
+    from the newest checkpoint ends bitwise equal to the uninterrupted run, weights,
+    optimizer and every generator's state, with dropout drawing all along."""
+    save = tmp_path / "ckpt"
+    log = tmp_path / "engine.log"
+    argv = [sys.executable, "-m", "hpcllm.training.torch_engine"] + engine_argv(
+        save, data_prefixes, vocab_file, "--save-interval", "2"
+    )
+    with open(log, "w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.time() + hang_guard(10)  # iteration 6: ~10 s quiet
+        while "iteration        6/" not in log.read_text():
+            assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+            time.sleep(0.02)
+        proc.kill()
+        proc.wait()
+    killed_at = checkpoints.latest_iteration(save)
+    assert killed_at is not None and killed_at < ITERS, log.read_text()[-2000:]
+    summary = run_in_process(engine_argv(save, data_prefixes, vocab_file))
+    assert summary["first_iteration"] == killed_at + 1 and summary["complete"]
     assert_bitwise_equal(final_weights(save), one_segment)
 
 
@@ -158,6 +194,27 @@ def test_signal_during_start_up_ends_cleanly(tmp_path, data_prefixes, vocab_file
     assert "iteration        3/" not in text
     assert sorted(p.name for p in save.rglob("*")) == before  # nothing written
     assert checkpoints.latest_iteration(save) == 2
+
+
+def test_sigterm_ends_the_engine_without_the_signal_handler(tmp_path, data_prefixes, vocab_file):
+    """Without --exit-signal-handler SIGTERM ends the engine at once (as it ends Megatron's),
+    also after the start-up, whose handlers only remember signals."""
+    log = tmp_path / "engine.log"
+    argv = engine_argv(tmp_path / "ckpt", data_prefixes, vocab_file, "--train-iters", str(LONG))
+    argv.remove("--exit-signal-handler")
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hpcllm.training.torch_engine", *argv],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.time() + hang_guard(10)  # iteration 3: ~10 s quiet
+        while "iteration        3/" not in log.read_text():
+            assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=hang_guard(1)) == -signal.SIGTERM, log.read_text()[-2000:]
+    assert f"iteration {LONG:8d}/" not in log.read_text()
 
 
 def _catches_sigterm(pid: int) -> bool:

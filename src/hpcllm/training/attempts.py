@@ -9,8 +9,10 @@ checkpoint iteration it started from and reached, and its failure class
 
 The next attempt runs only while attempts make progress and fail for a transient reason
 (time limit, node failure, preemption, a signal, NCCL). A deterministic failure (out of
-memory, a missing file, a configuration the engine refuses) or an attempt that added no
-iteration stops the chain with its class and job id. An attempt that left no end record
+memory, a missing file, a configuration the engine refuses) or an attempt that trained no
+iteration stops the chain with its class and job id. Progress is what the attempt trained
+(the iterations its engine logged), not only what it saved: an engine killed between two
+saves trained, and the next attempt may well reach the save. An attempt that left no end record
 (its batch host died, or the time limit killed it) is classified from Slurm's state of
 its job, and from its progress.
 """
@@ -40,6 +42,8 @@ class Attempt:
     failure: str | None = None  # None: complete (when reached_iteration is set)
     message: str = ""
     ended: float | None = None
+    logged_iteration: int | None = None  # the last iteration its engine logged
+    log_offset: int | None = None  # where its part of the engine log starts
 
 
 def attempts_path(engine_log: str | os.PathLike) -> Path:
@@ -67,7 +71,9 @@ def current_chain(attempts: list[Attempt]) -> list[Attempt]:
     return attempts[starts[-1] :] if starts else attempts
 
 
-def record_start(path, attempt: int, start_iteration: int, environ=os.environ) -> Attempt:
+def record_start(
+    path, attempt: int, start_iteration: int, environ=os.environ, log_offset: int | None = None
+) -> Attempt:
     """Append this attempt's entry before anything runs."""
     entry = Attempt(
         attempt=attempt,
@@ -75,19 +81,50 @@ def record_start(path, attempt: int, start_iteration: int, environ=os.environ) -
         host=socket.gethostname(),
         start_iteration=start_iteration,
         started=time.time(),
+        log_offset=log_offset,
     )
     _save(path, [*load(path), entry])
     return entry
 
 
-def record_end(path, entry: Attempt, reached: int, failure: str | None, message: str = ""):
+def record_end(
+    path,
+    entry: Attempt,
+    reached: int,
+    failure: str | None,
+    message: str = "",
+    logged: int | None = None,
+):
     entry.reached_iteration, entry.failure, entry.message = reached, failure, message
+    entry.logged_iteration = logged
     entry.ended = time.time()
     _save(path, [entry if _same(a, entry) else a for a in load(path)])
 
 
 def _same(a: Attempt, b: Attempt) -> bool:
     return (a.attempt, a.started, a.host) == (b.attempt, b.started, b.host)
+
+
+def logged_iteration(engine_log: str | os.PathLike, offset: int = 0) -> int | None:
+    """The last iteration the engine logged in ``engine_log`` from byte ``offset`` on."""
+    from hpcllm.training.segment import parse_log_lines  # segment imports this module
+
+    try:
+        with open(engine_log, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    rows = parse_log_lines(text)
+    return max(r["iteration"] for r in rows) if rows else None
+
+
+def trained_to(entry: Attempt, engine_log: str | os.PathLike | None = None) -> int | None:
+    """The last iteration attempt ``entry`` trained: recorded at its end, or read from its
+    part of the engine log when it recorded no end (its host died with it)."""
+    if entry.logged_iteration is not None or engine_log is None or entry.log_offset is None:
+        return entry.logged_iteration
+    return logged_iteration(engine_log, entry.log_offset)
 
 
 def slurm_state(job_id: str | None) -> str | None:
@@ -107,9 +144,14 @@ def classify_unfinished(entry: Attempt, state: str | None) -> str:
 
 
 def refusal(
-    attempts: list[Attempt], attempt: int, latest_iteration: int, state_of=slurm_state
+    attempts: list[Attempt],
+    attempt: int,
+    latest_iteration: int,
+    state_of=slurm_state,
+    engine_log: str | os.PathLike | None = None,
 ) -> str | None:
-    """Why attempt ``attempt`` must not run (a message naming class and job id), or None."""
+    """Why attempt ``attempt`` must not run (a message naming class and job id), or None.
+    ``engine_log`` gives the iterations of an attempt that recorded no end."""
     if attempt <= 1:
         return None
     previous = [a for a in current_chain(attempts) if a.attempt < attempt]
@@ -129,11 +171,12 @@ def refusal(
             f"attempt {last.attempt} ({job}) failed with {failure}, which another attempt "
             f"would repeat: {last.message or 'see its logs'}. Fix the cause and rerun."
         )
-    if latest_iteration <= last.start_iteration:
+    trained = trained_to(last, engine_log)
+    if max(latest_iteration, trained or 0) <= last.start_iteration:
         return (
             f"attempt {last.attempt} ({job}, {failure or 'no class'}) added no iteration "
-            f"(the checkpoint is still at iteration {latest_iteration}): a further attempt "
-            "would most likely do the same. Give the segment a longer runtime or look at "
-            "its logs, then rerun."
+            f"(its engine trained none past iteration {last.start_iteration}, the checkpoint "
+            f"is still at iteration {latest_iteration}): a further attempt would most likely "
+            "do the same. Give the segment a longer runtime or look at its logs, then rerun."
         )
     return None

@@ -35,7 +35,7 @@ from hpcllm.bench.failures import (
     slurm_step_state,
 )
 from hpcllm.progress import Progress
-from hpcllm.training import attempts, checkpoints, lease
+from hpcllm.training import attempts, checkpoints, checksums, lease
 from hpcllm.training import settings as tracked
 from hpcllm.training.data import Blend, parse_split, sample_counts
 from hpcllm.training.megatron_args import (
@@ -309,23 +309,28 @@ def warn_early_signal(experiment: dict[str, Any], left: float | None) -> float |
 
 
 class Signals:
-    """SIGTERM/SIGUSR1 caught from the segment's start (Slurm's --signal, scancel).
+    """SIGTERM/SIGUSR1/SIGINT caught from the segment's start (Slurm's --signal, scancel,
+    Ctrl-C).
 
     Caught from the start, a signal during the start-up (data checks, before the engine
     runs) ends the segment cleanly instead of killing it half-way; once the engine runs
-    it is passed on as SIGTERM: srun forwards it to the tasks, torchrun to the workers (it
-    does not forward SIGUSR1), and the engines save and exit on SIGTERM.
+    it is passed on as SIGTERM to the launch's process group (its own: a Ctrl-C reaches
+    the engine only this way, also one that came while it was being started): srun
+    forwards it to the tasks, torchrun to the workers (it does not forward SIGUSR1), and
+    the engines save and exit on SIGTERM. The segment waits for that; a second Ctrl-C
+    kills the group at once.
     """
+
+    CAUGHT = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
     def __init__(self) -> None:
         self.received: int | None = None
+        self.interrupted = False  # a Ctrl-C: the job ends with KeyboardInterrupt
         self.child: subprocess.Popen | None = None
         self._previous: dict = {}
 
     def __enter__(self) -> Signals:
-        self._previous = {
-            s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGUSR1)
-        }
+        self._previous = {s: signal.signal(s, self._handle) for s in self.CAUGHT}
         return self
 
     def __exit__(self, *exc) -> None:
@@ -333,12 +338,43 @@ class Signals:
             signal.signal(s, handler)
 
     def _handle(self, signum, frame) -> None:
+        again = self.interrupted and signum == signal.SIGINT
         self.received = signum
+        self.interrupted |= signum == signal.SIGINT
         if self.child is not None and self.child.poll() is None:
-            log.warning("got signal %d: asking the engine to save and stop", signum)
-            self.child.send_signal(signal.SIGTERM)
+            if again:
+                log.warning("second Ctrl-C: killing the engine")
+                self.signal_child(signal.SIGKILL)
+            else:
+                log.warning("got signal %d: asking the engine to save and stop", signum)
+                self.signal_child(signal.SIGTERM)
         else:
             log.warning("got signal %d before the engine started: it will not start", signum)
+
+    def signal_child(self, signum: int) -> None:
+        """``signum`` to the launch's process group (the launch script, its launcher and
+        the engine); to the child alone if the group is gone."""
+        try:
+            os.killpg(self.child.pid, signum)
+        except ProcessLookupError:
+            with contextlib.suppress(ProcessLookupError):
+                self.child.send_signal(signum)
+
+
+def _die_with_parent(parent: int):
+    """The launch process's pre-exec step: SIGTERM to it when the segment's process dies
+    (even by SIGKILL), so that no engine trains on for a job that is gone. Linux's
+    PR_SET_PDEATHSIG, kept across the exec of the launch script and of the engine."""
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before the fork
+
+    def pre_exec() -> None:
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before: no signal will come
+            os._exit(1)
+
+    return pre_exec
 
 
 def run_launch(
@@ -368,11 +404,18 @@ def run_launch(
                 out.write("\n")
             out.write(f"==> {time.strftime('%Y-%m-%d %H:%M:%S')} launch {script_path}\n")
             out.flush()
+            # Its own process group, so that a Ctrl-C reaches it only through Signals
+            # (nothing half-started escapes it); and it dies with this process.
             signals.child = subprocess.Popen(
-                ["bash", str(script_path)], stdout=out, stderr=subprocess.STDOUT, env=env
+                ["bash", str(script_path)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent(os.getpid()),
             )
             if signals.received is not None:  # between the check and the start
-                signals.child.send_signal(signal.SIGTERM)
+                signals.signal_child(signal.SIGTERM)
             try:
                 while True:
                     try:
@@ -417,6 +460,32 @@ def retention(experiment: dict[str, Any], save: str) -> Callable[[], None]:
     return prune
 
 
+def check_checksums(save: str) -> None:
+    """Before an engine starts: the committed checkpoint is what was committed
+    (:mod:`hpcllm.training.checksums`); CheckpointError naming the damaged file if not."""
+    dropped = checksums.drop_uncommitted(save)
+    if dropped:
+        log.info("%s: dropped the checksums of uncommitted iterations %s", save, dropped)
+    recorded = checksums.record_committed(save)
+    if recorded is not None:
+        log.warning(
+            "%s: iteration %d has no recorded checksums (written without them, or its job "
+            "ended before it recorded them): recorded now, so not verified this once",
+            save,
+            recorded,
+        )
+    iteration = checksums.verify_committed(save)
+    if iteration:
+        log.info("%s: iteration %d verified against its checksums", save, iteration)
+
+
+def record_checksums(save: str) -> None:
+    """The committed checkpoint's checksums, if the engine wrote none (Megatron-LM)."""
+    iteration = checksums.record_committed(save)
+    if iteration is not None:
+        log.info("%s: recorded the checksums of iteration %d", save, iteration)
+
+
 def both(*calls: Callable[[], None]) -> Callable[[], None]:
     def call() -> None:
         for c in calls:
@@ -441,26 +510,43 @@ def run_segment(
     """
     record_file = attempts.attempts_path(paths.engine_log)
     start_iteration = checkpoints.latest_iteration(paths.save) or 0
-    why = attempts.refusal(attempts.load(record_file), attempt, start_iteration)
+    why = attempts.refusal(
+        attempts.load(record_file), attempt, start_iteration, engine_log=paths.engine_log
+    )
     if why:
         raise SegmentRefused(f"segment {segment} of {name}, attempt {attempt} not run: {why}")
     with Signals() as signals, lease.held(paths.save, on_takeover=_log_takeover) as holder:
         log.info("lease on %s: %s", paths.save, holder.describe())
         start_iteration = checkpoints.latest_iteration(paths.save) or 0
-        entry = attempts.record_start(record_file, attempt, start_iteration)
+        log_offset = _size(paths.engine_log)
+        entry = attempts.record_start(record_file, attempt, start_iteration, log_offset=log_offset)
+
+        def end(failure: str | None, message: str = "", reached: int | None = None) -> None:
+            if reached is None:
+                reached = checkpoints.latest_iteration(paths.save) or 0
+            logged = attempts.logged_iteration(paths.engine_log, log_offset)
+            attempts.record_end(record_file, entry, reached, failure, message, logged)
+
         try:
             record = _train_segment(name, prepared, segment, paths, cluster, container, signals)
         except SegmentIncomplete as e:
-            reached = checkpoints.latest_iteration(paths.save) or 0
-            attempts.record_end(record_file, entry, reached, e.failure, str(e))
+            end(e.failure, str(e))
+            if signals.interrupted:  # Ctrl-C: the engine has stopped; end as Ctrl-C ends
+                raise KeyboardInterrupt from None
             raise
         except Exception as e:
-            reached = checkpoints.latest_iteration(paths.save) or 0
             failure = classify_text(f"{type(e).__name__}: {e}") or "error"
-            attempts.record_end(record_file, entry, reached, failure, f"{type(e).__name__}: {e}")
+            end(failure, f"{type(e).__name__}: {e}")
             raise
-        attempts.record_end(record_file, entry, record["last_iteration"], None)
+        end(None, reached=record["last_iteration"])
     return record
+
+
+def _size(path: str | os.PathLike) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
 
 
 def _log_takeover(stale: lease.Holder) -> None:
@@ -511,6 +597,7 @@ def _train_segment(
         tracked.continuation_settings(prepared),
         has_checkpoint=start_iteration > 0,
     )
+    check_checksums(paths.save)
     check_segment_data(prepared)
     started = time.time()
     engine_log = Path(paths.engine_log)
@@ -544,9 +631,11 @@ def _train_segment(
                     f"segment {segment} of {name}", engine_log, start_iteration, stop
                 ),
                 retention(experiment, paths.save),
+                lambda: record_checksums(paths.save),
             ),
         )
         log.info("engine exited with %d", rc)
+        record_checksums(paths.save)
         retention(experiment, paths.save)()
         oom_after = oom_kill_count()
         oom_kills = (oom_after or 0) - (oom_before or 0) if oom_before is not None else 0

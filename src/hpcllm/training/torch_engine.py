@@ -16,6 +16,12 @@ Stopping: at ``--exit-interval`` (the segment's last iteration), after
 ``--exit-duration-in-mins``, or on SIGTERM/SIGUSR1 (with ``--exit-signal-handler``): the
 current iteration is finished, a checkpoint saved, and the process exits with 0. Whether
 the segment is complete is read from the checkpoint's iteration, not from the exit code.
+Without ``--exit-signal-handler`` SIGTERM ends the process at once, as it ends Megatron's.
+
+Reproducible: Python's, NumPy's and torch's generators are seeded from ``--seed`` at the
+start (Megatron's ``_set_random_seed``) and saved in every checkpoint, so that a resumed
+run draws what the uninterrupted one draws (dropout included); the data order follows
+from the iteration.
 
 Run ``python -m hpcllm.training.torch_engine --help``; docs/training.md has examples.
 """
@@ -48,7 +54,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from hpcllm.training import checkpoints  # noqa: E402
+from hpcllm.training import checkpoints, checksums  # noqa: E402
 from hpcllm.training.checkpoints import CheckpointError  # noqa: E402
 from hpcllm.training.data import Blend, build_datasets, check_blend, sample_counts  # noqa: E402
 from hpcllm.training.planner import pad_vocab  # noqa: E402
@@ -93,6 +99,8 @@ def parser() -> argparse.ArgumentParser:
     a("--lr-decay-style", choices=["cosine", "linear", "constant"], default="cosine")
     a("--lr-warmup-iters", type=int, default=0)
     a("--seed", type=int, default=1234)
+    a("--hidden-dropout", type=float, default=0.0, help="dropout after attention and MLP")
+    a("--attention-dropout", type=float, default=0.0, help="dropout of attention scores")
     a("--data-path", nargs="*", default=None, help="prefix, or weight prefix weight prefix ...")
     a("--mock-data", action="store_true", help="Megatron's mock data (benchmarks)")
     a("--split", default="969,30,1")
@@ -141,9 +149,11 @@ def build_model(args: argparse.Namespace, vocab_size: int) -> torch.nn.Module:
             num_key_value_heads=args.num_attention_heads,
             max_position_embeddings=positions,
             tie_word_embeddings=True,
-            attention_dropout=0.0,
+            attention_dropout=args.attention_dropout,
         )
         model = transformers.LlamaForCausalLM(cfg)
+        if args.hidden_dropout:  # Llama has none of its own: Megatron's, after each block
+            _add_hidden_dropout(model, args.hidden_dropout)
     else:
         cfg = transformers.GPT2Config(
             vocab_size=vocab_size,
@@ -152,13 +162,30 @@ def build_model(args: argparse.Namespace, vocab_size: int) -> torch.nn.Module:
             n_layer=args.num_layers,
             n_head=args.num_attention_heads,
             n_positions=positions,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
+            resid_pdrop=args.hidden_dropout,
+            embd_pdrop=args.hidden_dropout,
+            attn_pdrop=args.attention_dropout,
         )
         model = transformers.GPT2LMHeadModel(cfg)
     model.config._attn_implementation = "sdpa"  # PyTorch SDPA: flash attention on GPUs
     return model
+
+
+def _add_hidden_dropout(model, p: float) -> None:
+    """Dropout on the output of each attention and MLP block (Megatron's hidden dropout,
+    applied before the residual add)."""
+    for layer in model.model.layers:
+        layer.self_attn.register_forward_hook(_dropout_hook(p))
+        layer.mlp.register_forward_hook(_dropout_hook(p))
+
+
+def _dropout_hook(p: float):
+    def hook(module, inputs, output):
+        if isinstance(output, tuple):
+            return (torch.nn.functional.dropout(output[0], p, module.training), *output[1:])
+        return torch.nn.functional.dropout(output, p, module.training)
+
+    return hook
 
 
 def flops_per_iteration(args: argparse.Namespace, vocab_size: int) -> float:
@@ -223,6 +250,19 @@ def init_distributed(device_choice: str) -> Dist:
         else:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return Dist(rank, world, local, device)
+
+
+def seed_everything(seed: int) -> None:
+    """Every generator the run may draw from, seeded (Megatron's ``_set_random_seed``):
+    unseeded, Python's and NumPy's would start from the OS's entropy, and a run and its
+    resumed twin would differ in whatever draws from them."""
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # the CPU generator and every device's
 
 
 class StopFlag:
@@ -291,6 +331,10 @@ def save_checkpoint(
         }
         (tmp / "mp_rank_00").mkdir()
         torch.save(state, tmp / "mp_rank_00" / "model_optim_rng.pt")
+        try:
+            checksums.write_manifest(tmp)  # committed with the files it describes
+        except ImportError as e:  # an image without xxhash: the segment records them
+            print(f"warning: no checksums written with the checkpoint ({e})", flush=True)
         checkpoints.finish_iteration_dir(save, iteration)
         print(
             f"  successfully saved checkpoint from iteration {iteration:7d} to {save}",
@@ -493,8 +537,15 @@ def train(args: argparse.Namespace) -> dict:
     stop_flag = StopFlag()
     if args.exit_signal_handler:
         stop_flag.install()
-    elif _EARLY_SIGNALS:  # no handler asked for: end as the signal would have ended us
-        raise SystemExit(128 + _EARLY_SIGNALS[-1])
+    else:
+        if __name__ == "__main__":
+            # The start-up's handlers only remember signals: without --exit-signal-handler
+            # SIGTERM and SIGUSR1 end the process, as they end Megatron's.
+            for sig in (signal.SIGTERM, signal.SIGUSR1):
+                signal.signal(sig, signal.SIG_DFL)
+        if _EARLY_SIGNALS:  # one came during the imports: end as it would have ended us
+            raise SystemExit(128 + _EARLY_SIGNALS[-1])
+    seed_everything(args.seed)
     _show_dataset_index_log()
     d = init_distributed(args.device)
     tokenizer_vocab, eod = vocabulary(args)

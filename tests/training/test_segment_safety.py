@@ -1,0 +1,256 @@
+"""A training segment's checkpoints and processes, on real tiny trainings: checksums
+recorded at commit and verified before a resume (both engines' layouts), progress
+counted from what an attempt trained, no engine outliving a segment stopped by Ctrl-C."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from support import hang_guard
+
+from hpcllm.clusters import load_cluster
+from hpcllm.training import attempts, checkpoints, checksums
+from hpcllm.training.checkpoints import CheckpointError
+from hpcllm.training.data import Blend
+from hpcllm.training.segment import (
+    Paths,
+    SegmentIncomplete,
+    check_checksums,
+    prepare_experiment,
+    record_checksums,
+    run_segment,
+)
+
+NAME = "safety"
+PER_SEGMENT, SAVE_EVERY = 30, 15  # a kill after iteration 31 lands 13 iterations before a save
+
+
+@pytest.fixture(scope="module")
+def setup(text_workdir, repo):
+    from snakemake.utils import validate
+
+    training = {
+        "experiments": {
+            NAME: {
+                "engine": "torch",
+                "preset": "tiny",
+                "data": {
+                    "tokenizer": "sample_bpe",
+                    "sources": {"sample_en": 1.0},
+                    "split": "98,2,0",
+                },
+                "layout": {"nodes": 1, "procs_per_node": 1},
+                "segments": 2,
+                "iterations_per_segment": PER_SEGMENT,
+                "save_interval": SAVE_EVERY,
+            }
+        }
+    }
+    validate(training, str(repo / "workflow/schemas/training.schema.yaml"))  # its defaults
+    text = {"tokenizers": {"sample_bpe": {}}, "tokenize": {"tokenizers": ["sample_bpe"]},
+            "sources": {"sample_en": {}}}  # fmt: skip
+    cluster = load_cluster("local", repo / "config/clusters")
+    prepared = prepare_experiment(NAME, training["experiments"][NAME], text, cluster)
+    work = str(text_workdir)  # the data's paths, absolute: the tests run anywhere
+    prepared = dataclasses.replace(
+        prepared,
+        blend=Blend(tuple(f"{work}/{p}" for p in prepared.blend.prefixes), prepared.blend.weights),
+        tokenizer_files=tuple(f"{work}/{f}" for f in prepared.tokenizer_files),
+    )
+    return prepared, cluster, text_workdir / "data/index_cache" / NAME
+
+
+def paths_in(folder: Path, segment: int, cache: Path) -> Paths:
+    return Paths(
+        save=str(folder / "ckpt"),
+        record=str(folder / f"seg{segment}.json"),
+        engine_log=str(folder / f"logs/seg{segment}.engine.log"),
+        data_cache=str(cache),
+        tensorboard=str(folder / "tb"),
+    )
+
+
+@pytest.fixture(scope="module")
+def first_segment(setup, tmp_path_factory) -> Path:
+    """Segment 1 trained by the wrapper: checkpoints 15 and 30, the tracker at 30."""
+    prepared, cluster, cache = setup
+    folder = tmp_path_factory.mktemp("first")
+    run_segment(NAME, prepared, 1, paths_in(folder, 1, cache), cluster)
+    return folder
+
+
+def copy_of(first_segment: Path, tmp_path: Path) -> Path:
+    shutil.copytree(first_segment / "ckpt", tmp_path / "ckpt")
+    return tmp_path
+
+
+def flip_inside_largest_tensor(path: Path, count: int = 64) -> None:
+    """Flip ``count`` bytes in the middle of the largest tensor of a torch.save file."""
+    with zipfile.ZipFile(path) as z:
+        info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+        assert info.compress_type == zipfile.ZIP_STORED
+    with open(path, "r+b") as f:
+        f.seek(info.header_offset + 26)
+        name_len, extra_len = (
+            int.from_bytes(f.read(2), "little"),
+            int.from_bytes(f.read(2), "little"),
+        )
+        start = info.header_offset + 30 + name_len + extra_len + info.file_size // 2
+        f.seek(start)
+        data = f.read(count)
+        f.seek(start)
+        f.write(bytes(b ^ 0xFF for b in data))
+
+
+def test_a_damaged_checkpoint_is_refused_naming_the_file_and_the_previous_one(
+    setup, first_segment, tmp_path
+):
+    """64 bytes flipped inside a tensor of the committed checkpoint (same size): torch
+    loads it without complaint, but the next segment refuses it before its engine starts,
+    naming the file and the previous committed checkpoint, which verifies."""
+    prepared, cluster, cache = setup
+    folder = copy_of(first_segment, tmp_path)
+    save = folder / "ckpt"
+    model = checkpoints.model_file(save, PER_SEGMENT)
+    size = model.stat().st_size
+    flip_inside_largest_tensor(model)
+    assert model.stat().st_size == size
+    torch.load(model, map_location="cpu", weights_only=False)  # silently "fine"
+    paths = paths_in(folder, 2, cache)
+    with pytest.raises(CheckpointError) as e:
+        run_segment(NAME, prepared, 2, paths, cluster)
+    message = str(e.value)
+    assert f"{model}: damaged" in message, message
+    assert f"iteration {SAVE_EVERY}, verifies" in message
+    assert f"echo {SAVE_EVERY} > {save / checkpoints.TRACKER}" in message
+    assert not Path(paths.engine_log).exists()  # no engine started
+    (entry,) = attempts.load(attempts.attempts_path(paths.engine_log))
+    assert entry.failure == "config_error"  # deterministic: not retried
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # one process: intended
+def test_checksums_cover_a_megatron_torch_dist_folder(tmp_path):
+    """A committed folder laid out as Megatron-LM's torch_dist checkpoint (written by
+    torch.distributed.checkpoint, with Megatron's common.pt and metadata.json), recorded
+    by the segment after the engine and verified before the next: a flipped shard byte
+    is named, and the older checkpoint offered."""
+    import torch.distributed.checkpoint as dcp
+
+    save = tmp_path / "ckpt"
+    for iteration in (10, 20):
+        folder = checkpoints.iteration_dir(save, iteration)
+        state = {"weight": torch.arange(4096, dtype=torch.float32) * iteration}
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(folder))
+        torch.save({"iteration": iteration}, folder / "common.pt")
+        (folder / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')
+        checkpoints.write_tracker(save, iteration)  # Megatron commits: the tracker
+        record_checksums(str(save))
+    manifest = json.loads((checkpoints.iteration_dir(save, 20) / checksums.MANIFEST).read_text())
+    shards = [name for name in manifest["files"] if name.endswith(".distcp")]
+    assert shards and {".metadata", "common.pt", "metadata.json"} <= set(manifest["files"])
+    check_checksums(str(save))  # intact
+    shard = checkpoints.iteration_dir(save, 20) / shards[0]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 1
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=f"{shard}: damaged.*iteration 10, verifies"):
+        check_checksums(str(save))
+
+
+def engine_pids(save: Path) -> list[int]:
+    """The torch engine processes writing ``save``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmd = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else []
+        except OSError:
+            continue
+        if b"hpcllm.training.torch_engine" in cmd and str(save).encode() in cmd:
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_an_attempt_killed_between_saves_counts_what_it_trained(setup, first_segment, tmp_path):
+    """Segment 2's engine is killed (SIGKILL, no save) once it logged iteration 31, the
+    checkpoint at 30: the attempt trained, so the next attempt may run."""
+    prepared, cluster, cache = setup
+    folder = copy_of(first_segment, tmp_path)
+    save = folder / "ckpt"
+    paths = paths_in(folder, 2, cache)
+    log = Path(paths.engine_log)
+    done = threading.Event()
+
+    def kill_after_first_iteration() -> None:
+        deadline = time.time() + hang_guard(30)  # the engine's start-up: ~30 s quiet
+        while not done.is_set() and time.time() < deadline:
+            if log.exists() and f"iteration {PER_SEGMENT + 1:8d}/" in log.read_text():
+                for pid in engine_pids(save):
+                    os.kill(pid, signal.SIGKILL)
+                return
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_after_first_iteration)
+    killer.start()
+    try:
+        with pytest.raises(SegmentIncomplete):
+            run_segment(NAME, prepared, 2, paths, cluster, attempt=1)
+    finally:
+        done.set()
+        killer.join()
+    assert checkpoints.latest_iteration(save) == PER_SEGMENT, log.read_text()[-2000:]
+    (entry,) = attempts.load(attempts.attempts_path(log))
+    assert entry.failure == "signal" and entry.logged_iteration > PER_SEGMENT, entry
+    why = attempts.refusal(
+        attempts.load(attempts.attempts_path(log)), 2, PER_SEGMENT, state_of=lambda job: None
+    )
+    assert why is None, why
+
+
+def test_ctrl_c_to_the_segment_leaves_no_engine_behind(setup, tmp_path):
+    """SIGINT to the segment's process just after it started the engine (a Ctrl-C that
+    the engine, started a moment later, never saw): the segment ends as Ctrl-C ends a job,
+    and no engine process remains to write checkpoints afterwards."""
+    prepared, cluster, cache = setup
+    paths = paths_in(tmp_path, 1, cache)
+    args = tmp_path / "args.pickle"
+    args.write_bytes(pickle.dumps((NAME, prepared, 1, paths, cluster)))
+    code = (
+        "import pickle, sys\n"
+        "from hpcllm import logs\n"
+        "from hpcllm.training.segment import run_segment\n"
+        "logs.setup()\n"
+        "run_segment(*pickle.loads(open(sys.argv[1], 'rb').read()))\n"
+    )
+    save = Path(paths.save)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(args)], stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.time() + hang_guard(5)  # the data checks and the launch: ~5 s quiet
+        while not engine_pids(save):
+            assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGINT)
+        err = proc.communicate(timeout=hang_guard(10))[1]  # the engine's start-up: ~10 s
+        left = engine_pids(save)
+        written = sorted(p.name for p in save.iterdir()) if save.is_dir() else []
+    finally:
+        for pid in engine_pids(save):  # a failing run leaves none behind either
+            os.kill(pid, signal.SIGKILL)
+        proc.kill()
+    assert proc.returncode != 0 and "interrupted (Ctrl-C)" in err, err[-3000:]
+    assert left == [], err[-3000:]
+    assert not [name for name in written if name.startswith(("iter_", "latest"))], written
