@@ -21,6 +21,7 @@ _ERROR_RULE = re.compile(r"^Error in (?:group job|rule) (\S+?):?$")
 _LOG_LINE = re.compile(r"^\s+log: (.*?)(?: \(check log file\(s\) for error details\))?$")
 # hpcllm.logs: "2026-01-01 12:00:00,123 ERROR hpcllm: CorruptInput: <message>".
 _LOGGED_ERROR = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (?:ERROR|CRITICAL) [^:\s]+: (.+)$")
+_LOGGED = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ ")
 # A Python exception's last line, for logs not written through hpcllm.logs.
 _EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Input|Interrupt))(: .+)?$")
 # A file the workflow makes, named in a reason that says it is damaged.
@@ -57,9 +58,18 @@ def reason_line(log_path: str) -> str | None:
             lines = f.read().splitlines()
     except OSError:
         return None
-    logged = [m.group(1) for m in map(_LOGGED_ERROR.match, lines) if m]
+    logged = [i for i, line in enumerate(lines) if _LOGGED_ERROR.match(line)]
     if logged:
-        return logged[-1].strip()
+        # A message of several lines (a batch's failed shards, each with its reason) goes
+        # on to its traceback or the next logged line.
+        first = logged[-1]
+        reason = [_LOGGED_ERROR.match(lines[first]).group(1).strip()]
+        for line in lines[first + 1 :]:
+            if line.startswith("Traceback (most recent call last)") or _LOGGED.match(line):
+                break
+            if line.strip():
+                reason.append(line.rstrip())
+        return "\n".join(reason)
     raised = [line.strip() for line in lines if _EXCEPTION.match(line.strip())]
     return raised[-1] if raised else None
 
@@ -105,7 +115,9 @@ def failure_summary(snakemake_logs: str | os.PathLike | Iterable[str | os.PathLi
         if (rule, log) in seen:
             continue
         seen.add((rule, log))
-        lines.append(f"  {rule} ({log}): {reason}")
+        first, *more = reason.splitlines()
+        lines.append(f"  {rule} ({log}): {first}")
+        lines += [f"    {line.strip()}" for line in more]
         fix = workflow_fix(reason)
         if fix:
             lines.append(f"    fix: {fix}")

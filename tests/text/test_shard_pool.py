@@ -114,7 +114,9 @@ def test_a_failed_shard_leaves_the_others_and_a_rerun_redoes_it_alone(
     tasks = tasks_for(tmp_path, shards, trained_tokenizer)
     with pytest.raises(ShardPoolError, match=r"1 of 3 shard\(s\) failed") as e:
         run_batch(tasks, WORK, workers=2)
-    assert "shard 0001" in str(e.value) and tasks[1].log in str(e.value)
+    # The shard's reason in the batch's error: what the terminal and the summary show.
+    assert f"shard 0001: exit code 1, log {tasks[1].log}: CorruptInput: " in str(e.value)
+    assert "truncated or corrupt" in str(e.value).split("shard 0001")[1]
     assert "truncated or corrupt" in Path(tasks[1].log).read_text()
     assert not any(p.exists() for p in tasks[1].outputs()) and not tasks[1].record.exists()
     kept = {t.name: outputs_stat(t) for t in (tasks[0], tasks[2])}

@@ -102,6 +102,33 @@ def test_the_reason_is_the_last_logged_error_else_the_last_exception_line(tmp_pa
     assert reason_line(str(tmp_path / "missing.log")) is None
 
 
+def test_a_reason_of_several_lines_is_read_to_its_traceback(tmp_path, monkeypatch):
+    """A batch's error lists its failed shards, each with its own reason."""
+    monkeypatch.chdir(tmp_path)
+    log = "logs/tokenize_batch/t/s/0000.log"
+    (tmp_path / "logs/tokenize_batch/t/s").mkdir(parents=True)
+    (tmp_path / log).write_text(
+        "2026-11-23 17:19:05,123 ERROR hpcllm: ShardPoolError: 1 of 12 shard(s) failed:\n"
+        "  - shard 0003: exit code 1, log logs/shards/0003.log: BadRecord: a.jsonl:2: bad\n"
+        "Traceback (most recent call last):\n"
+        '  File "x.py", line 1, in <module>\n'
+        "hpcllm.text.shard_pool.ShardPoolError: 1 of 12 shard(s) failed:\n"
+        "  - shard 0003: exit code 1, log logs/shards/0003.log: BadRecord: a.jsonl:2: bad\n"
+    )
+    assert reason_line(log) == (
+        "ShardPoolError: 1 of 12 shard(s) failed:\n"
+        "  - shard 0003: exit code 1, log logs/shards/0003.log: BadRecord: a.jsonl:2: bad"
+    )
+    (tmp_path / "run.log").write_text(
+        f"Error in rule tokenize_batch:\n    message: None\n    log: {log} (check log file(s) "
+        "for error details)\n"
+    )
+    assert failure_summary("run.log")[1:] == [
+        f"  tokenize_batch ({log}): ShardPoolError: 1 of 12 shard(s) failed:",
+        "    - shard 0003: exit code 1, log logs/shards/0003.log: BadRecord: a.jsonl:2: bad",
+    ]
+
+
 def test_a_fix_is_named_only_for_a_damaged_workflow_file():
     assert "--forcerun data/tokenized/t/s_text_document.bin" in workflow_fix(
         "IndexError: data/tokenized/t/s_text_document.bin: corrupt shard, size does not match"

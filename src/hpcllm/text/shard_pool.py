@@ -113,8 +113,11 @@ def _run_task(work: str, task: ShardTask) -> None:
     try:
         identity = task_identity(task)
         result = resolve(work)(**task.kwargs)
-    except BaseException:
-        logging.getLogger("hpcllm").error("shard %s failed:\n%s", task.name, traceback.format_exc())
+    except BaseException as e:
+        # The reason on the ERROR line itself: the batch's error quotes it (failures).
+        logging.getLogger("hpcllm").error(
+            "shard %s failed: %s: %s\n%s", task.name, type(e).__name__, e, traceback.format_exc()
+        )
         raise
     end = time.time()
     record = {
@@ -148,6 +151,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 class BatchResult:
     done: list[str]  # shards run by this call
     skipped: list[str]  # shards already done (record matches)
+
+
+def _reason(task: ShardTask) -> str:
+    """``: <the error>`` a failed shard logged (none for a killed process)."""
+    from hpcllm.failures import reason_line
+
+    reason = reason_line(task.log) or ""
+    prefix = f"shard {task.name} failed: "
+    return f": {reason.removeprefix(prefix)}" if reason.startswith(prefix) else ""
 
 
 def run_batch(
@@ -204,7 +216,7 @@ def run_batch(
                 log.error("shard %s failed (exit code %s): see %s", task.name, code, task.log)
     if failed:
         lines = "\n".join(
-            f"  - shard {t.name}: exit code {code}, log {t.log}" for t, code in failed
+            f"  - shard {t.name}: exit code {code}, log {t.log}" + _reason(t) for t, code in failed
         )
         raise ShardPoolError(
             f"{len(failed)} of {len(tasks)} shard(s) failed (the other shards are done and "
