@@ -160,7 +160,7 @@ def test_full_juwels_sweeps_expand():
 def test_unknown_key_in_an_inline_experiment_is_named():
     from hpcllm.configuration import ConfigError, check_section
 
-    config = yaml.safe_load((REPO / "config/config.yaml").read_text())["benchmarks"]
+    config = yaml.safe_load((REPO / "config/examples/local.yaml").read_text())["benchmarks"]
     config["experiments"]["language_tiny"]["micro_batchh"] = 2
     with pytest.raises(ConfigError, match=r"language_tiny: .*'micro_batchh' was unexpected"):
         check_section("benchmarks", config, REPO / "workflow/schemas/benchmarks.schema.yaml")
@@ -273,8 +273,6 @@ def test_time_limits_from_the_points_work_on_lumi():
     assert double.work_minutes == pytest.approx(work.work_minutes / 2)
     small = point_time_limit(points["lang.gpt3_860m.strong.bf16.n0001"].row(), lumi)
     assert small.limit_minutes < 60
-    vision = yaml.safe_load((REPO / "config/experiments/vision.yaml").read_text())
-    assert point_time_limit(expand_experiment("v", vision, lumi)[0].row(), lumi) is None
 
 
 def test_points_without_transformer_engine_are_planned_as_they_run():
@@ -299,6 +297,33 @@ def test_points_without_transformer_engine_are_planned_as_they_run():
     assert sum("n0016" in m and "57.4 GB" in m for m in dropped) == 2
     lumi = facts_of(load_cluster("lumi", REPO / "config/clusters", environ={}))
     assert lumi.transformer_impl == "local"
+
+
+def test_vision_time_limits_from_the_points_work():
+    """5 ImageNet-1k epochs (and 5 validations) of ResNet-50 on one JUWELS node: 3 x 8.18
+    GFLOP per training image, at half the assumed 125 TFLOP/s with AMP, a quarter in FP32
+    (TF32); the time halves as nodes double, never a constant limit."""
+    juwels = facts_of(load_cluster("juwels", REPO / "config/clusters", environ={}))
+    vision = yaml.safe_load((REPO / "config/experiments/vision.yaml").read_text())
+    points = {p.id: p.row() for p in expand_experiment("v", vision, juwels)}
+    amp = point_time_limit(points["v.resnet50.weak.amp.n0001"], juwels)
+    flops = 5 * (1_281_167 + 50_000 / 3) * 3 * 2 * 4.09e9
+    assert amp.flops == pytest.approx(flops)
+    assert amp.work_minutes == pytest.approx(flops / (4 * 62.5e12) / 60)  # ~10.6 min
+    fp32 = point_time_limit(points["v.resnet50.weak.fp32.n0001"], juwels)
+    assert fp32.work_minutes == pytest.approx(2 * amp.work_minutes)
+    assert fp32.limit_minutes == 50 and amp.limit_minutes == 35
+    double = point_time_limit(points["v.resnet50.weak.fp32.n0002"], juwels)
+    assert double.work_minutes == pytest.approx(fp32.work_minutes / 2)
+    # an AMD GCD runs FP32 convolutions at its fp32 rate: LUMI's 1-node FP32 point is long
+    lumi = facts_of(load_cluster("lumi", REPO / "config/clusters", environ={}))
+    row = next(p.row() for p in expand_experiment("v", vision, lumi) if p.id.endswith("fp32.n0001"))
+    assert point_time_limit(row, lumi).limit_minutes > 2 * fp32.limit_minutes
+    # a capped epoch is less work
+    capped = point_time_limit(
+        {**points["v.resnet50.weak.amp.n0001"], "max_batches_per_epoch": 10}, juwels
+    )
+    assert capped.flops < amp.flops / 20  # (validation stays whole)
 
 
 def test_max_nodes_beyond_the_partition_is_refused():

@@ -7,6 +7,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+import yaml
 
 from hpcllm.clusters import (
     ClusterError,
@@ -103,6 +104,16 @@ def test_collectives_cannot_fall_back_to_tcp_silently(name):
     assert c.env.get("NCCL_NET") == expected, name
     script = build_launch(c, nodes=2, procs_per_node=c.gpus_per_node, command=["python"]).shell()
     assert f"export NCCL_NET={shlex.quote(expected)}\n" in script
+
+
+@pytest.mark.parametrize("name", sorted(ISSUE_CLUSTERS - {"local"}))
+def test_benchmark_points_get_the_time_limit_of_their_work(name):
+    """No GPU profile pins a benchmark rule's runtime (a constant 60 minutes ended the
+    1-node FP32 vision points and billed the large ones for time they never use); the
+    rules size it from each point's work (hpcllm.bench.sweeps.point_time_limit)."""
+    profile = yaml.safe_load((REPO / "profiles" / name / "config.yaml").read_text())
+    for rule in ("bench_language", "bench_vision", "train_segment"):
+        assert "runtime" not in profile["set-resources"].get(rule, {}), (name, rule)
 
 
 def test_unknown_cluster_lists_the_known_ones():

@@ -51,6 +51,7 @@ class ClusterFacts:
     # Megatron's --transformer-impl here ("local" on AMD: no sequence parallelism, no
     # flash attention; megatron_args.as_run)
     transformer_impl: str = "transformer_engine"
+    gpu_vendor: str = "nvidia"
 
     @property
     def procs_per_node(self) -> int:
@@ -98,6 +99,7 @@ def facts_of(cluster) -> ClusterFacts:
         partition_nodes=cluster.gpu_partition_nodes,
         whole_nodes=cluster.whole_nodes,
         transformer_impl=transformer_impl_for(cluster),
+        gpu_vendor=gpu.vendor if gpu else "nvidia",
     )
 
 
@@ -177,14 +179,55 @@ def not_doubling(where: str, min_nodes: int, max_nodes: int, cluster: str) -> st
     )
 
 
+# ResNet-50's training FLOPs per 224x224 image: 4.09 G multiply-adds forward (torchvision's
+# resnet50 weights table, "GFLOPS 4.09", counts multiply-adds), 2 FLOPs each, the backward
+# pass twice the forward; the pixel count scales it. Validation runs the forward only.
+RESNET50_TRAIN_FLOPS = 3 * 2 * 4.09e9
+# Training and validation images of ImageNet-1k (ILSVRC-2012: 1,281,167 and 50,000) and
+# TinyImageNet-200 (100,000 and 10,000), for the datasets named so; a dataset of another
+# name is sized as ImageNet-1k, the largest the benchmark runs on.
+DATASET_IMAGES = {"imagenet": (1_281_167, 50_000), "tinyimagenet": (100_000, 10_000)}
+# The share of the cluster's assumed (large transformer) rate that ResNet-50 training
+# sustains: about 2,600 images/s per A100 with AMP in NVIDIA's and timm's published
+# figures, 64 TFLOP/s, half JUWELS' assumed 125.
+VISION_SHARE_OF_ASSUMED = 0.5
+
+
+def vision_rate(precision: str, cluster: ClusterFacts) -> float:
+    """The TFLOP/s per GPU assumed for a vision point. FP32 convolutions run on NVIDIA's
+    tensor cores as TF32 (PyTorch's torch.backends.cudnn.allow_tf32 is on by default),
+    at half the bf16 rate; elsewhere at the fp32 rate."""
+    rate = cluster.assumed_tflops["bf16"]
+    if precision == "fp32":
+        rate = rate / 2 if cluster.gpu_vendor == "nvidia" else cluster.assumed_tflops["fp32"]
+    return VISION_SHARE_OF_ASSUMED * rate
+
+
+def vision_flops(row: dict) -> float:
+    """A vision point's FLOPs: its epochs of training images (times ``repeat``, at most
+    ``max_batches_per_epoch`` batches) and, where it validates, its validation images."""
+    train, val = DATASET_IMAGES.get(row["dataset"], DATASET_IMAGES["imagenet"])
+    images = train * row.get("repeat", 1)
+    if row.get("max_batches_per_epoch"):
+        images = min(images, row["max_batches_per_epoch"] * row["global_batch"])
+    if not row.get("val_split"):
+        val = 0
+    per_image = RESNET50_TRAIN_FLOPS * (row.get("image_size", 224) / 224) ** 2
+    return row["epochs"] * (images + val / 3) * per_image
+
+
 def point_time_limit(row: dict, cluster: ClusterFacts):
-    """A language point's :class:`hpcllm.work_time.WorkTime`: its iterations' FLOPs at the
-    cluster's assumed rate (None for a vision point or a cluster without GPUs)."""
+    """A point's :class:`hpcllm.work_time.WorkTime`: its work's FLOPs at the cluster's
+    assumed rate (a language point's iterations, a vision point's epochs); None on a
+    cluster without GPUs."""
     from hpcllm.bench.language import experiment_of
     from hpcllm.work_time import flops_per_iteration, time_limit
 
-    if row["benchmark"] != "language" or not cluster.assumed_tflops:
+    if not cluster.assumed_tflops:
         return None
+    if row["benchmark"] == "vision":
+        rate = vision_rate(row["precision"], cluster)
+        return time_limit(vision_flops(row), row["gpus"], rate, cluster.max_minutes)
     exp = experiment_of(row)
     vocab = exp["model"].get("vocab_size") or 50257
     flops = row["iterations"] * flops_per_iteration(
@@ -230,6 +273,14 @@ def expand_experiment(
         return fits
     if kind == "vision":
         points = _expand_vision(name, exp, cluster, notes)
+        for point in points:
+            work = point_time_limit(point.row(), cluster)
+            if work is not None and work.clamped:
+                notes.append(
+                    f"{point.id}: its work ({work.describe()}) needs more than the "
+                    f"{cluster.max_minutes} min {cluster.name}'s GPU partition allows; "
+                    "it may stop at its time limit. Lower epochs or max_batches_per_epoch."
+                )
         if dropped is not None:
             dropped.extend(notes)
         return points
