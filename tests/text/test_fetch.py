@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from text_helpers import small_file_system
 
 from hpcllm.text.fetch import card_patterns, glob_match
 
@@ -165,6 +166,7 @@ def fetch(tmp_path, hub: StandInHub, cfg: dict, name="web"):
 
 
 FINEWEB = {"type": "hub", "dataset": REPO_ID, "name": "sample-10BT"}
+PARTS = ("000_00000.parquet", "001_00000.parquet")
 
 
 def test_fetch_copies_the_configs_files_as_they_are_verified(tmp_path, fineweb_repo, repo):
@@ -221,6 +223,23 @@ def test_a_file_whose_checksum_is_not_the_hubs_fails_naming_it(tmp_path, fineweb
     assert proc.returncode != 0
     assert f"{part}: sha256 " in proc.stderr and "is not the hub's 0000" in proc.stderr
     assert not (out / "fetched.json").exists()
+
+
+def test_a_fetch_without_room_for_the_files_fails_before_downloading(tmp_path, fineweb_repo):
+    """The hub lists the files' sizes: 210 KiB of Parquet into a 64 KiB file system."""
+    hub = StandInHub(fineweb_repo)
+    with small_file_system(tmp_path / "data/hub/web", "64k"):
+        proc, out = fetch(tmp_path, hub, FINEWEB)
+        left = sorted(p.name for p in (out / "files").iterdir())
+    needed = sum((fineweb_repo / "sample/10BT" / f).stat().st_size for f in PARTS)
+    assert proc.returncode != 0
+    assert (
+        f"DiskFull: no space left on device writing in {out / 'files'}: the file system at "
+        f"{out} has "
+    ) in proc.stderr, proc.stderr[-3000:]
+    assert f"; this step needs {needed / 1024:.1f} KiB there. Fix: free space on" in proc.stderr
+    assert left == [".cache", "README.md"], "no Parquet file was started"
+    assert not [r for r in hub.requests if r[1].endswith(".parquet")]
 
 
 def test_a_config_the_card_does_not_name_asks_for_data_files(tmp_path, fineweb_repo):

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from hpcllm.atomic import atomic_path
+from hpcllm.diskspace import ensure_space
 from hpcllm.text.hub_files import (
     OSCAR_2301,
     Repository,
@@ -34,6 +35,13 @@ from hpcllm.text.sources import SourceError, check_hub_reachable, hub_unreachabl
 log = logging.getLogger(__name__)
 
 CARD = "README.md"
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def _sha256(path: str) -> str:
@@ -135,6 +143,17 @@ def fetch_source(
                 f"text.sources.{name}: no file of {repo} matches {patterns} (the data files "
                 f"of config '{cfg.get('name') or 'default'}' in its card)"
             )
+    # The hub lists the sizes: a file system without room for what is left to download
+    # fails now, not hours into it (a file already there counts; a partial download of a
+    # killed run does not, so the check errs on the safe side by at most that much).
+    ensure_space(
+        files_dir,
+        sum(
+            max(0, (siblings[f].size or 0) - _size(os.path.join(files_dir, f)))
+            for f in wanted
+            if f not in fetched and f in siblings
+        ),
+    )
     for filename in wanted:
         get(filename)
     manifest = {
