@@ -23,9 +23,9 @@ def test_cost_per_rule_from_nodes_and_time_limits():
     lines = describe(list(costs.values()), "juwels")
     assert lines[-1] == "  total: 1,024.0 node-hours, 4,096.0 GPU-hours"
     assert "no jobs that hold GPU nodes" in describe([], "juwels")[0]
-    # LUMI's nodes count 8 GPUs (GCDs): the same node-hours are twice the GPU-hours
-    lumi = {c.rule: c for c in cost_per_rule(jobs, gpus_per_node=8)}
-    assert lumi["train_segment"].node_hours == 960 and lumi["train_segment"].gpu_hours == 7680
+    # 8 GPUs a node: the same node-hours are twice the GPU-hours (Karolina)
+    eight = {c.rule: c for c in cost_per_rule(jobs, gpus_per_node=8)}
+    assert eight["train_segment"].node_hours == 960 and eight["train_segment"].gpu_hours == 7680
 
 
 def test_over_the_limit_names_the_key_and_the_value_that_would_do():
