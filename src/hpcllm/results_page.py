@@ -1,6 +1,9 @@
 """The results page: one self-contained HTML file a person opens first.
 
-Per benchmark the compact table (nodes, scaling mode, precision, throughput per GPU,
+A table of contents first; then, when an experiment has trained, the training section
+(a person who trained looks for the loss first), else the benchmarks first. On a machine
+without GPUs a note says what a sweep's "node" is there and why its TFLOP/s and
+efficiencies do not describe a cluster. Per benchmark the compact table (nodes, scaling mode, precision, throughput per GPU,
 efficiency per timing, status) and EPICURE's figures (efficiency against nodes per
 timing, throughput per GPU, per-batch CDFs); then per training experiment its status
 (segments, iterations, tokens, GPU-hours, last losses) and the loss against tokens.
@@ -44,8 +47,20 @@ th { background: #f3f3f3; } td.text { text-align: left; }
 tr.bad td { background: #fde8e8; } tr.ok td.status { color: #176b1c; }
 figure { margin: 0.5rem 0 1.5rem; } figure img { max-width: 100%; height: auto;
          border: 1px solid #eee; } figcaption { color: #555; font-size: 0.85rem; }
-nav a { margin-right: 1rem; }
+nav { font-size: 0.9rem; } nav ol { margin: 0.3rem 0; } nav li li { display: inline;
+      margin-right: 1rem; } nav ol ol { padding-left: 0.5rem; }
+.note { background: #fff6dc; border-left: 4px solid #e0a800; padding: 0.5rem 0.8rem; }
 """
+
+# Where the benchmark points ran without GPUs (the local machine): what their figures mean.
+CPU_NOTE = (
+    "<strong>No GPUs here.</strong> These runs are on a machine without GPUs: a benchmark "
+    "&ldquo;node&rdquo; is one process, the processes share the same few CPU cores, and "
+    "&ldquo;GPUs&rdquo; counts those processes (and GPU-hours their hours). Their TFLOP/s, "
+    "MFU and scaling efficiencies say nothing about a cluster (more &ldquo;nodes&rdquo; split the same cores, so the "
+    "efficiency falls by design); they show that the workflow runs end to end. Measure "
+    "on a GPU cluster for figures that mean something."
+)
 
 
 @dataclass
@@ -56,6 +71,7 @@ class ExperimentView:
     status: dict[str, str]  # label -> value, in display order
     loss_png: Path | None = None
     notes: list[str] = field(default_factory=list)
+    trained: bool = False  # at least one iteration done: the page shows training first
 
 
 def _img(path: Path) -> str:
@@ -77,28 +93,64 @@ def table_html(table: pd.DataFrame) -> str:
         cells = []
         for col, value in row.items():
             shown = "" if pd.isna(value) else str(value)
-            css = "status" if col == "status" else ("text" if isinstance(value, str) else "")
+            text = isinstance(value, str) and not value.startswith("<")  # "< 0.05" is a number
+            css = "status" if col == "status" else ("text" if text else "")
             cells.append(f'<td class="{css}">{html.escape(shown)}</td>')
         css = "ok" if row.get("status") == "ok" else "bad"
         rows.append(f'<tr class="{css}">{"".join(cells)}</tr>')
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 
-def benchmark_sections(summary: pd.DataFrame, plots: dict[str, Path]) -> list[str]:
-    """Per benchmark present in the summary: its table; then the sweep's figures."""
-    parts = []
+def _tflops_shown(table: pd.DataFrame) -> pd.DataFrame:
+    """A logged TFLOP/s of 0 from a run that made progress is below the log's resolution
+    (both engines print Megatron's one decimal): it reads "< 0.05", not 0."""
+    col, rate = "TFLOP/s/GPU", "per GPU /s"
+    if col in table and rate in table:
+        below = (table[col] == 0) & (table[rate] > 0)
+        table[col] = table[col].astype(object).where(~below, "< 0.05")
+    return table
+
+
+def ran_without_gpus(summary: pd.DataFrame | None) -> bool:
+    """Whether the summary's rows say their points ran on a cluster without GPUs (the
+    sweep names the GPU model ``cpu`` there, see hpcllm.bench.sweeps)."""
+    if summary is None or "gpu_model" not in summary:
+        return False
+    return bool((summary["gpu_model"] == "cpu").any())
+
+
+def cluster_without_gpus(name: str, workdir: str | Path = ".") -> bool:
+    """Whether the cluster's facts file (the working directory's ``config/clusters``, as
+    the workflow reads it, else this checkout's) says it has no GPUs."""
+    from hpcllm.clusters import DEFAULT_ROOT, load_cluster
+
+    root = Path(workdir) / DEFAULT_ROOT
+    if not root.is_dir():
+        root = Path(__file__).resolve().parents[2] / DEFAULT_ROOT
+    return not load_cluster(name, root=root).gpus_per_node
+
+
+def benchmark_sections(
+    summary: pd.DataFrame, plots: dict[str, Path]
+) -> tuple[list[str], list[tuple[str, str]]]:
+    """Per benchmark present in the summary: its table; then the sweep's figures. Also
+    the contents entries (anchor, title) of these sections."""
+    parts, contents = [], []
     for bench in sorted(summary["benchmark"].dropna().unique()) if not summary.empty else []:
         rows = summary[summary["benchmark"] == bench]
-        table = compact_table(rows).drop(columns=["benchmark"], errors="ignore")
+        table = _tflops_shown(compact_table(rows).drop(columns=["benchmark"], errors="ignore"))
         ok = int((rows["status"] == "ok").sum())
+        title = BENCHMARK_TITLES.get(bench, bench)
+        contents.append((f"bench-{bench}", title))
         parts.append(
-            f'<h3 id="bench-{bench}">{html.escape(BENCHMARK_TITLES.get(bench, bench))}</h3>'
+            f'<h3 id="bench-{html.escape(bench)}">{html.escape(title)}</h3>'
             f'<p class="meta">{ok} of {len(rows)} runs ok.</p>{table_html(table)}'
         )
     figures = [_figure(plots[k], cap) for k, cap in BENCH_FIGURES if k in plots]
     if figures:
-        parts.append("<h3>Figures</h3>" + "".join(figures))
-    return parts
+        contents.append(("bench-figures", "Figures"))
+        parts.append('<h3 id="bench-figures">Figures</h3>' + "".join(figures))
+    return parts, contents
 
 
 def experiment_section(view: ExperimentView) -> str:
@@ -118,32 +170,57 @@ def experiment_section(view: ExperimentView) -> str:
     )
 
 
+def _contents(sections: list[tuple[str, str, list[tuple[str, str]]]]) -> str:
+    """The table of contents: each section, and on its line the subsections."""
+
+    def link(anchor: str, text: str) -> str:
+        return f'<a href="#{html.escape(anchor)}">{html.escape(text)}</a>'
+
+    items = "".join(
+        f"<li>{link(anchor, text)}"
+        + (f"<ol>{''.join(f'<li>{link(a, t)}</li>' for a, t in subs)}</ol>" if subs else "")
+        + "</li>"
+        for anchor, text, subs in sections
+    )
+    return f"<nav><ol>{items}</ol></nav>" if items else ""
+
+
 def render_page(
     title: str,
     summary: pd.DataFrame | None,
     plots: dict[str, Path],
     experiments: list[ExperimentView],
     generated: datetime | None = None,
+    without_gpus: bool = False,
 ) -> str:
+    """The page. ``without_gpus``: the cluster has no GPUs (also told by the summary's
+    rows); the page then says what its benchmark figures mean."""
     when = (generated or datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M UTC")
-    nav, body = [], []
+    sections = []  # (anchor, heading, contents entries, body parts)
     if summary is not None:
-        nav.append('<a href="#benchmarks">Benchmarks</a>')
-        body.append('<h2 id="benchmarks">Benchmarks</h2>')
-        body += benchmark_sections(summary, plots)
+        parts, contents = benchmark_sections(summary, plots)
+        sections.append(("benchmarks", "Benchmarks", contents, parts))
     if experiments:
-        nav.append('<a href="#training">Training</a>')
-        body.append('<h2 id="training">Training</h2>')
-        body += [experiment_section(v) for v in experiments]
-    if not body:
+        contents = [(f"exp-{v.name}", v.name) for v in experiments]
+        parts = [experiment_section(v) for v in experiments]
+        training = ("training", "Training", contents, parts)
+        # a person who trained looks for the loss first, not three screens down
+        sections.insert(0 if any(v.trained for v in experiments) else len(sections), training)
+    body = []
+    if without_gpus or ran_without_gpus(summary):
+        body.append(f'<p class="note" id="no-gpus">{CPU_NOTE}</p>')
+    for anchor, heading, _, parts in sections:
+        body += [f'<h2 id="{anchor}">{heading}</h2>', *parts]
+    if not sections:
         body.append("<p>Nothing has been benchmarked or trained yet.</p>")
+    nav = _contents([(anchor, heading, contents) for anchor, heading, contents, _ in sections])
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{html.escape(title)}</title><style>{STYLE}</style></head><body>"
         f'<h1>{html.escape(title)}</h1><p class="meta">Written {when}. Full tables: '
         "results/bench/summary.csv; the workflow's provenance: snakemake --report.</p>"
-        f"<nav>{''.join(nav)}</nav>{''.join(body)}</body></html>\n"
+        f"{nav}{''.join(body)}</body></html>\n"
     )
 
 
@@ -167,4 +244,4 @@ def experiment_view(workdir: Path, name: str, prepared, loss_png: Path | None) -
         "engine": str(prepared.experiment["engine"]),
     }
     notes = [f"Last failure: {s.last_failure}."] if s.last_failure else []
-    return ExperimentView(name, status, loss_png, notes)
+    return ExperimentView(name, status, loss_png, notes, trained=bool(s.iteration))

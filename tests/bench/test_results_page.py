@@ -45,3 +45,83 @@ def test_results_page_shows_tables_then_figures_then_experiments(tmp_path):
 def test_results_page_without_runs_says_so(tmp_path):
     page = render_page("hpcllm results", None, {}, [])
     assert "Nothing has been benchmarked or trained yet." in page
+
+
+def _language_summary(tmp_path, **columns):
+    results = tmp_path / "results"
+    points = [point(1), point(2)]
+    for p in points:
+        put_run(results, p, scaled_log(1.0))
+    df = summarize(points, results)
+    for name, value in columns.items():
+        df[name] = value
+    return df
+
+
+def test_a_run_that_trained_shows_training_first_with_contents_linking_every_section(
+    tmp_path,
+):
+    """Issue 31: training was three screens down, below the benchmark tables and figures."""
+    df = _language_summary(tmp_path)
+    plots = {"efficiency": tmp_path / "efficiency.png"}
+    plots["efficiency"].write_bytes(b"\x89PNG\r\n\x1a\n")
+    trained = ExperimentView("tiny", {"segments done": "1 of 3"}, None, trained=True)
+    text = render_page("hpcllm results", df, plots, [trained])
+    assert text.index('id="training"') < text.index('id="exp-tiny"') < text.index('id="benchmarks"')
+    # the contents come before both sections and link each section and subsection
+    nav = text[text.index("<nav>") : text.index("</nav>")]
+    assert text.index("</nav>") < text.index('id="training"')
+    links = re.findall(r'href="#([^"]+)"', nav)
+    assert links == ["training", "exp-tiny", "benchmarks", "bench-language", "bench-figures"]
+    assert all(f'id="{anchor}"' in text for anchor in links)
+    # an experiment that has not trained yet stays after the benchmarks
+    waiting = ExperimentView("tiny", {"segments done": "0 of 3"}, None)
+    text = render_page("hpcllm results", df, plots, [waiting])
+    assert text.index('id="benchmarks"') < text.index('id="training"')
+
+
+def test_runs_without_gpus_say_what_a_node_is_and_tflops_keep_their_digits(tmp_path):
+    """Issue 31: a laptop's sweep showed TFLOP/s 0.0 and efficiencies of 0.04 with no word
+    that its "nodes" are processes on the same cores."""
+    from hpcllm.results_page import cluster_without_gpus
+
+    note = 'class="note" id="no-gpus"'
+    on_gpus = _language_summary(tmp_path / "gpu", gpu_model="H100")
+    assert note not in render_page("t", on_gpus, {}, [])
+    cpu = _language_summary(tmp_path / "cpu", gpu_model="cpu", tflops_per_gpu=0.0041234)
+    text = render_page("t", cpu, {}, [])
+    assert note in text and "a benchmark &ldquo;node&rdquo; is one process" in text
+    assert text.index(note) < text.index('id="benchmarks"')
+    assert text.count('<td class="">0.00412</td>') == 2  # three significant digits, not 0.0
+    # the engines log TFLOP/s with one decimal: a logged 0.0 is below 0.05
+    cpu["tflops_per_gpu"] = 0.0
+    assert render_page("t", cpu, {}, []).count('<td class="">&lt; 0.05</td>') == 2
+    # a training-only page on a cluster without GPUs says it too
+    view = ExperimentView("tiny", {"GPU-hours": "0.02"}, None, trained=True)
+    assert note in render_page("t", None, {}, [view], without_gpus=True)
+    # what the workflow's script passes: the cluster's facts file (this checkout's here)
+    assert cluster_without_gpus("local", tmp_path) and not cluster_without_gpus("juwels")
+
+
+def test_the_experiment_view_knows_whether_it_trained(workdir):
+    """What puts training first: the status `hpcllm status` computes, from the files a
+    campaign leaves (tiny_local of the laptop examples, one of 3 segments done)."""
+    from support import EXAMPLES
+
+    from hpcllm.clusters import load_cluster
+    from hpcllm.results_page import experiment_view
+    from hpcllm.training.segment import prepare_experiment
+    from hpcllm.training.status import load_config
+
+    config = load_config(workdir, [str(EXAMPLES)], "profiles/local")
+    prepared = prepare_experiment(
+        "tiny_local",
+        config["training"]["experiments"]["tiny_local"],
+        config["text"],
+        load_cluster("local", workdir / "config" / "clusters"),
+    )
+    assert not experiment_view(workdir, "tiny_local", prepared, None).trained
+    (workdir / "checkpoints" / "tiny_local" / "iter_0000010").mkdir(parents=True)
+    (workdir / "checkpoints" / "tiny_local" / "latest_checkpointed_iteration.txt").write_text("10")
+    view = experiment_view(workdir, "tiny_local", prepared, None)
+    assert view.trained and view.status["iteration"] == "10 of 30"

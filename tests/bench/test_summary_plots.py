@@ -96,13 +96,14 @@ def test_summary_marks_every_bad_case_and_plots_still_render(tmp_path):
     # only the two good runs are drawn: efficiency 1 and 0.5 at 1 and 2 nodes
     (line,) = shown["efficiency"]["language: throughput per GPU / at fewest nodes"].values()
     assert line[0] == [1.0, 2.0] and line[1] == pytest.approx([1.0, 0.5], abs=1e-3)
-    # the CDF of the two good runs: their iteration times without warm-up, first and last
+    # the CDF of the two good runs: their iteration times without warm-up, first and
+    # last; the two logs are the same, so one line whose legend entry names both runs
     cdf = shown["batch_time_cdf"]["language: CDF, first and last batch removed"]
-    assert len(cdf) == 2
-    for xs, ys in cdf.values():
-        assert xs == sorted(xs) and ys[-1] == 1.0
+    ((label, (xs, ys)),) = cdf.items()
+    assert xs == sorted(xs) and ys[-1] == 1.0
+    assert label == "exp m strong bf16 n=1\n= exp m strong bf16 n=2 (the same to 0.01 %)"
     loss_lines = shown["loss"]["language: loss vs tokens"]
-    assert len(loss_lines) == 3  # ok, ok and the truncated run
+    assert len(loss_lines) == 2  # ok and ok (the same values, one line), the truncated run
 
 
 def test_a_failed_baseline_gives_its_series_no_efficiencies(tmp_path):
@@ -244,3 +245,83 @@ def test_coinciding_series_stay_visible_and_integers_stay_integers(tmp_path):
     assert len(table.columns) <= 15 < len(df.columns)
     shown = format_table(table)
     assert "2658.3" in shown and "2658.27" not in shown and "missing" in shown
+
+
+def test_figures_read_at_page_size_with_integer_nodes_and_every_listed_line_visible(
+    tmp_path, monkeypatch
+):
+    """Issue 31: legends at the axis labels' size in figures the page shows at their own
+    width (a 7-point legend in a 20-inch figure read as 6 px); node counts 1, 2, 4 on the
+    log2 axes (not 2^0, 2^1); every legend entry a line of its own: strong and weak at 1
+    node train on the same data, and their equal loss curves were listed twice and drawn
+    as one."""
+    import re
+
+    import matplotlib.image
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from hpcllm.bench import plots as plots_module
+
+    def log(time_factor, loss_shift):
+        return re.sub(
+            r"lm loss: ([\d.E+-]+)",
+            lambda m: f"lm loss: {float(m[1]) + loss_shift:.6E}",
+            scaled_log(time_factor),
+        )
+
+    results = tmp_path / "results"
+    points = [point(1), point(2), point(4), point(1, "weak"), point(2, "weak")]
+    # strong n=2's losses differ in the 6th digit, as data parallelism makes them
+    for p, factor, shift in zip(points, (1.0, 1.0, 1.1, 1.0, 1.3), (0, 1e-5, 0.1, 0, 0.2)):
+        put_run(results, p, log(factor, shift))
+    df = summarize(points, results)
+    kept = []  # the figures, as they were saved
+    monkeypatch.setattr(plots_module.plt, "close", kept.append)
+    paths = {name: tmp_path / f"{name}.png" for name in PLOTS}
+    plot_all(df, paths)
+    monkeypatch.undo()
+    figures = dict(zip(PLOTS, kept))
+
+    page_width = 1200 - 32  # the results page's content width in CSS pixels
+    for name, fig in figures.items():
+        fig.canvas.draw()
+        width = matplotlib.image.imread(paths[name]).shape[1]
+        shown = min(1.0, page_width / width)  # the page scales a wider image down
+        for ax in fig.axes:
+            legend = ax.get_legend()
+            if legend is None:
+                continue
+            label_size = ax.xaxis.label.get_fontsize()
+            for text in legend.get_texts():
+                assert text.get_fontsize() >= label_size, (name, text.get_text())
+                pixels = text.get_fontsize() * plots_module.DPI / 72 * shown
+                assert pixels >= 12, f"{name}: legend text {pixels:.1f} px on the page"
+            # a legend entry per line drawn, and no two lines on top of each other
+            lines = [line for line in ax.get_lines() if not line.get_label().startswith("_")]
+            assert len(legend.get_texts()) == len(lines)
+            for i, one in enumerate(lines):
+                for other in lines[i + 1 :]:
+                    assert not (
+                        len(one.get_xdata()) == len(other.get_xdata())
+                        and np.allclose(one.get_xydata(), other.get_xydata(), rtol=1e-4)
+                    ), f"{name}: {one.get_label()!r} hides {other.get_label()!r}"
+            if ax.get_xscale() == "log":
+                low, high = ax.get_xlim()
+                ticks = [
+                    t.get_text()
+                    for t, v in zip(ax.get_xticklabels(), ax.get_xticks())
+                    if low <= v <= high
+                ]
+                assert ticks == ["1", "2", "4"], (name, ticks)
+    loss = figures["loss"].axes[0]
+    entries = [t.get_text() for t in loss.get_legend().get_texts()]
+    # strong n=1, weak n=1 and strong n=2 read the same log: one line, named in one entry
+    assert entries[0] == (
+        "exp m strong bf16 n=1\n= exp m weak bf16 n=1\n= exp m strong bf16 n=2 (the same to 0.01 %)"
+    )
+    assert len(entries) == 3 and all(" n=" in e for e in entries)
+    styles = {(line.get_marker(), line.get_linestyle()) for line in loss.get_lines()}
+    assert len(styles) == 3  # each line its own marker and dash pattern
+    for fig in figures.values():
+        plt.close(fig)

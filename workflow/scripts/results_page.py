@@ -4,7 +4,7 @@ import hpcllm_checkout  # noqa: F401  (hpcllm from the checkout that planned the
 import pandas as pd
 
 from hpcllm import logs
-from hpcllm.results_page import experiment_view, render_page, write_page
+from hpcllm.results_page import cluster_without_gpus, experiment_view, render_page, write_page
 
 logs.setup(snakemake.log[0])
 inputs = dict(snakemake.input.items())
@@ -14,5 +14,12 @@ views = [
     experiment_view(Path("."), name, prepared, Path(inputs[f"loss_{name}"]))
     for name, prepared in snakemake.params.experiments.items()
 ]
-title = f"hpcllm results ({snakemake.params.cluster})"
-write_page(snakemake.output[0], render_page(title, summary, plots, views))
+cluster = snakemake.params.cluster
+page = render_page(
+    f"hpcllm results ({cluster})",
+    summary,
+    plots,
+    views,
+    without_gpus=cluster_without_gpus(cluster),
+)
+write_page(snakemake.output[0], page)

@@ -207,9 +207,23 @@ COMPACT_COLUMNS = (
     ("efficiency_epoch_time", "eff t_ep", 2),
     ("efficiency_train_time", "eff t_tr", 2),
     ("efficiency_batch_time", "eff batch", 2),
-    ("tflops_per_gpu", "TFLOP/s/GPU", 1),
+    ("tflops_per_gpu", "TFLOP/s/GPU", None),  # see SIGNIFICANT_DIGITS
     ("status", "status", None),
 )
+# Columns rounded to significant digits instead: a CPU process's 0.004 TFLOP/s would
+# read 0.0 with one decimal.
+SIGNIFICANT_DIGITS = {"tflops_per_gpu": 3}
+
+
+def round_significant(values: pd.Series, digits: int) -> pd.Series:
+    """``values`` to ``digits`` significant digits (0.0041234 -> 0.00412, 312.45 -> 312.0)."""
+
+    def rounded(v: float) -> float:
+        if not v or math.isnan(v):
+            return v
+        return round(v, digits - 1 - math.floor(math.log10(abs(v))))
+
+    return pd.to_numeric(values, errors="coerce").map(rounded)
 
 
 def compact_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -224,7 +238,9 @@ def compact_table(df: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame(index=df.index)
     for col, heading, digits in COMPACT_COLUMNS:
         values = df[col] if col in df else pd.Series(math.nan, index=df.index)
-        if digits is not None:
+        if col in SIGNIFICANT_DIGITS:
+            values = round_significant(values, SIGNIFICANT_DIGITS[col])
+        elif digits is not None:
             values = pd.to_numeric(values, errors="coerce").round(digits)
         out[heading] = values
     return out.dropna(axis="columns", how="all").reset_index(drop=True)
