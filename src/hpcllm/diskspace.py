@@ -67,13 +67,14 @@ def describe(
     """The message for a write to ``path`` that found no room: ``needed`` is what the job
     needs in all where known, ``written`` what it wrote before the disk filled."""
     mount = mount_point(path)
-    usage = shutil.disk_usage(_existing(path))
     what = "disk quota exceeded" if code == errno.EDQUOT else "no space left on device"
     target = f"in {path}" if os.path.isdir(path) else str(path)  # the file is not known
-    parts = [
-        f"{what} writing {target}: the file system at {mount} has {size_text(usage.free)} "
-        f"free of {size_text(usage.total)}"
-    ]
+    try:
+        usage = shutil.disk_usage(_existing(path))
+        space = f"has {size_text(usage.free)} free of {size_text(usage.total)}"
+    except OSError as e:  # the message must not fail for want of a figure
+        space = f"(its free space cannot be read: {e})"
+    parts = [f"{what} writing {target}: the file system at {mount} {space}"]
     if needed is not None:
         parts.append(f"this step needs {size_text(needed)} there")
     elif written:

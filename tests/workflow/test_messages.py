@@ -189,3 +189,21 @@ def test_a_refused_segment_prints_its_message_and_a_bug_its_traceback(
     else:
         assert proc.stderr == terminal.format(log=log)
     assert "Traceback (most recent call last):" in log.read_text()
+
+
+def test_a_full_quota_is_named_as_one(tmp_path):
+    """EDQUOT (a project's or home quota on a cluster's file system, the usual way to run
+    out of room there). This kernel's tmpfs has no quotas, so the error is raised by the
+    script rather than by a real file system."""
+    log, target = tmp_path / "job.log", tmp_path / "out.bin"
+    statement = (
+        f"import errno, os; raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT), {str(target)!r})"
+    )
+    script = RAISE.format(src=str(REPO / "src"), log=str(log), statement=statement)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(
+        f"DiskFull: disk quota exceeded writing {target}: the file system at "
+    ), proc.stderr
+    assert "Fix: raise the quota or free space in it (`quota`, or the site's tool" in proc.stderr
+    assert "Traceback" not in proc.stderr and "Disk quota exceeded" in log.read_text()
