@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", default=None, help="the run's profile (gives the cluster)")
     p = sub.add_parser(
         "restart-training",
-        help="move an experiment's checkpoints aside (never deleted) so it trains afresh",
+        help="move an experiment's checkpoints, segment records and logs aside (never "
+        "deleted) so that the next run trains it afresh",
     )
     p.add_argument("experiment", help="the experiment's name (checkpoints/<experiment>)")
     p.add_argument("-d", "--directory", default=".", help="the workflow's working directory")
@@ -94,38 +95,34 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.experiment}: no job of its chain is in Slurm; nothing to cancel")
         return 0
     if args.command == "restart-training":
-        from pathlib import Path
-
         from hpcllm.training.lease import LeaseHeld
-        from hpcllm.training.settings import restart_training
+        from hpcllm.training.restart import restart_training
 
-        save = Path(args.directory) / "checkpoints" / args.experiment
         try:
-            aside = restart_training(save)
+            moved = restart_training(args.directory, args.experiment)
         except LeaseHeld as e:
             print(f"not moved: {e}", file=sys.stderr)
             return 1
-        if aside is None:
-            print(f"{save}: holds no checkpoints; nothing to move")
-        else:
+        if not moved:
             print(
-                f"moved the contents of {save} to {aside}; the next run trains "
-                f"{args.experiment} from scratch (delete {aside} once it is not needed)"
+                f"{args.experiment}: no checkpoints, segment records or segment logs in "
+                f"{args.directory}; nothing to move"
+            )
+        else:
+            for folder, aside in moved:
+                print(f"moved the contents of {folder} to {aside}")
+            print(
+                f"the next run of the workflow trains {args.experiment} from iteration 0, "
+                "every segment again (delete the moved folders once they are not needed)"
             )
         return 0
     if args.command == "status":
-        import os
+        from hpcllm.training.status import RunFileMissing, campaign_status
 
-        from hpcllm.training.status import campaign_status
-
-        for path in args.configfile:
-            if not os.path.isfile(path):
-                parser.exit(
-                    2,
-                    f"hpcllm status: --configfile {path}: no such file (give the "
-                    "files of the run, relative to where you run this command)\n",
-                )
-        print(campaign_status(args.directory, args.configfile, args.profile))
+        try:
+            print(campaign_status(args.directory, args.configfile, args.profile))
+        except RunFileMissing as e:
+            parser.exit(2, f"hpcllm status: {e}\n")
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if args.command == "sample-corpus":

@@ -1,20 +1,27 @@
 """`hpcllm status` on a campaign of weeks: the running attempt's GPU-hours, the time to
-finish, the age of the newest log line, text preparation, a failing squeue, "done"."""
+finish, the age of the newest log line, text preparation, a failing squeue, "done"; never
+a stale model or failure as the current one; `hpcllm restart-training` really retrains."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+import pytest
+from support import EXAMPLES
+from test_workflow_changes import NAME, _other_experiments, configure, planned, snakemake
 
 from hpcllm.training import status
 
 
 def campaign(work, reached: int, segments_done: int) -> None:
-    """tiny_local of the built-in config (3 segments of 10 iterations) as files show it."""
+    """tiny_local of the laptop examples (3 segments of 10 iterations) as files show it."""
     save = work / "checkpoints" / "tiny_local"
     (save / f"iter_{reached:07d}").mkdir(parents=True)
     (save / "latest_checkpointed_iteration.txt").write_text(str(reached))
@@ -56,13 +63,16 @@ def test_a_running_slurm_attempt_counts_to_now_and_the_finish_is_estimated(tmp_p
     jobs = [
         {"id": "78", "state": "RUNNING", "comment": "rule_train_segment_wildcards_tiny_local_2"}
     ]
-    out = status.campaign_status(tmp_path, jobs=jobs)
+    out = status.campaign_status(tmp_path, profile="profiles/local", jobs=jobs)
     # 0.5 h of the failed attempt + 1 h of the running one, 1 GPU
     assert "1.50 GPU-hours spent (1.00 in the running attempt)" in out, out
     # 2 s per iteration, 30 - 14 iterations left
     assert "(about 32 s of training at the last segment's speed, queue time not included)" in out
     assert "newest engine log line: 10 min ago" in out
     assert "jobs: 78 RUNNING seg2" in out
+    # the failed attempt was followed by another: not the current state
+    assert "last failure" not in out
+    assert "an earlier attempt failed (node_failure (job 77)), later ones ran" in out
     assert "tiny_local: 1/3 segments" in out and "tiny_local: done" not in out
     assert "sample_bpe/sample_en: 0/2 shards tokenized" in out
 
@@ -73,7 +83,7 @@ def test_a_finished_campaign_says_done_and_text_prep_counts_shards(tmp_path):
     (tok / "sample_en").mkdir(parents=True)
     (tok / "sample_en" / "0000_text_document.idx").write_bytes(b"")
     (tok / "fineweb_text_document.idx").write_bytes(b"")
-    out = status.campaign_status(tmp_path, jobs=[])
+    out = status.campaign_status(tmp_path, profile="profiles/local", jobs=[])
     assert "tiny_local: done, 3/3 segments, checkpoint iteration 30/30" in out, out
     assert "to finish" not in out and "newest engine log line" not in out
     assert "sample_bpe/sample_en: 1/2 shards tokenized" in out
@@ -93,7 +103,7 @@ def test_a_local_attempt_holding_the_lease_counts_to_now(tmp_path):
         json.dumps({"job_id": None, "host": socket.gethostname(), "pid": os.getpid(),
                     "renewed": now})
     )  # fmt: skip
-    out = status.campaign_status(tmp_path, jobs=[])
+    out = status.campaign_status(tmp_path, profile="profiles/local", jobs=[])
     assert "0.50 GPU-hours spent (0.50 in the running attempt)" in out, out
 
 
@@ -107,7 +117,7 @@ def test_a_failing_squeue_is_reported_not_shown_as_no_jobs(tmp_path, monkeypatch
     (fake / "squeue").chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("HPCLLM_ACCOUNT", "proj")
-    out = status.campaign_status(tmp_path, profile="profiles/testcluster")
+    out = status.campaign_status(tmp_path, [str(EXAMPLES)], profile="profiles/testcluster")
     assert "jobs: squeue failed (1): slurm_load_jobs error: Unable to contact" in out, out
     assert "jobs: none" not in out
 
@@ -121,3 +131,82 @@ def test_a_missing_configfile_is_named_without_a_traceback(tmp_path):
     assert proc.returncode == 2
     assert "--configfile nope.yaml: no such file" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_segment_records_of_checkpoints_no_longer_there_are_not_counted(tmp_path):
+    """Records of 4 segments (a longer campaign before), none of whose checkpoints is there
+    (moved aside by hand): not "done, 4/3 segments, checkpoint iteration -/30"."""
+    results = tmp_path / "results" / "train" / "tiny_local"
+    results.mkdir(parents=True)
+    for k in range(1, 5):
+        (results / f"seg{k}.json").write_text(json.dumps({"last_iteration": 10 * k}))
+    (tmp_path / "checkpoints" / "tiny_local").mkdir(parents=True)
+    out = status.campaign_status(tmp_path, profile="profiles/local", jobs=[])
+    assert "tiny_local: 0/3 segments, checkpoint iteration -/30" in out, out
+    assert "stale files: " in out and "seg1.json, seg2.json, seg3.json record iterations" in out
+    assert "hpcllm restart-training tiny_local" in out
+
+
+def block(out: str, name: str) -> str:
+    """An experiment's lines of the status output."""
+    lines = out.splitlines()
+    start = lines.index(next(line for line in lines if line.startswith(f"  {name}: ")))
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith("    ")), None)
+    return "\n".join(lines[start:end])
+
+
+def hpcllm(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "hpcllm"), *args],
+        capture_output=True, text=True, cwd=cwd, timeout=120,
+    )  # fmt: skip
+
+
+@pytest.mark.workflow
+def test_a_changed_model_is_not_shown_as_current_and_a_restart_trains_every_segment(
+    text_workdir, tmp_path
+):
+    """A finished campaign of 2 x 4 iterations (a real tiny training); a weight-determining
+    change makes its checkpoints stale in `hpcllm status`; `hpcllm restart-training` (from
+    another folder, with -d) moves checkpoints, records and logs aside, after which status
+    (with -d too) shows a fresh experiment and a dry run plans every segment again."""
+    work = tmp_path / "work"
+    shutil.copytree(text_workdir, work, symlinks=True, ignore=_other_experiments)
+    cfg = configure(work)
+    snakemake(work, "--configfile", cfg)
+    files = [str(EXAMPLES), cfg]
+    out = block(status.campaign_status(work, files, profile="profiles/local", jobs=[]), NAME)
+    assert f"{NAME}: done, 2/2 segments, checkpoint iteration 8/8" in out, out
+    assert "loss -" not in out and "stale" not in out
+
+    configure(work, optim__lr=0.002)
+    out = block(status.campaign_status(work, files, profile="profiles/local", jobs=[]), NAME)
+    assert f"{NAME}: 0/2 segments, checkpoint iteration -/8 (0.000 M tokens)" in out, out
+    assert "were trained with other settings (optim.lr: 0.003 -> 0.002)" in out
+    assert "loss - (validation -)" in out and f"{NAME}: done" not in out
+
+    configure(work)  # the same settings: only a restart trains the experiment again
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    restart = hpcllm("restart-training", NAME, "-d", str(work), cwd=elsewhere)
+    assert restart.returncode == 0, restart.stderr
+    for folder in ("checkpoints", "results/train", "logs/train_segment"):
+        (aside,) = (work / folder).glob(f"{NAME}.replaced-*")
+        assert f"{work / folder / NAME} to {aside}" in restart.stdout, restart.stdout
+    assert (work / f"checkpoints/{aside.name}/iter_0000008").is_dir()
+    assert (work / f"results/train/{aside.name}/seg2.json").is_file()
+    assert (work / f"logs/train_segment/{aside.name}/seg2.attempts.json").is_file()
+
+    # status from another folder: the run's files relative to the -d directory
+    shown = hpcllm(
+        "status", "-d", str(work), "--configfile", "config/examples/local.yaml", "chg.yaml",
+        "--profile", "profiles/local", cwd=elsewhere,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    out = block(shown.stdout, NAME)
+    assert f"{NAME}: 0/2 segments, checkpoint iteration -/8 (0.000 M tokens)" in out, out
+    assert "loss - (validation -)" in out and "failure" not in out and "stale" not in out
+
+    proc = snakemake(work, "-n", "--configfile", cfg)
+    jobs = planned(proc.stdout + proc.stderr)
+    assert jobs.get("train_segment") == 2, proc.stdout[-3000:]

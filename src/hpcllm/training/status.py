@@ -48,6 +48,10 @@ class ExperimentStatus:
     seconds_to_finish: float | None = None  # measured time per iteration x iterations left
     log_age_s: float | None = None  # since the newest engine log line was written
     running_gpu_hours: float = 0.0  # of the attempt running now (in gpu_hours too)
+    # Why the files show a model that is not the current one (checkpoints of other
+    # settings, segment records of checkpoints no longer there); its figures are left out.
+    stale: str | None = None
+    earlier_failure: str | None = None  # an attempt's failure that a later attempt followed
 
     @property
     def finished(self) -> bool:
@@ -58,21 +62,71 @@ class SlurmQueryError(RuntimeError):
     """squeue could not be asked: the job list is unknown (not empty)."""
 
 
+REPO = Path(__file__).resolve().parents[3]
+
+
+class RunFileMissing(FileNotFoundError):
+    """A --configfile (or a profile's configfile) that is nowhere the run could have read it."""
+
+
+def run_file(path: str | os.PathLike, workdir: str | os.PathLike) -> Path | None:
+    """A --configfile or --profile of the run as given: relative to where this command runs
+    (as Snakemake reads it), else to the working directory (``-d``: the run may have
+    started there); None when neither has it."""
+    for base in (Path.cwd(), Path(workdir)):
+        if (base / path).exists():
+            return base / path
+    return None
+
+
+def _profile_settings(workdir: Path, profile: str | None) -> dict:
+    if not profile:
+        return {}
+    profile_file = (run_file(profile, workdir) or Path(profile)) / "config.yaml"
+    if not profile_file.is_file():
+        profile_file = REPO / profile / "config.yaml"
+    return yaml.safe_load(profile_file.read_text()) or {}
+
+
+def run_configfiles(workdir: Path, configfiles: Sequence[str], profile: str | None) -> list[Path]:
+    """The run's config files after config/config.yaml: the --configfile files, or without
+    them the profile's ``configfile:`` (a --configfile replaces it, as in Snakemake; a
+    profile's may also be in the repo). Raises :class:`RunFileMissing` naming a missing one."""
+    from_profile = not configfiles
+    if from_profile:
+        configfiles = _profile_settings(workdir, profile).get("configfile") or []
+        if isinstance(configfiles, str):
+            configfiles = [configfiles]
+    out = []
+    for path in configfiles:
+        found = run_file(path, workdir)
+        if found is None and from_profile and (REPO / path).is_file():
+            found = REPO / path
+        if found is None or not found.is_file():
+            where = f"the configfile of --profile {profile}" if from_profile else "--configfile"
+            raise RunFileMissing(
+                f"{where} {path}: no such file, neither here nor in {workdir} (give the "
+                "files of the run, relative to where you run this command or to the -d "
+                "directory)"
+            )
+        out.append(found)
+    return out
+
+
 def load_config(workdir: Path, configfiles: Sequence[str], profile: str | None) -> dict:
-    """The workflow's configuration: config/config.yaml, then each --configfile, deep-merged,
-    with the profile's ``config:`` entries (the cluster) and the schema defaults."""
+    """The workflow's configuration: config/config.yaml, then the run's config files
+    (:func:`run_configfiles`), deep-merged, with the profile's ``config:`` entries (the
+    cluster) and the schema defaults."""
     from hpcllm.configuration import SECTIONS, check_section
 
-    repo = Path(__file__).resolve().parents[3]
+    repo = REPO
     config: dict = {}
     base = workdir / "config" / "config.yaml"
-    for path in [base if base.is_file() else repo / "config" / "config.yaml", *configfiles]:
+    files = run_configfiles(workdir, configfiles, profile)
+    for path in [base if base.is_file() else repo / "config" / "config.yaml", *files]:
         _merge(config, yaml.safe_load(Path(path).read_text()) or {})
     if profile:
-        profile_file = Path(profile) / "config.yaml"
-        if not profile_file.is_file():
-            profile_file = repo / profile / "config.yaml"
-        entries = (yaml.safe_load(profile_file.read_text()) or {}).get("config") or {}
+        entries = _profile_settings(workdir, profile).get("config") or {}
         if isinstance(entries, list):  # `config: [cluster=juwels]` form
             entries = dict(e.split("=", 1) for e in entries)
         _merge(config, entries)
@@ -143,19 +197,26 @@ def _alive(pid: int) -> bool:
 
 
 def experiment_status(
-    workdir: Path, name: str, prepared, jobs, now: float | None = None
+    workdir: Path, name: str, prepared, jobs, now: float | None = None, cluster=None
 ) -> ExperimentStatus:
+    """``cluster``: the run's (Megatron's --transformer-impl is a weight-determining
+    setting); without it that one key is not compared."""
     now = time.time() if now is None else now
     exp, layout = prepared.experiment, prepared.layout
     seq = exp["model"]["seq_length"]
     total = exp["segments"] * exp["iterations_per_segment"]
-    results = workdir / "results" / "train" / name
-    done = sorted(results.glob("seg*.json"), key=_segment_of)
     save = workdir / "checkpoints" / name
+    known = True  # whether the checkpoint folder can be read (the segment names its error)
     try:
         iteration = checkpoints.latest_iteration(save)
     except checkpoints.CheckpointError:
-        iteration = None
+        iteration, known = None, False
+    done, stale = _segments_done(
+        workdir / "results" / "train" / name, exp, iteration if known else float("inf"), save
+    )
+    changed = _changed_settings(save, prepared, cluster) if iteration is not None else None
+    if changed:
+        done = 0
     logs = sorted(
         (workdir / "logs" / "train_segment" / name).glob("seg*.engine.log"), key=_segment_of
     )
@@ -184,7 +245,9 @@ def experiment_status(
         if holder and holder.host == socket.gethostname() and _alive(holder.pid)
         else None
     )
-    seconds, trained, last_failure, running_seconds = 0.0, 0, None, 0.0
+    seconds, trained, running_seconds = 0.0, 0, 0.0
+    newest: tuple[float, attempts_mod.Attempt] | None = None  # the newest attempt of all
+    failed: tuple[float, attempts_mod.Attempt] | None = None  # the newest that failed
     for path in (workdir / "logs" / "train_segment" / name).glob("seg*.attempts.json"):
         entries = attempts_mod.load(path)
         for i, a in enumerate(entries):
@@ -202,9 +265,36 @@ def experiment_status(
             seconds += max(0.0, end - a.started)
             if a.reached_iteration is not None:
                 trained += max(0, a.reached_iteration - a.start_iteration)
-            if a.failure:
-                last_failure = f"{a.failure} (job {a.job_id or '-'})"
+            if newest is None or a.started >= newest[0]:
+                newest = (a.started, a)
+            if a.failure and (failed is None or a.started >= failed[0]):
+                failed = (a.started, a)
+    # A failure is the current state only while no attempt started after it (a retry, a
+    # resumed run, a restart): then it is reported as an earlier one.
+    last_failure = earlier_failure = None
+    if failed is not None:
+        text = f"{failed[1].failure} (job {failed[1].job_id or '-'})"
+        if newest is not None and newest[1] is failed[1]:
+            last_failure = text
+        else:
+            earlier_failure = text
     gpu_hours = seconds * layout.gpus / 3600
+    train_loss = curves["train"][-1][1] if curves["train"] else None
+    valid_loss = curves["valid"][-1][1] if curves["valid"] else None
+    if changed:
+        old = f"iteration {iteration}" + (
+            f", loss {train_loss:.4f}" if train_loss is not None else ""
+        )
+        stale = (
+            f"the checkpoints in {save} ({old}) were trained with other settings ({changed}): "
+            "not this experiment's model, and the next run refuses them. Restart it from "
+            f"scratch (`hpcllm restart-training {name}`), give the changed experiment a new "
+            "name, or revert the settings"
+        )
+    if changed or (stale and iteration is None):
+        # not the model the current settings train: no figure of it as the current one
+        iteration = train_loss = valid_loss = log_age = None
+        tokens_per_second = tflops = seconds_per_iteration = None
     to_finish = None
     if trained and iteration is not None:
         to_finish = gpu_hours / trained * (total - iteration)
@@ -238,6 +328,7 @@ def experiment_status(
         mine.append(f"{j['id']} {j['state']} chain {what}{after}")
     stop = stopped(save)
     if stop:
+        earlier_failure = None
         last_failure = (
             f"{stop['failure']} (job {stop['job_id'] or '-'}); the chain stopped at "
             f"segment {stop['segment']}"
@@ -246,13 +337,13 @@ def experiment_status(
             last_failure += f"; fix the cause, then `hpcllm retry-training {name}`"
     return ExperimentStatus(
         name=name,
-        segments_done=len(done),
+        segments_done=done,
         segments=exp["segments"],
         iteration=iteration,
         total_iterations=total,
         tokens=(iteration or 0) * layout.global_batch * seq,
-        train_loss=curves["train"][-1][1] if curves["train"] else None,
-        valid_loss=curves["valid"][-1][1] if curves["valid"] else None,
+        train_loss=train_loss,
+        valid_loss=valid_loss,
         tokens_per_second=tokens_per_second,
         tflops_per_gpu=tflops,
         gpu_hours=gpu_hours,
@@ -262,7 +353,69 @@ def experiment_status(
         seconds_to_finish=seconds_to_finish,
         log_age_s=log_age,
         running_gpu_hours=running_seconds * layout.gpus / 3600,
+        stale=stale,
+        earlier_failure=earlier_failure,
     )
+
+
+def _segments_done(
+    results: Path, exp: dict, iteration: float | None, save: Path
+) -> tuple[int, str | None]:
+    """Segment records of this campaign (seg1 .. seg<segments>) that the checkpoint folder
+    holds the iterations of; and why any other is not counted (records of checkpoints moved
+    aside or deleted: Snakemake would not train those segments again)."""
+    done, orphans = 0, []
+    for k in range(1, exp["segments"] + 1):
+        path = results / f"seg{k}.json"
+        if not path.is_file():
+            continue
+        try:
+            reached = json.loads(path.read_text()).get("last_iteration")
+        except (OSError, ValueError, AttributeError):
+            reached = None
+        if isinstance(reached, int) and reached > (iteration or 0):
+            orphans.append(path)
+        else:
+            done += 1
+    if not orphans:
+        return done, None
+    names = ", ".join(p.name for p in orphans)
+    holds = "holds no checkpoint" if iteration is None else f"holds iteration {iteration}"
+    return done, (
+        f"{results}/{names} record iterations that {save} no longer has (it {holds}: "
+        f"moved or deleted); Snakemake does not train a segment whose record exists. "
+        f"`hpcllm restart-training {results.name}` moves the records aside too, so that the "
+        "next run trains them again"
+    )
+
+
+def _changed_settings(save: Path, prepared, cluster) -> str | None:
+    """The weight-determining settings that differ from what the checkpoints in ``save``
+    were trained with (``key: old -> new; ...``, or why their record is unreadable), or
+    None."""
+    from hpcllm.training.settings import (
+        SettingsChanged,
+        differences,
+        load_recorded,
+        weight_settings,
+    )
+
+    try:
+        recorded = load_recorded(save)
+    except SettingsChanged as e:
+        return str(e)
+    if recorded is None:
+        return None
+    impl = None
+    if cluster is not None:
+        from hpcllm.training.megatron_args import transformer_impl_for
+
+        impl = transformer_impl_for(cluster)
+    current = weight_settings(prepared, impl)
+    old = dict(recorded["weights"])
+    if cluster is None and "layout.transformer_impl" in current:
+        old["layout.transformer_impl"] = None  # the cluster's, not known here: not compared
+    return "; ".join(differences(old, current)) or None
 
 
 def sweep_status(workdir: Path, points: dict[str, dict], jobs) -> dict[str, dict[str, Any]]:
@@ -341,6 +494,8 @@ def format_status(
             f"{e.segments_done}/{e.segments} segments, checkpoint iteration "
             f"{_num(e.iteration, 'd')}/{e.total_iterations} ({e.tokens / 1e6:.3f} M tokens)"
         )
+        if e.stale:
+            lines.append(f"    stale files: {e.stale}")
         lines.append(
             f"    loss {_num(e.train_loss, '.4f')} (validation {_num(e.valid_loss, '.4f')}), "
             f"last segment {_num(e.tokens_per_second, ',.0f')} tokens/s, "
@@ -364,6 +519,11 @@ def format_status(
             f"    {e.gpu_hours:.2f} GPU-hours spent{running}{finish}; jobs: "
             f"{queue_error or ', '.join(e.jobs) or 'none'}"
             + (f"; last failure: {e.last_failure}" if e.last_failure else "")
+            + (
+                f"; an earlier attempt failed ({e.earlier_failure}), later ones ran"
+                if e.earlier_failure
+                else ""
+            )
         )
         if e.log_age_s is not None and not e.finished:
             lines.append(f"    newest engine log line: {_duration(e.log_age_s)} ago")
@@ -411,6 +571,7 @@ def campaign_status(
             name,
             prepare_experiment(name, training["experiments"][name], config["text"], cluster),
             jobs,
+            cluster=cluster,
         )
         for name in names
     ]
