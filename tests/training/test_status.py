@@ -210,3 +210,27 @@ def test_a_changed_model_is_not_shown_as_current_and_a_restart_trains_every_segm
     proc = snakemake(work, "-n", "--configfile", cfg)
     jobs = planned(proc.stdout + proc.stderr)
     assert jobs.get("train_segment") == 2, proc.stdout[-3000:]
+
+
+def test_a_restart_is_refused_while_a_segment_writes_and_moves_nothing(tmp_path):
+    """A live writer holds the checkpoint folder's lease: neither its checkpoints nor the
+    segment records and logs it writes are moved."""
+    campaign(tmp_path, reached=12, segments_done=1)
+    save = tmp_path / "checkpoints" / "tiny_local"
+    writer = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from hpcllm.training import lease\n"
+         "with lease.held(sys.argv[1]):\n    print('held', flush=True); time.sleep(600)",
+         str(save)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert writer.stdout.readline() == "held\n"
+        refused = hpcllm("restart-training", "tiny_local", "-d", str(tmp_path), cwd=tmp_path)
+    finally:
+        writer.kill()
+        writer.wait()
+    assert refused.returncode == 1 and f"process {writer.pid}" in refused.stderr, refused.stderr
+    assert (save / "iter_0000012").is_dir()
+    assert (tmp_path / "results/train/tiny_local/seg1.json").is_file()
+    assert (tmp_path / "logs/train_segment/tiny_local/seg2.engine.log").is_file()
+    assert not list(tmp_path.glob("*/*.replaced-*")) + list(tmp_path.glob("*/*/*.replaced-*"))

@@ -44,6 +44,10 @@ def restart_training(workdir: str | os.PathLike, name: str) -> list[tuple[Path, 
     if not (_has_entries(save, keep=LEASE) or _has_entries(records) or _has_entries(logs)):
         return []
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    n = 1
+    while any(f.with_name(f"{name}.replaced-{stamp}").exists() for f in (save, records, logs)):
+        n += 1  # a second restart within the same second
+        stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{n}"
     moved = []
     # The lease: a segment writes its checkpoints, record and logs while it holds it.
     with lease.held(save):
