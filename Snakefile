@@ -10,7 +10,10 @@ min_version("9.0")
 import os
 import sys
 
-sys.path.insert(0, os.path.join(workflow.basedir, "src"))
+# This checkout: the Snakefile's folder, also where the workflow is a `module` of another
+# project's Snakefile (workflow.basedir is then that project's folder).
+HPCLLM_ROOT = workflow.current_basedir.get_path_or_uri(secret_free=False)
+sys.path.insert(0, os.path.join(HPCLLM_ROOT, "src"))
 from snakemake.exceptions import WorkflowError
 from hpcllm import commandline
 

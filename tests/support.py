@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,6 +27,24 @@ MIN_HANG_GUARD = 120.0
 def hang_guard(expected_seconds: float) -> float:
     """The time limit of a step expected to take ``expected_seconds`` on a quiet machine."""
     return max(MIN_HANG_GUARD, HANG_GUARD_FACTOR * expected_seconds)
+
+
+# The laptop examples (sample corpus, tiny models): config/config.yaml is a user's clean
+# config, and the tests, like profiles/local, run the examples over it.
+EXAMPLES = REPO / "config" / "examples" / "local.yaml"
+
+
+def with_examples(args: Sequence[str]) -> list[str]:
+    """``args`` with the examples first in the --configfile list (Snakemake keeps only the
+    last --configfile's files, so they join the test's list), else as --configfile=EXAMPLES
+    (one value: a target after it stays a target)."""
+    args = list(args)
+    for i, arg in enumerate(args):
+        if arg == "--configfile":
+            return [*args[: i + 1], str(EXAMPLES), *args[i + 1 :]]
+        if arg.startswith("--configfile="):
+            return [*args[:i], "--configfile", str(EXAMPLES), arg.split("=", 1)[1], *args[i + 1 :]]
+    return [f"--configfile={EXAMPLES}", *args]
 
 
 def snakemake_bin() -> str:
@@ -48,11 +67,14 @@ def run_snakemake(
     check: bool = True,
     env: dict[str, str] | None = None,
     timeout: float | None = None,
+    examples: bool = True,
 ) -> subprocess.CompletedProcess:
     """Run the workflow's Snakefile in ``workdir``; output is captured and shown on failure.
 
+    ``examples``: with the laptop examples (config/examples/local.yaml) over the config.
     ``timeout`` is a hang guard; by default that of a run of the built-in workflow (about
     60 s on a quiet 2-core machine)."""
+    args = with_examples(args) if examples else list(args)
     cmd = [snakemake_bin(), "-s", str(REPO / "Snakefile"), "-d", str(workdir), *args]
     full_env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
     proc = subprocess.run(

@@ -18,6 +18,34 @@ def key_path(section: str, path) -> str:
     return ".".join([p for p in [section, *map(str, path)] if p]) or "(top level)"
 
 
+def unset_nulls(section: str, data: Any, schema_path: str | Path) -> list[str]:
+    """Remove each key whose value is null where its schema does not allow null, and return
+    their names. Snakemake merges a --configfile over config/config.yaml key by key, so
+    `mirror: null` is the one way a user's file can remove a key set before it; where null
+    is a value of its own (benchmarks' val_split: null, no validation split) it stays."""
+    import jsonschema
+
+    if not isinstance(data, dict):
+        return []
+    validator = jsonschema.Draft202012Validator(yaml.safe_load(Path(schema_path).read_text()))
+    removed: list[str] = []
+    while True:
+        paths = {
+            tuple(e.absolute_path)
+            for e in validator.iter_errors(data)
+            if e.instance is None and e.absolute_path
+        }
+        if not paths:
+            return removed
+        for path in sorted(paths, key=len):
+            parent = data
+            for key in path[:-1]:
+                parent = parent.get(key) if isinstance(parent, dict) else None
+            if isinstance(parent, dict) and parent.get(path[-1], 0) is None:
+                del parent[path[-1]]
+                removed.append(key_path(section, path))
+
+
 def check_section(section: str, data: Any, schema_path: str | Path) -> None:
     """Raise ``ConfigError`` listing ``config key text.on_bad_record: 'maybe' is not one
     of ['fail', 'skip']`` for each error (Snakemake's own message names no section)."""

@@ -50,7 +50,7 @@ def test_language_point_trains_on_real_tokenized_data(tmp_path):
         for text in texts:
             w.add_document(tok.encode(text).ids + [eod])
 
-    spec = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    spec = yaml.safe_load((REPO / "config/examples/local.yaml").read_text())
     spec = spec["benchmarks"]["experiments"]["language_tiny"]
     spec.update(data=str(prefix), tokenizer=str(tmp_path / "tok" / "tokenizer.json"))
     point = next(
@@ -133,7 +133,7 @@ def test_a_unigram_point_trains_with_its_end_of_document_token(tmp_path):
     with IndexedDatasetWriter(prefix, np.uint16) as w:
         for text in texts:
             w.add_document(tok.encode(text).ids + [eod])
-    spec = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    spec = yaml.safe_load((REPO / "config/examples/local.yaml").read_text())
     spec = spec["benchmarks"]["experiments"]["language_tiny"]
     spec.update(data=str(prefix), tokenizer=str(tmp_path / "tok" / "tokenizer.json"))
     points = expand_experiment("language_tiny", spec, ClusterFacts("local", 0))

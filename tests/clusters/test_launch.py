@@ -463,7 +463,7 @@ def test_torch_engine_segment_in_a_container_runs_the_images_python_on_the_check
     from hpcllm.launch import package_in_container, python_for
     from hpcllm.training.segment import Paths, engine_command, prepare_experiment
 
-    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    config = yaml.safe_load((REPO / "config/examples/local.yaml").read_text())
     for section in ("text", "training"):  # the schema's defaults, as the workflow fills them
         validate(config[section], str(REPO / f"workflow/schemas/{section}.schema.yaml"))
     name = "tiny_local"

@@ -22,6 +22,7 @@ from support import (  # noqa: E402
     make_workdir,
     run_snakemake,
     snakemake_bin,
+    with_examples,
 )
 
 from hpcllm.clusters import load_cluster
@@ -264,7 +265,7 @@ def test_jobs_get_the_profiles_cluster_on_their_command_line(tmp_path, no_slurm)
     env = {**no_slurm, **USER_ENV, "PATH": f"{bin_dir}:{no_slurm['PATH']}", "HF_HUB_OFFLINE": "1"}
     target = "data/tokenized/sample_bpe/sample_en/0000_text_document.bin"
     cmd = [snakemake_bin(), "-s", str(REPO / "Snakefile"), "-d", str(workdir)]
-    cmd += ["--profile", "profiles/juwels", target, "--config", "max_gpu_hours=1000"]
+    cmd += with_examples(["--profile", "profiles/juwels", target, "--config", "max_gpu_hours=1000"])
     err = open(workdir / "snakemake.err", "w")  # noqa: SIM115 (closed with the process)
     proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=err, stderr=err)
     try:  # the job is submitted within ~15 s; the plugin then polls until stopped

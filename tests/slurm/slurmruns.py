@@ -10,14 +10,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support import hang_guard, make_workdir  # noqa: F401  (slurmruns.make_workdir in the tests)
+from support import (  # noqa: F401  (slurmruns.make_workdir in the tests)
+    hang_guard,
+    make_workdir,
+    with_examples,
+)
 from testcluster import TestCluster
 
 REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 
 
-def command(workdir: Path, profile: str, *args: str) -> list[str]:
+def command(workdir: Path, profile: str, *args: str, examples: bool = True) -> list[str]:
+    """The Snakemake command line; ``examples``: with the laptop examples over the config."""
+    args = tuple(with_examples(args)) if examples else args
     return [
         SNAKEMAKE,
         "-s",
@@ -47,12 +53,13 @@ def run(
     profile: str = "testcluster",
     check: bool = True,
     timeout: float | None = None,
+    examples: bool = True,
 ) -> subprocess.CompletedProcess:
     """Run Snakemake in ``workdir`` (on ``cluster`` unless it is None); fail with its output.
 
     ``timeout`` is a hang guard: by default that of the built-in workflow's run on the test
     cluster (~120 s on a quiet machine; the local reference is faster)."""
-    cmd = command(workdir, profile, *args)
+    cmd = command(workdir, profile, *args, examples=examples)
     proc = subprocess.run(
         cmd,
         cwd=workdir,

@@ -104,7 +104,7 @@ def test_megatron_loads_the_index_cache_that_the_cpu_rule_built(text_workdir, mo
     from hpcllm.training.cache import build_index_cache
     from hpcllm.training.segment import prepare_experiment
 
-    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    config = yaml.safe_load((REPO / "config/examples/local.yaml").read_text())
     for section in ("text", "training"):  # the schema's defaults, as the workflow fills them
         validate(config[section], str(REPO / f"workflow/schemas/{section}.schema.yaml"))
     name = "tiny_local"
@@ -164,7 +164,7 @@ def test_megatron_reads_a_given_unigram_tokenizer_json_and_its_index_cache(tmp_p
     with IndexedDatasetWriter("data/tokenized/euro/sample_en_text_document", np.uint16) as w:
         for text in texts:
             w.add_document(tok.encode(text).ids + [eod])
-    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    config = yaml.safe_load((REPO / "config/examples/local.yaml").read_text())
     given = {"type": "files", "tokenizer_json": "given.json", "eod_token": "</s>"}
     config["text"]["tokenizers"]["euro"] = given
     config["text"]["tokenize"]["tokenizers"] = ["euro"]

@@ -279,7 +279,7 @@ def test_a_unigram_tokenizer_json_goes_through_the_workflow_and_trains(
     assert record["last_iteration"] == 4, record
 
     # The megatron engine, planned for a GPU cluster from the same config
-    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    config = yaml.safe_load((REPO / "config/examples/local.yaml").read_text())
     text = {**config["text"], **override["text"]}
     training = {"experiments": {"tiny_euro": {**experiment, "engine": "megatron"}}}
     for section, cfg in (("text", text), ("training", training)):  # defaults filled in

@@ -143,11 +143,11 @@ def test_a_yaml_syntax_error_in_the_built_in_config_names_its_line(tmp_path):
     for name in ("resources", "profiles"):
         (work / name).symlink_to(REPO / name)
     text = (work / "config/config.yaml").read_text()
-    (work / "config/config.yaml").write_text(text.replace("shards: 2", "shards: [2", 1))
-    line = text[: text.index("shards: 2")].count("\n") + 1
+    (work / "config/config.yaml").write_text(text.replace("repeat: 13", "repeat: [13", 1))
+    line = text[: text.index("repeat: 13")].count("\n") + 1
     proc = run_snakemake(work, "-n", check=False)
     assert proc.returncode != 0
-    col = text.splitlines()[line - 1].index("shards") + len("shards: [")
+    col = text.splitlines()[line - 1].index("repeat") + len("repeat: [")
     assert f"config/config.yaml:{line}:{col}: YAML syntax error: while parsing a flow sequence" in (
         proc.stdout + proc.stderr
     ), (proc.stdout + proc.stderr)[-3000:]

@@ -22,7 +22,7 @@ TARGETS = [
 pytestmark = pytest.mark.workflow
 
 
-CONFIG = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["text"]
+CONFIG = yaml.safe_load((REPO / "config" / "examples" / "local.yaml").read_text())["text"]
 
 
 def jsonl_zst_records(path) -> list[dict]:
@@ -249,7 +249,10 @@ def test_a_juwels_plan_tokenizes_twelve_shards_per_slurm_job(workdir):
         timeout=hang_guard(15),  # a dry run: ~15 s quiet
     )
     threads = int(
-        (REPO / "workflow/rules/text_functions.smk").read_text().split("TOKENIZE_THREADS = ")[1].split()[0]
+        (REPO / "workflow/rules/text_functions.smk")
+        .read_text()
+        .split("TOKENIZE_THREADS = ")[1]
+        .split()[0]
     )
     cores = yaml.safe_load((REPO / "config/clusters/juwels.yaml").read_text())["cpus_per_node"]
     per_job = cores // threads

@@ -15,7 +15,7 @@ try:
             BENCH["experiments"],
             facts_of(CLUSTER),
             schema=_yaml.safe_load(
-                open(f"{workflow.basedir}/workflow/schemas/benchmarks.schema.yaml")
+                open(f"{HPCLLM_ROOT}/workflow/schemas/benchmarks.schema.yaml")
             ),
             dropped=_dropped,
         )

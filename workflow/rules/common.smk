@@ -5,17 +5,24 @@ import os
 import sys
 from types import SimpleNamespace
 
-# The package, importable also where it is not installed.
-sys.path.insert(0, os.path.join(workflow.basedir, "src"))
-
 from snakemake.utils import validate
 
-from hpcllm.configuration import SECTIONS, check_section
+from hpcllm.configuration import SECTIONS, check_section, unset_nulls
 from hpcllm.text.sources import offline_source_error, resolve_local_files
 from hpcllm.text.tokenizers_config import plan_problem as tokenizer_plan_problem
 from hpcllm.text.tokenizers_config import retrain_warning, tokenizer_files
 
-check_section("", config, f"{workflow.basedir}/workflow/schemas/config.schema.yaml")
+# `key: null` in a --configfile removes the key (where null is no value of its own).
+_unset = unset_nulls("", config, f"{HPCLLM_ROOT}/workflow/schemas/config.schema.yaml")
+for _section in SECTIONS:
+    _unset += unset_nulls(
+        _section,
+        config.get(_section),
+        f"{HPCLLM_ROOT}/workflow/schemas/{_section}.schema.yaml",
+    )
+if _unset and workflow.is_main_process:
+    logger.info(f"Unset by null in a config file: {', '.join(_unset)}")
+check_section("", config, f"{HPCLLM_ROOT}/workflow/schemas/config.schema.yaml")
 validate(config, "../schemas/config.schema.yaml")
 # Each section has its own schema file. check_section reports every error by its key;
 # validate then fills in the defaults (one file at a time: snakemake's validate does not
@@ -25,7 +32,7 @@ for _section in SECTIONS:
     check_section(
         _section,
         config[_section],
-        f"{workflow.basedir}/workflow/schemas/{_section}.schema.yaml",
+        f"{HPCLLM_ROOT}/workflow/schemas/{_section}.schema.yaml",
     )
     validate(config[_section], f"../schemas/{_section}.schema.yaml")
 
@@ -70,7 +77,7 @@ from hpcllm.text.shard_pool import batch_minutes
 
 _clusters_dir = "config/clusters"
 if not os.path.isdir(_clusters_dir):  # a working directory without its own config/
-    _clusters_dir = os.path.join(workflow.basedir, "config", "clusters")
+    _clusters_dir = os.path.join(HPCLLM_ROOT, "config", "clusters")
 try:
     CLUSTER = load_cluster(config["cluster"], root=_clusters_dir)
     # A --config on the command line replaces the profile's config: (cluster included):

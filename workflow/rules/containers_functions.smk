@@ -46,7 +46,7 @@ def container_image(purpose, check=True):
 def image_definition(image):
     path = CONTAINERS["images"][image]
     if not os.path.isabs(path) and not os.path.exists(path):
-        path = os.path.join(workflow.basedir, path)
+        path = os.path.join(HPCLLM_ROOT, path)
     return path
 
 

@@ -4,6 +4,12 @@
 for _name, _source in SOURCES.items():
     if _source["type"] == "local":
         resolve_local_files(_name, _source)
+if SOURCES and not TOKENIZE["tokenizers"]:
+    raise ValueError(
+        f"text.sources has {', '.join(SOURCES)} but text.tokenize.tokenizers names no "
+        f"tokenizer to tokenize them with: add one of text.tokenizers "
+        f"({', '.join(TOKENIZERS) or 'none defined yet: define one'}) to it"
+    )
 for _name in TOKENIZE["tokenizers"]:
     if _name not in TOKENIZERS:
         raise ValueError(

@@ -196,7 +196,7 @@ if any(p.experiment["engine"] == "megatron" for p in EXPERIMENTS.values()):
             os.path.basename(_image)[: -len(".sif")]
         ]
         if not os.path.exists(_definition):
-            _definition = os.path.join(workflow.basedir, _definition)
+            _definition = os.path.join(HPCLLM_ROOT, _definition)
         _mismatch = container_commit_mismatch(open(_definition).read(), _definition)
         if _mismatch:
             logger.warning(f"Warning: {_mismatch}")
