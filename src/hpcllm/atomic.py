@@ -37,14 +37,15 @@ def atomic_paths(*paths: str | os.PathLike) -> Iterator[tuple[Path, ...]]:
     try:
         yield tuple(temps)
     except BaseException as e:
-        written = {p: _size(t) for t, p in zip(temps, finals)}
+        full = is_full(e) and not isinstance(e, DiskFull)
+        written = {p: _size(t) for t, p in zip(temps, finals)} if full else {}
         for t in temps:
             with contextlib.suppress(FileNotFoundError):
                 if t.is_dir():
                     shutil.rmtree(t)
                 else:
                     t.unlink()
-        if is_full(e) and not isinstance(e, DiskFull):
+        if full:
             # Named after the file that was growing (a failed write names none), with the
             # free space now that the partial files are gone.
             by_temp = dict(zip(map(str, temps), finals))
