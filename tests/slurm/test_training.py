@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import slurmruns
 import torch
-from support import hang_guard
+from support import EXAMPLES, hang_guard
 
 pytestmark = pytest.mark.slurm
 
@@ -434,10 +434,11 @@ def test_a_signal_during_start_up_or_training_ends_cleanly_and_attempts_follow(
 # ---- the chain: a campaign Slurm carries without a controller (hpcllm.training.chain)
 
 
-def chain_campaign(work: Path, cluster, monkeypatch, *configs: Path):
+def chain_campaign(work: Path, cluster, monkeypatch, *configs: Path, requeue: bool = False):
     """tiny_2n's campaign as the workflow would make it on the test cluster: the prepared
     experiment, the cluster, and the segment job's sbatch options as the official plugin
-    builds them from the rule's resources and the profile's."""
+    builds them from the rule's resources and the profile's (``requeue``: the plugin's
+    setting of that name instead of its ``no_requeue``)."""
     from types import SimpleNamespace
 
     from hpcllm.clusters import load_cluster
@@ -447,7 +448,9 @@ def chain_campaign(work: Path, cluster, monkeypatch, *configs: Path):
 
     monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
     monkeypatch.chdir(work)
-    config = load_config(work, [str(CONFIG), *map(str, configs)], "profiles/testcluster")
+    config = load_config(
+        work, [str(EXAMPLES), str(CONFIG), *map(str, configs)], "profiles/testcluster"
+    )
     slurm_cluster = load_cluster("testcluster")
     prepared = prepare_experiment(
         EXPERIMENT, config["training"]["experiments"][EXPERIMENT], config["text"], slurm_cluster
@@ -462,7 +465,7 @@ def chain_campaign(work: Path, cluster, monkeypatch, *configs: Path):
         "slurm_partition": "batch",
         "slurm_extra": "--ntasks-per-node=1 --signal=TERM@30",
     }
-    settings = SimpleNamespace(requeue=False, no_requeue=True, qos=None, reservation=None)
+    settings = SimpleNamespace(requeue=requeue, no_requeue=not requeue, qos=None, reservation=None)
     return Campaign(
         name=EXPERIMENT,
         prepared=prepared,
@@ -643,6 +646,61 @@ def test_a_deterministic_failure_in_segment_2_stops_the_chain(
     assert f"submitted the chain of tiny_2n: job {new_chain[0]['job']};" in out, out[-4000:]
     assert chain.committed_iteration(work / SAVE) == 12
     assert chain.stopped(work / SAVE) is None
+
+
+def test_a_requeued_chain_job_submits_no_second_successor(
+    cluster, text_data, tmp_path, monkeypatch
+):
+    """Slurm runs a requeued job again under the same id (after a node failure, by
+    default on LUMI), so its step runs twice. Two segments, the jobs requeueable: job 1
+    trains segment 1 (its successor held meanwhile) and is requeued with `scontrol
+    requeue` once it completed. Run again, it submits no second successor (the one it
+    submitted is in Slurm) and trains segment 2; the successor, released as soon as job 1
+    is requeued, waits for it (`singleton`) instead of running beside it into the lease,
+    and is cancelled once the campaign is complete: no fork, no stop."""
+    from hpcllm.training import chain
+
+    work = training_workdir(text_data, tmp_path / "work")
+    two = work / "two.yaml"
+    two.write_text(THREE.replace("segments: 3", "segments: 2"))
+    index_cache(work, two)
+    campaign = chain_campaign(work, cluster, monkeypatch, two, requeue=True)
+    assert "--requeue" in campaign.sbatch, campaign.sbatch
+    _, (first,) = chain.ensure(campaign)
+    first = first["id"]
+    second = cluster.wait_job(
+        lambda j: j["name"] == campaign.job_name() and j["id"] != first,
+        timeout=hang_guard(60),  # job 1 starts and submits its successor: seconds quiet
+    )["id"]
+    cluster.run("scontrol", "hold", second)
+    cluster.wait_job(
+        lambda j: j["id"] == first and j["state"] == "COMPLETED",
+        timeout=hang_guard(60),  # segment 1, 4 iterations: ~20 s quiet
+    )
+    assert chain.committed_iteration(work / SAVE) == 4
+    cluster.run("scontrol", "requeue", first)
+    # Slurm delays a requeued job's start by 2 minutes; a few seconds do here (in the
+    # second it ended, its nodes still refuse it: "Job credential revoked")
+    cluster.run("scontrol", "update", f"JobId={first}", "StartTime=now+3")
+    cluster.run("scontrol", "release", second)
+    deadline = time.monotonic() + hang_guard(90)  # segment 2: ~20 s quiet
+    while chain.chain_jobs(campaign.job_name()):
+        assert time.monotonic() < deadline, cluster.jobs()
+        time.sleep(0.5)
+    log = (work / f"logs/train_segment/{EXPERIMENT}/chain/{first}.log").read_text()
+    assert f"job {first} runs again (Slurm restart 1): its successor, job {second}" in log, log
+    submitted = chain.submitted_jobs(work / SAVE)
+    assert [(s["job"], s["after"]) for s in submitted] == [(first, None), (second, first)]
+    states = {j["id"]: j for j in chain_jobs_of(cluster, campaign)}
+    assert states[first]["state"] == "COMPLETED", states
+    # the successor never ran beside the requeued job: cancelled while pending
+    assert states[second]["state"] == "CANCELLED" and not states[second]["nodes"], states
+    assert chain.stopped(work / SAVE) is None
+    assert chain.committed_iteration(work / SAVE) == 8
+    (entry,) = json.loads(
+        (work / f"logs/train_segment/{EXPERIMENT}/seg2.attempts.json").read_text()
+    )
+    assert (entry["job_id"], entry["failure"]) == (first, None)
 
 
 def hpcllm(work: Path, cluster, *args: str) -> str:

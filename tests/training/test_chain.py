@@ -6,6 +6,8 @@ test cluster (tests/slurm/test_training.py)."""
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -229,3 +231,95 @@ def test_a_stop_at_a_segment_committed_since_does_not_hold_the_chain_back(tmp_pa
     stop(campaign, "missing_file")
     state, _ = chain.ensure(campaign)
     assert state == "submitted" and len(calls.read_text().splitlines()) == 1
+
+
+def test_the_plugins_exclude_failed_nodes_setting_reaches_the_chain_jobs():
+    settings = SimpleNamespace(
+        requeue=False, no_requeue=False, qos=None, reservation=None,
+        exclude_failed_nodes="n7, n3,",
+    )  # fmt: skip
+    args = chain.sbatch_geometry({"nodes": 2, "runtime": 30}, settings=settings)
+    assert "--exclude=n3,n7" in args, args
+
+
+def test_a_chain_job_passes_on_the_chains_environment_not_what_its_job_added(tmp_path, monkeypatch):
+    """The successor gets the variables the chain was submitted with (their values now),
+    not the GPUs, thread counts or offline switches of the job submitting it; and it
+    waits for its predecessor and for any other job of the chain (singleton)."""
+    env_file = tmp_path / "env"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(
+        f'#!/bin/sh\necho "$@" > {env_file}.args\nenv > {env_file}\necho 62\n'
+    )
+    (bin_dir / "sbatch").chmod(0o755)
+    for name in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "HF_HUB_OFFLINE", "SLURM_JOB_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.setenv("TEAM_SETTING", "login")
+    campaign = three_segments(tmp_path, reached=4)
+    campaign.exported = tuple(sorted(chain._clean_environment(os.environ)))
+    # now inside the chain job: what Slurm and the job itself set
+    monkeypatch.setenv("SLURM_JOB_ID", "61")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TEAM_SETTING", "job")
+    assert chain.submit(campaign, after="61") == "62"
+    passed = dict(line.split("=", 1) for line in env_file.read_text().splitlines() if "=" in line)
+    assert not {"CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "HF_HUB_OFFLINE", "SLURM_JOB_ID"} & set(
+        passed
+    ), passed
+    assert passed["TEAM_SETTING"] == "job" and passed["PATH"].startswith(str(bin_dir))
+    assert "--dependency=afterany:61,singleton" in (tmp_path / "env.args").read_text()
+
+
+def lease_holder_slurm(tmp_path, monkeypatch, holder: str, chain_lines: str) -> Path:
+    """squeue: job ``holder`` RUNNING when asked by id, ``chain_lines`` when asked by
+    name; sbatch answering job 62; scancel logged."""
+    calls = tmp_path / "calls"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text(
+        f"#!/bin/sh\ncase \"$*\" in *'-j {holder}'*) echo RUNNING;; *' -n '*) printf '{chain_lines}';; esac\n"
+    )
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\necho sbatch "$@" >> {calls}\necho 62\n')
+    (bin_dir / "scancel").write_text(f'#!/bin/sh\necho scancel "$@" >> {calls}\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    return calls
+
+
+@pytest.mark.parametrize("holder_in_chain", [True, False])
+def test_a_held_lease_does_not_stop_the_chain_for_good(tmp_path, monkeypatch, holder_in_chain):
+    """Job 61 finds the lease held by live job 57. Of its own chain (a second head, e.g.
+    after a requeue): it trains nothing, writes no stop, and its successor waits for 57.
+    Outside the chain (a plugin job): the chain stops with ``lease_held``, which the next
+    run submits anew; never ``error``, which would need `hpcllm retry-training`."""
+    from hpcllm.training import lease
+
+    monkeypatch.chdir(tmp_path)
+    lines = "57|RUNNING|(null)|None\\n61|RUNNING|(null)|None\\n" if holder_in_chain else ""
+    calls = lease_holder_slurm(tmp_path, monkeypatch, "57", lines)
+    campaign = three_segments(tmp_path, reached=4)
+    chain.save(campaign)
+    save = tmp_path / campaign.save
+    (save / "iter_0000004").mkdir()
+    (save / lease.LEASE).write_text(
+        json.dumps({"job_id": "57", "host": "n1", "pid": 1, "renewed": 0.0})
+    )
+    monkeypatch.setenv("SLURM_JOB_ID", "61")
+    status_code = chain.step(campaign.file(), environ={"SLURM_JOB_ID": "61"})
+    submitted = [line for line in calls.read_text().splitlines() if line.startswith("sbatch")]
+    assert len(submitted) == 1 and "--dependency=afterany:61,singleton" in submitted[0]
+    stop = chain.stopped(save)
+    if holder_in_chain:
+        assert status_code == 0 and stop is None
+        assert "scancel" not in calls.read_text()
+    else:
+        assert status_code == 1 and stop["failure"] == "lease_held", stop
+        assert "is being written by Slurm job 57" in stop["message"], stop
+        assert not chain.needs_a_fix(stop)
+        assert calls.read_text().splitlines()[-1] == "scancel 62"
+    assert json.loads((save / lease.LEASE).read_text())["job_id"] == "57"  # untouched

@@ -56,7 +56,7 @@ from typing import Any
 
 from hpcllm.atomic import atomic_path
 from hpcllm.bench.failures import classify_text, is_transient
-from hpcllm.training import attempts, checkpoints
+from hpcllm.training import attempts, checkpoints, lease
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,8 @@ CHAIN = "chain"
 CAMPAIGN = "campaign.pickle"
 STOPPED = "stopped.json"
 JOBS = "jobs.jsonl"
+# A chain's stop when a job outside it (e.g. a plugin job) writes the checkpoint folder.
+LEASE_HELD = "lease_held"
 # Slurm states of a job that is still to run or running.
 LIVE_STATES = {"PENDING", "RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING", "REQUEUED"}
 
@@ -91,6 +93,10 @@ class Campaign:
     chain_id: str = ""  # set when a chain is submitted; attempts before it are not counted
     started: float = 0.0
     environment: dict[str, str] = field(default_factory=dict)
+    # The names of the variables the chain was submitted with (set by ensure on the login
+    # node): a chain job passes on only these, not what its own job added (None: older
+    # campaign files, which pass on all but Slurm's).
+    exported: tuple[str, ...] | None = None
 
     @property
     def save(self) -> str:
@@ -171,7 +177,8 @@ def sbatch_geometry(
 ) -> list[str]:
     """The sbatch options the official plugin would give a job with these resources
     (its own ``get_submit_command`` and ``set_gres_string``), without its job name, log,
-    comment, working directory and command, which the chain sets itself."""
+    comment, working directory and command, which the chain sets itself. The plugin's
+    ``exclude_failed_nodes`` setting becomes its ``--exclude``, as for its own jobs."""
     from snakemake_executor_plugin_slurm.submit_string import get_submit_command
     from snakemake_executor_plugin_slurm.utils import set_gres_string
 
@@ -192,7 +199,10 @@ def sbatch_geometry(
         "partition": partition,
         "workdir": None,
     }
-    call = get_submit_command(job, params, settings=settings) + set_gres_string(job)
+    excluded = getattr(settings, "exclude_failed_nodes", None) or ""
+    failed_nodes = sorted({n.strip() for n in excluded.split(",") if n.strip()})
+    call = get_submit_command(job, params, settings=settings, failed_nodes=failed_nodes)
+    call += set_gres_string(job)
     words = shlex.split(call)
     assert words[:8] == ["sbatch", "--parsable", "--job-name", "X", "--output", "X"] + [
         "--export=ALL",
@@ -211,8 +221,24 @@ def _clean_environment(environ: Mapping[str, str]) -> dict[str, str]:
     }
 
 
+def submit_environment(
+    campaign: Campaign, environ: Mapping[str, str] = os.environ
+) -> dict[str, str]:
+    """The environment a chain job is submitted with (``--export=ALL``): the submitter's,
+    without Slurm's variables and, in a chain job, without those its job added (the
+    GPUs Slurm gave it, thread counts, offline switches); plus the campaign's own."""
+    env = _clean_environment(environ)
+    if campaign.exported is not None:
+        keep = set(campaign.exported) | {"SLURM_CONF"}
+        env = {k: v for k, v in env.items() if k in keep}
+    return {**env, **campaign.environment}
+
+
 def submit(campaign: Campaign, after: str | None = None) -> str:
-    """Submit one chain job (after job ``after`` ended, whatever its state); its id."""
+    """Submit one chain job (after job ``after`` ended, whatever its state); its id.
+
+    ``singleton``: no two jobs of the chain (one name per checkpoint folder) run at once,
+    even if a requeued job had submitted a second successor."""
     logs = Path(campaign.workdir) / f"logs/train_segment/{campaign.name}/chain"
     logs.mkdir(parents=True, exist_ok=True)
     command = (
@@ -233,10 +259,9 @@ def submit(campaign: Campaign, after: str | None = None) -> str:
         "-D",
         campaign.workdir,
     ]
-    if after:
-        argv.append(f"--dependency=afterany:{after}")
+    argv.append(f"--dependency=afterany:{after},singleton" if after else "--dependency=singleton")
     argv += ["--wrap", command]
-    env = {**_clean_environment(os.environ), **campaign.environment}
+    env = submit_environment(campaign)
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -319,6 +344,7 @@ def ensure(campaign: Campaign) -> tuple[str, list[dict[str, str]]]:
             raise ChainStopped(refusal_message(campaign, stop))
         campaign.started = time.time()
         campaign.chain_id = f"{campaign.started:.6f}"
+        campaign.exported = tuple(sorted(_clean_environment(os.environ)))
         with contextlib.suppress(FileNotFoundError):
             (campaign.folder() / STOPPED).unlink()
         save(campaign)
@@ -337,11 +363,12 @@ def stopped(save: str | os.PathLike) -> dict[str, Any] | None:
 def needs_a_fix(stop: Mapping[str, Any]) -> bool:
     """Whether a chain's stop is one another chain would repeat: a deterministic class
     (out_of_memory, missing_file, config_error, error). A user's ``scancel``
-    (``cancelled``), a used-up attempt budget and an attempt that added no iteration
-    after a transient class are not: the next run submits the chain anew, as a new
+    (``cancelled``), a used-up attempt budget, a lease held by a job outside the chain
+    (``lease_held``) and an attempt that added no iteration after a transient class are
+    not: the next run submits the chain anew, as a new
     Snakemake run starts a new chain of attempts without ``training.chain``."""
     failure = stop.get("failure")
-    return not is_transient(failure) and failure not in ("cancelled", "max_attempts")
+    return not is_transient(failure) and failure not in ("cancelled", "max_attempts", LEASE_HELD)
 
 
 def describe_stop(name: str, stop: Mapping[str, Any]) -> str:
@@ -415,8 +442,7 @@ def step(campaign_file: str | os.PathLike, environ: Mapping[str, str] = os.envir
         return 1
     successor, successor_error = None, None
     try:
-        successor = submit(campaign, after=me) if me else None
-        log.info("successor submitted: job %s (after job %s ends)", successor, me)
+        successor = _successor(campaign, me, environ) if me else None
     except ChainError as e:
         # Loud: the chain ends with this job; the controller run again submits it anew.
         successor_error = str(e)
@@ -462,6 +488,8 @@ def step(campaign_file: str | os.PathLike, environ: Mapping[str, str] = os.envir
             _stop(campaign, segment, e.failure, me, f"{e}; {why or ''}".rstrip("; "))
             cancel([successor] if successor else [])
             return status
+    except lease.LeaseHeld as e:
+        return _lease_held(campaign, segment, me, successor, e)
     except Exception as e:
         # run_segment recorded this attempt's class (e.g. missing_file for a data file
         # gone) unless it failed before it could
@@ -482,6 +510,60 @@ def step(campaign_file: str | os.PathLike, environ: Mapping[str, str] = os.envir
             f"hpcllm.training.chain resume {campaign.file()}`) to continue it."
         )
     return status
+
+
+def _successor(campaign: Campaign, me: str, environ: Mapping[str, str]) -> str:
+    """This job's successor: the one it submitted already if Slurm requeued it (after a
+    node failure Slurm runs a job again under the same id, by default), else a new one."""
+    earlier = [
+        e["job"]
+        for e in submitted_jobs(campaign.save)
+        if e.get("after") == me and e.get("chain") == campaign.chain_id
+    ]
+    if earlier:
+        with contextlib.suppress(ChainError):  # squeue failing: submit (singleton holds)
+            live = [e for e in earlier if e in {j["id"] for j in chain_jobs(campaign.job_name())}]
+            if live:
+                log.info(
+                    "job %s runs again (Slurm restart %s): its successor, job %s, is in "
+                    "Slurm already; none submitted",
+                    me,
+                    environ.get("SLURM_RESTART_COUNT", "?"),
+                    live[-1],
+                )
+                return live[-1]
+    successor = submit(campaign, after=me)
+    log.info("successor submitted: job %s (after job %s ends)", successor, me)
+    return successor
+
+
+def _lease_held(
+    campaign: Campaign, segment: int, me: str | None, successor: str | None, e: Exception
+) -> int:
+    """Another live job holds the checkpoint folder's lease: nothing was trained, and no
+    failure of the campaign (a held lease is not classed ``error``, which would stop the
+    chain for good). A holder of this chain (a second head, e.g. from a requeue) goes on
+    and this job's successor waits for it (singleton); a holder outside the chain stops
+    it with ``lease_held``, which the next run submits anew."""
+    holder = lease.read(campaign.save)
+    holder_id = holder.job_id if holder else None
+    try:
+        ours = holder_id in {j["id"] for j in chain_jobs(campaign.job_name())}
+    except ChainError:
+        ours = False
+    if ours:
+        log.warning(
+            "job %s of this chain writes %s: job %s trains nothing; its successor %s "
+            "continues the chain after it",
+            holder_id,
+            campaign.save,
+            me,
+            successor,
+        )
+        return 0
+    _stop(campaign, segment, LEASE_HELD, me, str(e))
+    cancel([successor] if successor else [])
+    return 1
 
 
 def kept_record(campaign: Campaign, segment: int) -> Path:
