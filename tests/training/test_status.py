@@ -234,3 +234,12 @@ def test_a_restart_is_refused_while_a_segment_writes_and_moves_nothing(tmp_path)
     assert (tmp_path / "results/train/tiny_local/seg1.json").is_file()
     assert (tmp_path / "logs/train_segment/tiny_local/seg2.engine.log").is_file()
     assert not list(tmp_path.glob("*/*.replaced-*")) + list(tmp_path.glob("*/*/*.replaced-*"))
+
+
+def test_a_key_unset_by_null_in_a_configfile_is_read_as_the_workflow_reads_it(tmp_path):
+    """`mirror: null` removes the examples' mirror (common.smk's unset_nulls): status reads
+    the config instead of failing its schema on the null."""
+    unset = tmp_path / "unset.yaml"
+    unset.write_text("text:\n  sources:\n    fineweb:\n      mirror: null\n")
+    out = status.campaign_status(tmp_path, [str(EXAMPLES), str(unset)], jobs=[])
+    assert "sample_bpe/fineweb: 0/2 shards tokenized" in out, out

@@ -117,7 +117,7 @@ def load_config(workdir: Path, configfiles: Sequence[str], profile: str | None) 
     """The workflow's configuration: config/config.yaml, then the run's config files
     (:func:`run_configfiles`), deep-merged, with the profile's ``config:`` entries (the
     cluster) and the schema defaults."""
-    from hpcllm.configuration import SECTIONS, check_section
+    from hpcllm.configuration import SECTIONS, check_section, unset_nulls
 
     repo = REPO
     config: dict = {}
@@ -133,6 +133,10 @@ def load_config(workdir: Path, configfiles: Sequence[str], profile: str | None) 
     schemas = repo / "workflow" / "schemas"
     from snakemake.utils import validate
 
+    # as the workflow does (common.smk): `key: null` in a config file unsets the key
+    unset_nulls("", config, schemas / "config.schema.yaml")
+    for section in SECTIONS:
+        unset_nulls(section, config.get(section), schemas / f"{section}.schema.yaml")
     validate(config, str(schemas / "config.schema.yaml"))
     for section in SECTIONS:
         config.setdefault(section, {})
