@@ -89,6 +89,8 @@ CONFIG_EFFECT: dict[str, Any] = {
     "pipeline_model_parallel_size": None,
     "sequence_parallel": None,  # read in transformer_config_kwargs
     "use_distributed_optimizer": None,
+    "overlap_grad_reduce": None,  # DistributedDataParallelConfig's, not the model's
+    "overlap_param_gather": None,
     "recompute_granularity": _one("recompute_granularity", str),
     "recompute_method": _one("recompute_method", str),
     "recompute_num_layers": _one("recompute_num_layers"),
