@@ -91,7 +91,7 @@ def describe(
         "; ".join(parts)
         + f". Fix: {room}, or run the workflow from a folder on a file system with room "
         "(its data/, results/ and checkpoints/ are made there), then run the same command "
-        "again: this step starts again (nothing it wrote was kept)."
+        "again: this step starts again."
     )
 
 
