@@ -236,7 +236,12 @@ def test_ctrl_c_to_the_segment_leaves_no_engine_behind(setup, tmp_path):
     )
     save = Path(paths.save)
     proc = subprocess.Popen(
-        [sys.executable, "-c", code, str(args)], stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", code, str(args)],
+        stderr=subprocess.PIPE,
+        text=True,
+        # SIGINT at its default, as at a terminal (a suite started in the background
+        # inherits it ignored)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.time() + hang_guard(5)  # the data checks and the launch: ~5 s quiet

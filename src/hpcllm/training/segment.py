@@ -330,7 +330,10 @@ class Signals:
         self._previous: dict = {}
 
     def __enter__(self) -> Signals:
-        self._previous = {s: signal.signal(s, self._handle) for s in self.CAUGHT}
+        for s in self.CAUGHT:
+            # A process started with SIGINT ignored (in the background) keeps ignoring it.
+            if s != signal.SIGINT or signal.getsignal(s) != signal.SIG_IGN:
+                self._previous[s] = signal.signal(s, self._handle)
         return self
 
     def __exit__(self, *exc) -> None:
