@@ -110,6 +110,9 @@ class TrainingEstimate:
     tflops_per_gpu: float
     source: str  # where the rate comes from
     limit_gpu_hours: float  # what the segments' time limits allow (the upper bound)
+    # the site's billed GPU-hours per GPU-hour of one device (LUMI bills a MI250X, two
+    # GCDs, as one GPU: 0.5), so that both figures are in the site's unit
+    billed_per_gpu: float = 1.0
 
     @property
     def hours(self) -> float:
@@ -120,7 +123,8 @@ class TrainingEstimate:
         return (
             f"  {self.experiment}: {tokens} tokens, {self.flops:.3g} FLOPs: "
             f"about {self.hours:,.1f} h on {self.gpus} GPUs at {self.tflops_per_gpu:,.0f} "
-            f"TFLOP/s per GPU ({self.source}), {self.hours * self.gpus:,.1f} GPU-hours; "
+            f"TFLOP/s per GPU ({self.source}), "
+            f"{self.hours * self.gpus * self.billed_per_gpu:,.1f} GPU-hours; "
             f"the time limits allow up to {self.limit_gpu_hours:,.1f}"
         )
 

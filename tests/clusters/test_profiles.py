@@ -86,7 +86,7 @@ def planned_jobs(output: str) -> list[tuple[str, dict[str, str]]]:
 
 # A user's opt-in on top of the built-in config: a megatron training run and both sweeps
 # (cut to 1 and 2 nodes on any cluster, so that every GPU rule is planned on every profile).
-OPT_IN = ("config/experiments/opengptx_800m.yaml",)
+OPT_IN = ("config/experiments/opengptx_800m.yaml", str(REPO / "tests/data/sample_passes.yaml"))
 
 
 def small_sweeps(path) -> str:
@@ -194,7 +194,7 @@ def test_dag_per_profile(name, tmp_path, no_slurm, imagenet_root):
 @pytest.mark.workflow
 def test_a_real_run_over_max_gpu_hours_submits_nothing(tmp_path, no_slurm):
     workdir = make_workdir(tmp_path / "work")
-    env = {**no_slurm, **USER_ENV}
+    env = with_apptainer({**no_slurm, **USER_ENV}, tmp_path)
     args = ["--profile", "profiles/juwels", "--configfile", *OPT_IN]
     out = _fails(workdir, *args, env=env)
     asked = re.search(r"Nothing was submitted: this plan asks for ([\d,.]+) GPU-hours", out)
@@ -211,18 +211,73 @@ def test_a_real_run_over_max_gpu_hours_submits_nothing(tmp_path, no_slurm):
 
 
 @pytest.mark.workflow
-def test_look_only_commands_over_max_gpu_hours_only_warn(tmp_path, no_slurm):
+def test_look_only_commands_over_max_gpu_hours_still_answer(tmp_path, no_slurm):
     """--dag (piped into dot by the README) and --summary of a plan over the budget: the
-    output, and a warning, not a traceback and an empty picture."""
+    output, not a traceback and an empty picture (they submit nothing: no cost check)."""
     workdir = make_workdir(tmp_path / "work")
     args = ["--profile", "profiles/juwels", "--configfile", *OPT_IN]
     env = {**no_slurm, **USER_ENV}
     dag = run_snakemake(workdir, "--dag", *args, env=env)
     assert dag.stdout.lstrip().startswith("digraph") and "train_segment" in dag.stdout
-    assert "Warning: this plan asks for" in dag.stderr and "Traceback" not in dag.stderr
+    assert "Traceback" not in dag.stderr
     summary = run_snakemake(workdir, "--summary", *args, env=env)
     assert "results/train/opengptx_800m/seg1.json" in summary.stdout
-    assert "Warning: this plan asks for" in summary.stdout + summary.stderr
+
+
+def with_apptainer(env: dict[str, str], tmp_path) -> dict[str, str]:
+    """``env`` with an `apptainer` on the PATH, as on a JUWELS login node: a real run checks
+    for the build tool while it builds the DAG, before the cost; it is never run here."""
+    bin_dir = tmp_path / "apptainer-bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "apptainer").write_text(
+        "#!/bin/sh\necho 'apptainer: not run in this test' >&2\nexit 1\n"
+    )
+    (bin_dir / "apptainer").chmod(stat.S_IRWXU)
+    return {**env, "PATH": f"{bin_dir}:{env['PATH']}"}
+
+
+def cost_of(out: str, rule: str) -> tuple[int, float]:
+    """The jobs and GPU-hours a plan's cost lines give ``rule`` ((0, 0) without a line)."""
+    line = re.search(rf"\n  {rule}: (\d+) job\(s\), [\d.,]+ node-hours, ([\d.,]+) GPU", out)
+    return (int(line.group(1)), float(line.group(2).replace(",", ""))) if line else (0, 0.0)
+
+
+@pytest.mark.workflow
+def test_the_cost_prices_the_jobs_snakemake_runs_not_the_missing_files(tmp_path, no_slurm):
+    """With every benchmark record on disk, --forcerun bench_language and -F still run all
+    the points: the plan prices them and a real run over the limit submits nothing (the
+    cost used to count only points whose record was missing: 0 of them here)."""
+    workdir = make_workdir(tmp_path / "work")
+    language = yaml.safe_load((REPO / "config/experiments/language.yaml").read_text())
+    language["models"] = {"gpt3_860m": language["models"]["gpt3_860m"]}
+    language["models"]["gpt3_860m"].pop("max_nodes")
+    language["max_nodes"] = {"default": 2}
+    sweeps = tmp_path / "sweeps.yaml"
+    sweeps.write_text(yaml.safe_dump({"benchmarks": {"experiments": {"language": language}}}))
+    for name in ("megatron-nvidia.sif", "megatron-nvidia.digest.json"):  # the image, built
+        (workdir / "containers").mkdir(exist_ok=True)
+        (workdir / "containers" / name).write_text("{}")
+    args = ["--profile", "profiles/juwels", "--configfile", str(sweeps)]
+    env = {**no_slurm, **USER_ENV}
+    first = run_snakemake(workdir, "-n", *args, env=env)
+    out = first.stdout + first.stderr
+    points, hours = cost_of(out, "bench_language")
+    assert points >= 2 and hours > 0, out[-3000:]
+    records = set(re.findall(r"results/bench/language/[^/\s]+/run\.json", out))
+    assert len(records) == points
+    for record in records:  # every point's result there, newer than its inputs
+        (workdir / record).parent.mkdir(parents=True, exist_ok=True)
+        (workdir / record).write_text("{}")
+    again = run_snakemake(workdir, "-n", *args, "--until", "bench_language", env=env)
+    assert cost_of(again.stdout + again.stderr, "bench_language") == (0, 0.0)
+    for force in (["--forcerun", "bench_language"], ["-F"]):
+        plan = run_snakemake(workdir, "-n", *args, *force, env=env)
+        assert cost_of(plan.stdout + plan.stderr, "bench_language") == (points, hours), force
+    limit = f"max_gpu_hours={int(hours) // 2}"
+    env = with_apptainer(env, tmp_path)
+    out = _fails(workdir, *args, "--forcerun", "bench_language", "--config", limit, env=env)
+    assert "Nothing was submitted: this plan asks for" in out, out[-3000:]
+    assert "not installed" not in out  # no Slurm command was even tried
 
 
 @pytest.mark.workflow

@@ -172,6 +172,7 @@ def offline_plan(workdir: Path, *extra: str, env: dict | None = None, check: boo
         "profiles/mn5",
         "--configfile",
         "config/experiments/opengptx_800m.yaml",
+        str(REPO / "tests/data/sample_passes.yaml"),
         *extra,
         env={**MN5_ENV, **(env or {})},
         check=check,

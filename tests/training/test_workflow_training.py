@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import hang_guard
+from support import EXAMPLES, hang_guard
 from training_helpers import run_snakemake, snakemake_cmd
 
 from hpcllm.training.segment import parse_log_lines
@@ -274,7 +274,7 @@ def test_status_of_a_half_finished_campaign_and_of_one_never_started(text_workdi
     )
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "hpcllm"), "status", "-d", str(work),
-         "--configfile", str(path), "--profile", "profiles/local"],
+         "--configfile", str(EXAMPLES), str(path), "--profile", "profiles/local"],
         capture_output=True, text=True, timeout=hang_guard(10), cwd=work,  # ~10 s quiet
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

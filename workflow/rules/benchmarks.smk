@@ -32,7 +32,7 @@ rule bench_vision:
         tasks=bench_nodes,
         tasks_per_gpu=0,
         mpi="",
-        runtime=120,
+        runtime=bench_runtime,
     params:
         point=bench_point,
         container=bench_container("vision"),

@@ -85,7 +85,8 @@ def bench_gres(wildcards):
 
 
 def bench_runtime_min(point):
-    """A language point's time limit sized from its work; 120 min for a vision point."""
+    """A point's time limit sized from its work (language: its FLOPs; vision: its epochs
+    of images); 120 min where the cluster has no GPU to size it for."""
     work = point_time_limit(point, facts_of(CLUSTER))
     return work.limit_minutes if work else 120
 

@@ -145,7 +145,6 @@ def all_targets(wildcards):
             for name, prepared in EXPERIMENTS.items()
             if prepared.experiment["engine"] != "torch"
         ]
-    check_plan_cost(training, vision)
     return (
         text_targets() + vision + training + benchmark_targets() + results_page_target()
     )

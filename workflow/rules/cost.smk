@@ -1,5 +1,6 @@
-# What a plan costs: the node-hours and GPU-hours of the jobs that hold GPU nodes, printed
-# with every plan of a GPU cluster and guarded by max_gpu_hours.
+# What a plan costs: the node-hours and GPU-hours of the jobs of the DAG that hold GPU
+# nodes, printed with every plan of a GPU cluster and guarded by max_gpu_hours.
+from snakemake.exceptions import WorkflowError
 
 
 def rule_runtime_min(name, own=None):
@@ -17,77 +18,12 @@ def rule_runtime_min(name, own=None):
     return runtime_minutes(value)
 
 
-def trained_experiments(training):
-    """The experiments whose segment records are among the targets ``training``."""
-    return sorted(
-        os.path.basename(os.path.dirname(t)) for t in training if t.endswith(".json")
-    )
-
-
-def planned_cpu_jobs(training, vision):
-    """The CPU jobs still to run, where each holds a whole GPU node (a GPU site without a
-    CPU partition): priced like GPU jobs. Shards tokenized in batches (one job per
-    text.tokenize.shards_per_job shards) hold one node per batch still to run, for the
-    batch's time limit where its inputs exist (else the tokenize rule's)."""
-    jobs = []
-    per_job = shards_per_job()
-    for tok in TOKENIZE["tokenizers"]:
-        cfg = TOKENIZERS[tok]
-        if cfg["type"] == "train" and not os.path.exists(
-            f"data/tokenizers/{tok}/tokenizer.json"
-        ):
-            jobs.append(
-                PlanJob("train_tokenizer", 1, rule_runtime_min("train_tokenizer"))
-            )
-        for source in SOURCES:
-            if os.path.exists(f"data/tokenized/{tok}/{source}_text_document.idx"):
-                continue
-            jobs.append(
-                PlanJob("merge_tokenized", 1, rule_runtime_min("merge_tokenized"))
-            )
-            if per_job == 1:
-                jobs += [
-                    PlanJob("tokenize", 1, rule_runtime_min("tokenize"))
-                    for shard in shard_ids(source)
-                    if not os.path.exists(
-                        f"data/tokenized/{tok}/{source}/{shard}_text_document.idx"
-                    )
-                ]
-                continue
-            for batch in batch_ids(source):
-                if os.path.exists(f"data/tokenized/{tok}/{source}/batch{batch}.json"):
-                    continue
-                w = SimpleNamespace(source=source, batch=batch)
-                inputs = batch_inputs(w)
-                if all(os.path.exists(f) for f in inputs):
-                    threads = batch_threads(w)
-                    minutes = batch_runtime(w, SimpleNamespace(shards=inputs), threads)
-                else:
-                    minutes = rule_runtime_min("tokenize")
-                jobs.append(PlanJob("tokenize_batch", 1, minutes))
-    for target in vision:
-        if not os.path.exists(target):
-            jobs.append(PlanJob("pack_lmdb", 1, rule_runtime_min("pack_lmdb")))
-    for name in trained_experiments(training):
-        if not os.path.exists(f"data/index_cache/{name}.json"):
-            jobs.append(
-                PlanJob("prepare_data_cache", 1, rule_runtime_min("prepare_data_cache"))
-            )
-    if CLUSTER.container_build.on_compute_node:
-        for image in {*container_image("train"), *container_image("vision")}:
-            if not os.path.exists(image):
-                jobs.append(
-                    PlanJob("build_container", 1, rule_runtime_min("build_container"))
-                )
-    return jobs
-
-
-def training_estimates(training):
+def training_estimates(names):
     """Per experiment: the time to train from its tokens, at the rate measured by the
     user's own benchmark runs (results/bench/summary.csv) or the cluster's assumed one.
     """
     estimates = []
-    for name in trained_experiments(training):
+    for name in names:
         prepared, job = EXPERIMENTS[name], SEGMENT_JOBS[name]
         if job.work is None:
             continue
@@ -116,53 +52,96 @@ def training_estimates(training):
                 source=source,
                 limit_gpu_hours=segments
                 * nodes
-                * CLUSTER.gpus_per_node
+                * CLUSTER.billed_gpus_per_node
                 * rule_runtime_min("train_segment", job.limit_minutes)
                 / 60,
+                billed_per_gpu=CLUSTER.billed_gpus_per_node / CLUSTER.gpus_per_node,
             )
         )
     return estimates
 
 
-def check_plan_cost(training, vision=()):
-    """Print the cost of the default target's jobs that hold GPU nodes and the time to
-    train; stop a real run over the limit (a dry run or a look-only command such as
-    --dag, --summary, --report only warns)."""
-    jobs = []
-    for target in training:
-        if not target.endswith(".json"):  # the loss curve: a local job
-            continue
-        name = target.split("/")[2]
-        runtime = rule_runtime_min("train_segment", SEGMENT_JOBS[name].limit_minutes)
-        for k in range(1, EXPERIMENTS[name].experiment["segments"] + 1):
-            if not os.path.exists(f"results/train/{name}/seg{k}.json"):
-                nodes = EXPERIMENTS[name].experiment["layout"]["nodes"]
-                jobs.append(PlanJob("train_segment", nodes, runtime))
-    for record in bench_records():
-        if not os.path.exists(record):
-            point = BENCH_POINTS[record.split("/")[3]]
-            name = f"bench_{point['benchmark']}"
-            own = bench_runtime_min(point) if name == "bench_language" else None
-            jobs.append(PlanJob(name, point["nodes"], rule_runtime_min(name, own)))
-    for name in trained_experiments(training):
+def holds_gpu_nodes(job):
+    """Whether a Slurm job of the plan holds GPU nodes: it asks for GPUs, or every job
+    here gets whole GPU nodes (a GPU site without a CPU partition). Not job.is_local: a
+    dry run executes locally, so to it every job is local."""
+    if job.rule.name in workflow._localrules or job.rule.norun:
+        return False
+    if CLUSTER.whole_nodes:
+        return True
+    res = job.resources
+    return "gpu" in str(res.get("gres") or "") or bool(
+        res.get("gpu") or res.get("gpus")
+    )
+
+
+def planned_job(job):
+    """A job of the DAG as Slurm is asked for it: its nodes and time limit, the resources
+    the executor submits. A job whose resources need inputs not made yet (a tokenize
+    batch of a source still to fetch is sized from its bytes) is priced at its rule's
+    time limit."""
+    name = job.rule.name
+    try:
+        res = job.resources
+        nodes, runtime = res.get("nodes"), res.get("runtime")
+    except (WorkflowError, OSError, ValueError, TypeError):
+        nodes, runtime = None, None
+    try:
+        minutes = runtime_minutes(runtime) if runtime else rule_runtime_min(name)
+    except (
+        ValueError
+    ):  # Snakemake's "to be determined" of a resource it cannot size yet
+        minutes = rule_runtime_min(name)
+    try:
+        nodes = int(nodes or 1)
+    except ValueError:
+        nodes = 1
+    return PlanJob(name, nodes, minutes)
+
+
+def check_plan_cost(dag):
+    """Print the cost of the jobs of ``dag`` that Snakemake will run and hold GPU nodes
+    (exactly those: -F, -R, --forcerun, --until and targets included), and the time to
+    train the experiments among them; stop a real run over the limit (a dry run only
+    warns)."""
+    jobs, experiments = [], set()
+    for job in dag.needrun_jobs():
+        if job.rule.name == "train_segment":
+            experiments.add(job.wildcards["experiment"])
+        if holds_gpu_nodes(job):
+            jobs.append(planned_job(job))
+    for name in sorted(experiments):
         for warning in SEGMENT_JOBS[name].warnings:
             logger.warning(f"Warning: {warning}")
-    if CLUSTER.whole_nodes:
-        jobs += planned_cpu_jobs(training, vision)
-    costs = cost_per_rule(jobs, CLUSTER.gpus_per_node)
+    costs = cost_per_rule(jobs, CLUSTER.billed_gpus_per_node)
     for line in describe_cost(costs, CLUSTER.name):
         logger.info(line)
-    for line in describe_training(training_estimates(training), CLUSTER.name):
+    for line in describe_training(
+        training_estimates(sorted(experiments)), CLUSTER.name
+    ):
         logger.info(line)
     problem = over_limit(costs, config[MAX_GPU_HOURS_KEY], CLUSTER.name)
-    # Only a run that executes jobs is stopped: Snakemake has no executor for the
-    # look-only commands (--dag, --rulegraph, --filegraph, --summary, --report, ...).
-    executes = (
-        workflow.executor_plugin is not None
-        and not workflow.dryrun
-        and not workflow.touch
-    )
-    if problem and executes:
-        raise _WorkflowError(f"Nothing was submitted: {problem}")
+    if problem and not (workflow.dryrun or workflow.touch):
+        raise WorkflowError(f"Nothing was submitted: {problem}")
     elif problem:
         logger.warning(f"Warning: {problem}")
+
+
+# The plan's cost is priced from the DAG Snakemake executes, once it is built and before
+# any job is submitted. Snakemake calls no hook of the workflow's there in a dry run
+# (onstart runs for real runs only), but both kinds of run print the DAG's job counts
+# (DAG.stats) at that point: the cost is printed, and a real run over the limit stopped,
+# just before them. Only in this process: jobs re-read the Snakefile, price nothing.
+if workflow.is_main_process and CLUSTER.uses_slurm and CLUSTER.gpus_per_node:
+    from snakemake.dag import DAG as _DAG
+
+    _dag_stats = _DAG.stats
+    _priced = set()  # a dry run prints the stats twice: the cost once
+
+    def _stats_after_cost(dag):
+        if id(dag) not in _priced:
+            _priced.add(id(dag))
+            check_plan_cost(dag)
+        return _dag_stats(dag)
+
+    _DAG.stats = _stats_after_cost

@@ -189,6 +189,49 @@ def threads_per_core_flag():
 
 
 from hpcllm.training.megatron_args import container_commit_mismatch
+from hpcllm.training.passes import dataset_tokens, files_tokens, passes_report
+
+
+def source_tokens(source, tok):
+    """A source's tokens where its merged dataset exists, else an upper estimate from its
+    files where they are here (a hub source to fetch: unknown until then)."""
+    known = dataset_tokens(f"data/tokenized/{tok}/{source}_text_document")
+    if known or source not in SOURCES:
+        return known
+    cfg = SOURCES[source]
+    if cfg["type"] == "local":
+        return files_tokens(resolve_local_files(source, cfg))
+    mirror = cfg.get("mirror")
+    if mirror and os.path.isdir(mirror):
+        from hpcllm.text.sources import hub_data_files
+
+        try:
+            files = hub_data_files(cfg, mirror)
+        except Exception:  # a mirror the text stage reports on; no estimate here
+            files = None
+        if files:
+            return files_tokens(files)
+    return None
+
+
+# Every experiment's passes over its data, and a plan that reads a source more often than
+# data.max_passes allows stopped (the exact figures again in prepare_data_cache).
+if workflow.is_main_process:
+    for _name, _prepared in EXPERIMENTS.items():
+        _line, _problem = passes_report(
+            _name,
+            _prepared.experiment,
+            _prepared.layout.global_batch,
+            {
+                _source: source_tokens(
+                    _source, _prepared.experiment["data"]["tokenizer"]
+                )
+                for _source in _prepared.experiment["data"]["sources"]
+            },
+        )
+        logger.info(_line)
+        if _problem:
+            raise _WorkflowError(_problem)
 
 if any(p.experiment["engine"] == "megatron" for p in EXPERIMENTS.values()):
     for _image in container_image("train", check=False):
