@@ -5,6 +5,7 @@ counted from what an attempt trained, no engine outliving a segment stopped by C
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import pickle
@@ -259,3 +260,16 @@ def test_ctrl_c_to_the_segment_leaves_no_engine_behind(setup, tmp_path):
     assert proc.returncode != 0 and "interrupted (Ctrl-C)" in err, err[-3000:]
     assert left == [], err[-3000:]
     assert not [name for name in written if name.startswith(("iter_", "latest"))], written
+
+
+def test_the_checksum_benchmark_prints_its_figures(repo, capsys):
+    """benchmarks/checkpoint_checksum.py on a small checkpoint, so that it does not rot."""
+    spec = importlib.util.spec_from_file_location(
+        "bench", repo / "benchmarks/checkpoint_checksum.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--params-m", "2", "--rounds", "1", "--compare"]) == 0
+    out = capsys.readouterr().out
+    ratio = float(out.split("hashing / save: ")[1].split()[0])
+    assert ratio > 0 and "MB/s" in out and "sha256" in out, out
