@@ -112,6 +112,22 @@ def test_an_attempt_that_left_no_end_is_classified_from_slurm(tmp_path):
     )
 
 
+def test_an_attempt_that_left_no_end_counts_the_iterations_of_its_log(tmp_path):
+    """Its host died with it (no end record): what it trained is read from its part of the
+    engine log, lines of earlier attempts and a cut last line left out."""
+    log = tmp_path / "seg1.engine.log"
+    line = " iteration {:8d}/     100 | lm loss: 7.0E+00 |\n"
+    log.write_text(line.format(20))
+    path = tmp_path / "seg1.attempts.json"
+    attempts.record_start(
+        path, 1, 20, environ={"SLURM_JOB_ID": "9"}, log_offset=len(log.read_text())
+    )
+    entries = attempts.load(path)
+    assert "added no iteration" in attempts.refusal(entries, 2, 20, lambda j: None, log)
+    log.write_text(log.read_text() + line.format(21) + " iteration       22/     1")
+    assert attempts.refusal(entries, 2, 20, state_of=lambda j: None, engine_log=log) is None
+
+
 def test_a_job_a_user_cancelled_is_not_retried_a_preempted_one_is(tmp_path):
     """The job recorded "signal" (it caught the SIGTERM); Slurm's state says whose."""
     path = _attempt(tmp_path, 1, 0, 12, "signal", job="77")

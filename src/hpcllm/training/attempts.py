@@ -12,9 +12,9 @@ The next attempt runs only while attempts make progress and fail for a transient
 memory, a missing file, a configuration the engine refuses) or an attempt that trained no
 iteration stops the chain with its class and job id. Progress is what the attempt trained
 (the iterations its engine logged), not only what it saved: an engine killed between two
-saves trained, and the next attempt may well reach the save. An attempt that left no end record
-(its batch host died, or the time limit killed it) is classified from Slurm's state of
-its job, and from its progress.
+saves trained, and the next attempt may well reach the save. An attempt that left no end
+record (its batch host died, or the time limit killed it) is classified from Slurm's state
+of its job, and from its progress (its part of the engine log).
 """
 
 from __future__ import annotations
