@@ -86,7 +86,7 @@ def planned_jobs(output: str) -> list[tuple[str, dict[str, str]]]:
 
 # A user's opt-in on top of the built-in config: a megatron training run and both sweeps
 # (cut to 1 and 2 nodes on any cluster, so that every GPU rule is planned on every profile).
-OPT_IN = ("config/experiments/opengptx_800m.yaml", str(REPO / "tests/data/sample_passes.yaml"))
+OPT_IN = ("config/experiments/opengptx_800m.yaml", str(REPO / "tests/data/opengptx_on_samples.yaml"))
 
 
 def small_sweeps(path) -> str:

@@ -4,6 +4,7 @@ internet, so the plan refuses what cannot run there and takes a copied image as 
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import os
@@ -164,6 +165,64 @@ def test_cotainr_build_command_and_record(tmp_path):
     assert record["method"] == "cotainr" and record["base_image"] == "/appl/base.sif"
 
 
+def fake_singularity(path: Path, make_fails: bool = False) -> Path:
+    """A `singularity` stand-in for `exec --bind SRC:DST SIF CMD...` (none can run here):
+    `make -C DST/...` writes a helpers module into SRC's folder (or fails), `python -c`
+    fails unless one is there; each call is appended to ``<path>.log``."""
+    path.write_text(
+        f"#!{sys.executable}\n"
+        "import pathlib, sys\n"
+        "a = sys.argv[1:]\n"
+        "with open(sys.argv[0] + '.log', 'a') as log: log.write(repr(a) + '\\n')\n"
+        "assert a[:2] == ['exec', '--bind'] and pathlib.Path(a[3]).is_file(), a\n"
+        "src, dst = a[2].split(':')\n"
+        "folder = pathlib.Path(src, a[6].removeprefix(dst + '/')) if a[4] == 'make' else None\n"
+        f"if folder and {make_fails!r}: sys.exit('helpers.cpp: error')\n"
+        "if folder: (folder / 'helpers_cpp.cpython-312-x86_64-linux-gnu.so').write_bytes(b'ELF')\n"
+        "found = list(pathlib.Path(src).glob('megatron/core/datasets/helpers_cpp*'))\n"
+        "sys.exit(0 if found else 'ImportError: helpers_cpp')\n"
+    )
+    path.chmod(stat.S_IRWXU)
+    return path
+
+
+def test_cotainr_build_compiles_megatrons_helpers_in_its_checkout_inside_the_image(tmp_path):
+    """LUMI's image gets Megatron-LM's scripts from a checkout bound at run time, whose
+    dataset helpers nothing built: every job's rank 0 then ran `make` there at start-up
+    without pybind11 and exited. The build compiles them with the new image and checks
+    that they import, before the image is kept."""
+    pin = f"megatron-core @ git+https://github.com/NVIDIA/Megatron-LM.git@{MEGATRON_LM_COMMIT}"
+    template = tmp_path / "envs" / "img.cotainr.yml"
+    template.parent.mkdir()
+    template.write_text(yaml.safe_dump({"dependencies": ["python=3.12", {"pip": [pin]}]}))
+    (template.parent / "requirements.txt").write_text("numpy\n")
+    scratch = tmp_path / "scratch"
+    checkout = Path(megatron_checkout_dir(str(scratch), MEGATRON_LM_COMMIT))
+    (checkout / "megatron/core/datasets").mkdir(parents=True)  # a checkout at the pin
+    (checkout / "pretrain_gpt.py").write_text("# at the pin\n")
+    sif, digest = tmp_path / "containers" / "img.sif", tmp_path / "containers" / "img.json"
+    tool = fake_cotainr(tmp_path / "cotainr")
+
+    def build(runtime):
+        return build_image_cotainr(
+            tool, template, sif, digest, base_image="b.sif", scratch=str(scratch),
+            runtime=runtime, environ={},
+        )  # fmt: skip
+
+    with pytest.raises(RuntimeError, match="dataset helpers in .*Megatron-LM-"):
+        build(fake_singularity(tmp_path / "broken", make_fails=True))
+    assert not sif.exists() and not digest.exists()
+    record = build(fake_singularity(tmp_path / "singularity"))
+    built = checkout / "megatron/core/datasets/helpers_cpp.cpython-312-x86_64-linux-gnu.so"
+    assert record["megatron_helpers"] == [str(built)] and built.is_file()
+    calls = [
+        ast.literal_eval(line) for line in (tmp_path / "singularity.log").read_text().splitlines()
+    ]
+    run = ["exec", "--bind", f"{checkout}:/opt/Megatron-LM", f"{sif}.incomplete"]
+    assert calls[0] == [*run, "make", "-C", "/opt/Megatron-LM/megatron/core/datasets"]
+    assert calls[1][:6] == [*run, "python", "-c"] and "import helpers_cpp" in calls[1][6]
+
+
 def offline_plan(workdir: Path, *extra: str, env: dict | None = None, check: bool = False):
     return run_snakemake(
         workdir,
@@ -172,7 +231,7 @@ def offline_plan(workdir: Path, *extra: str, env: dict | None = None, check: boo
         "profiles/mn5",
         "--configfile",
         "config/experiments/opengptx_800m.yaml",
-        str(REPO / "tests/data/sample_passes.yaml"),
+        str(REPO / "tests/data/opengptx_on_samples.yaml"),
         *extra,
         env={**MN5_ENV, **(env or {})},
         check=check,
@@ -237,6 +296,7 @@ def test_build_container_rule_builds_with_cotainr_on_lumi(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake_cotainr(bin_dir / "cotainr")
+    fake_singularity(bin_dir / "singularity")
     workdir = make_workdir(tmp_path / "work")
     env = {
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
@@ -246,7 +306,7 @@ def test_build_container_rule_builds_with_cotainr_on_lumi(tmp_path):
     # the Megatron-LM checkout the build makes (from the hub of code, which is not
     # reachable here; checkout_megatron is tested on a local repository below)
     checkout = Path(megatron_checkout_dir(env["HPCLLM_SCRATCH"], MEGATRON_LM_COMMIT))
-    checkout.mkdir(parents=True)
+    (checkout / "megatron/core/datasets").mkdir(parents=True)
     (checkout / "pretrain_gpt.py").write_text("# at the pin\n")
     target = "containers/megatron-rocm.sif"
     run_snakemake(workdir, "-c1", target, "--config", "cluster=lumi", env=env)
@@ -256,6 +316,8 @@ def test_build_container_rule_builds_with_cotainr_on_lumi(tmp_path):
     assert "megatron-core @ git+" in made["env"] and "lmdb" in made["env"]
     digest = json.loads((workdir / "containers" / "megatron-rocm.digest.json").read_text())
     assert digest["method"] == "cotainr" and digest["megatron_checkout"] == str(checkout)
+    helpers = checkout / "megatron/core/datasets/helpers_cpp.cpython-312-x86_64-linux-gnu.so"
+    assert digest["megatron_helpers"] == [str(helpers)]  # made with the image, in the checkout
 
 
 def test_lumi_binds_the_megatron_checkout_the_build_makes():

@@ -80,17 +80,18 @@ def test_the_800m_model_on_the_sample_data_is_refused_at_plan_time(tmp_path):
     FineWeb mirror of a few hundred thousand: refused naming the passes, in a dry run."""
     workdir = make_workdir(tmp_path / "work")
     env = {"HPCLLM_ACCOUNT": "proj0042"}
-    args = [
-        "-n",
-        "--profile",
-        "profiles/juwels",
-        "--configfile",
-        "config/experiments/opengptx_800m.yaml",
-    ]
+    on_samples = workdir / "on_samples.yaml"  # the examples' tokenizer, max_passes unset
+    on_samples.write_text(
+        "training: {experiments: {opengptx_800m: {data: {tokenizer: sample_bpe}}}}\n"
+    )
+    args = ["-n", "--profile", "profiles/juwels", "--configfile"]
+    args += ["config/experiments/opengptx_800m.yaml", str(on_samples)]
     proc = run_snakemake(workdir, *args, env=env, check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "training.experiments.opengptx_800m plans 31,457,280,000 tokens" in out, out[-3000:]
     assert "passes over source fineweb" in out and "data.max_passes = 10" in out
-    allowed = run_snakemake(workdir, *args, str(REPO / "tests/data/sample_passes.yaml"), env=env)
+    allowed = run_snakemake(
+        workdir, *args, str(REPO / "tests/data/opengptx_on_samples.yaml"), env=env
+    )
     assert "Passes over the data, opengptx_800m" in allowed.stdout + allowed.stderr

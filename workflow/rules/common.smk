@@ -126,6 +126,13 @@ def all_targets(wildcards):
     for); the built-in laptop examples (the torch-engine tiny_local, the generated image
     samples) run there only when named (`training.run`, or as a target). Elsewhere (a
     laptop, a CPU-only cluster such as the test cluster) everything configured."""
+    if not (SOURCES or IMAGE_DATASETS or EXPERIMENTS or BENCH_POINTS):
+        logger.warning(
+            "Nothing is configured to run: config/config.yaml and the --configfile files "
+            "name no text sources, image datasets, training experiments or benchmarks. "
+            "Add yours (docs/first-project.md), or run the laptop examples: "
+            "--configfile config/examples/local.yaml"
+        )
     if not (CLUSTER.uses_slurm and CLUSTER.gpus_per_node):
         return (
             text_targets()

@@ -77,21 +77,21 @@ def holds_gpu_nodes(job):
 
 def planned_job(job):
     """A job of the DAG as Slurm is asked for it: its nodes and time limit, the resources
-    the executor submits. A job whose resources need inputs not made yet (a tokenize
+    the executor submits. A job whose time limit needs inputs not made yet (a tokenize
     batch of a source still to fetch is sized from its bytes) is priced at its rule's
-    time limit."""
+    fixed limit, for a tokenize batch that of one shard's tokenize job."""
     name = job.rule.name
     try:
         res = job.resources
         nodes, runtime = res.get("nodes"), res.get("runtime")
     except (WorkflowError, OSError, ValueError, TypeError):
         nodes, runtime = None, None
+    # Snakemake's "<TBD>" for a resource it cannot size yet is no number of minutes
+    unsized = rule_runtime_min("tokenize" if name == "tokenize_batch" else name)
     try:
-        minutes = runtime_minutes(runtime) if runtime else rule_runtime_min(name)
-    except (
-        ValueError
-    ):  # Snakemake's "to be determined" of a resource it cannot size yet
-        minutes = rule_runtime_min(name)
+        minutes = runtime_minutes(runtime) if runtime else unsized
+    except ValueError:
+        minutes = unsized
     try:
         nodes = int(nodes or 1)
     except ValueError:

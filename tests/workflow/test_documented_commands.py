@@ -1,0 +1,121 @@
+"""What the README and docs/ promise a user: each dry run they show with a job count plans
+that many jobs in a fresh working directory (as in a fresh clone), a user's FineWeb config
+plans the user's data only, `key: null` unsets a key, and the workflow runs as a module
+of a project folder of the user's own (docs/first-project.md)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+
+import pytest
+import yaml
+from support import REPO, hang_guard, make_workdir, run_snakemake, snakemake_bin
+
+pytestmark = pytest.mark.workflow
+
+# `snakemake ... -n ...   # 10 jobs` in a code block of the README or a guide
+COUNTED = re.compile(r"^(snakemake [^#\n]*?\s-n\b[^#\n]*?)\s+#\s+(\d+) jobs$", re.M)
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+USER_ENV = {"HPCLLM_ACCOUNT": "myproject"}
+
+
+def documented_dry_runs() -> list[tuple[str, str, int]]:
+    return [
+        (doc.name, m.group(1), int(m.group(2)))
+        for doc in DOCS
+        for m in COUNTED.finditer(doc.read_text())
+    ]
+
+
+def planned_total(out: str) -> int:
+    totals = re.findall(r"^total\s+(\d+)$", out, re.M)
+    assert totals, out[-3000:]
+    return int(totals[0])
+
+
+def test_the_docs_state_job_counts_for_the_users_first_commands():
+    found = documented_dry_runs()
+    docs = {doc for doc, _, _ in found}
+    assert {"README.md", "first-project.md"} <= docs, found
+    assert len(found) >= 5, found
+
+
+@pytest.mark.parametrize(
+    "doc,command,jobs", documented_dry_runs(), ids=lambda v: str(v)[:60].replace(" ", "_")
+)
+def test_a_documented_dry_run_plans_the_jobs_it_states(doc, command, jobs, tmp_path):
+    workdir = make_workdir(tmp_path / "work")
+    proc = run_snakemake(workdir, *shlex.split(command)[1:], env=USER_ENV, examples=False)
+    assert planned_total(proc.stdout + proc.stderr) == jobs, (doc, command)
+
+
+def test_a_users_fineweb_config_plans_the_users_data_only(tmp_path):
+    """The example of docs/first-project.md: its FineWeb source is fetched from the hub
+    (no example mirror, no example document limit), and no example source, tokenizer or
+    experiment is planned beside it."""
+    workdir = make_workdir(tmp_path / "work")
+    args = ["-n", "--profile", "profiles/juwels"]
+    args += ["--configfile", "config/examples/fineweb_juwels.yaml"]
+    proc = run_snakemake(workdir, *args, env=USER_ENV, examples=False)
+    out = proc.stdout + proc.stderr
+    assert "rule fetch_text:" in out and "data/hub/fineweb/fetched.json" in out
+    for example in ("sample_en", "sample_multilingual", "sample_bpe", "tiny_local", "hub_mirror"):
+        assert example not in out, example
+    outputs = set(re.findall(r"data/tokenized/[\w/.-]+_text_document\.bin", out))
+    assert outputs and all(p.startswith("data/tokenized/fineweb_bpe/fineweb") for p in outputs)
+
+
+def test_null_in_a_configfile_unsets_the_key_it_names(tmp_path):
+    """`mirror: null` over the examples' FineWeb (which reads a shipped mirror): the source
+    is fetched from the hub instead; before, the null was refused ("None is not of type
+    'string'")."""
+    workdir = make_workdir(tmp_path / "work")
+    (workdir / "mine.yaml").write_text(
+        yaml.safe_dump({"text": {"sources": {"fineweb": {"mirror": None}}}})
+    )
+    proc = run_snakemake(workdir, "-n", "--configfile", "mine.yaml")
+    out = proc.stdout + proc.stderr
+    assert "Unset by null in a config file: text.sources.fineweb.mirror" in out
+    assert "data/hub/fineweb/fetched.json" in out
+
+
+def test_the_workflow_runs_as_a_module_of_a_users_project_folder(tmp_path):
+    """The snakedeploy layout with a local path: the user's config/config.yaml and
+    workflow/Snakefile; the data and results in the user's folder, nothing of the
+    examples planned."""
+    project = tmp_path / "project"
+    (project / "workflow").mkdir(parents=True)
+    (project / "config").mkdir()
+    (project / "workflow" / "Snakefile").write_text(
+        'configfile: "config/config.yaml"\n\n\n'
+        f'module hpcllm:\n    snakefile:\n        "{REPO / "Snakefile"}"\n'
+        "    config:\n        config\n\n\nuse rule * from hpcllm\n"
+    )
+    config = {
+        "text": {
+            "sources": {"mine": {"type": "local", "files": "corpus.jsonl", "shards": 2}},
+            "tokenizers": {"bpe": {"type": "train", "vocab_size": 300, "sample_documents": 200}},
+            "tokenize": {"tokenizers": ["bpe"]},
+        }
+    }
+    (project / "config" / "config.yaml").write_text(yaml.safe_dump(config))
+    words = "the weather over the hills changes with the seasons and the wind".split()
+    with open(project / "corpus.jsonl", "w") as f:
+        for i in range(300):
+            f.write(json.dumps({"text": " ".join(words[i % 5 :] + words[: i % 5])}) + "\n")
+    proc = subprocess.run(
+        [snakemake_bin(), "--cores", "2"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=hang_guard(30),  # ~20 s on a quiet machine
+        env={"PATH": str(REPO / ".venv" / "bin") + ":/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "5 of 5 steps (100%) done" in out and "sample_en" not in out
+    merged = project / "data/tokenized/bpe/mine_text_document.idx"
+    assert merged.is_file() and not (REPO / "data/tokenized/bpe").exists()
