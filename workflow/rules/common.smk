@@ -126,7 +126,7 @@ def all_targets(wildcards):
     for); the built-in laptop examples (the torch-engine tiny_local, the generated image
     samples) run there only when named (`training.run`, or as a target). Elsewhere (a
     laptop, a CPU-only cluster such as the test cluster) everything configured."""
-    if not (SOURCES or IMAGE_DATASETS or EXPERIMENTS or BENCH_POINTS):
+    if not (SOURCES or vision_targets() or EXPERIMENTS or BENCH_POINTS):
         logger.warning(
             "Nothing is configured to run: config/config.yaml and the --configfile files "
             "name no text sources, image datasets, training experiments or benchmarks. "
