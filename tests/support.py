@@ -6,12 +6,15 @@ loaded last."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -113,3 +116,23 @@ def megatron_hf_tokenizer(folder: str | os.PathLike):
         trust_remote_code=False,
         include_special_tokens=True,
     )
+
+
+@contextlib.contextmanager
+def small_file_system(path: Path, size: str) -> Iterator[Path]:
+    """A real file system of ``size`` mounted at ``path`` (tmpfs: needs root, which the
+    test suite has; skipped where mounting is refused). A file is left in it, so that
+    Snakemake's clean-up of a failed job's empty folders does not try to remove it."""
+    path.mkdir(parents=True, exist_ok=True)
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a {size} tmpfs to fill ({mount.stderr.strip()}): needs root")
+    try:
+        (path / "mount-point").write_text("a small tmpfs of the test\n")
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)

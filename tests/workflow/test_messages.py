@@ -3,39 +3,16 @@ message, not a traceback; the traceback stays in the job's log."""
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from support import REPO, run_snakemake
+from support import REPO, run_snakemake, small_file_system
 
 from hpcllm.diskspace import DiskFull
 from hpcllm.text.indexed_dataset import IndexedDatasetWriter, merge_datasets
-
-
-@contextlib.contextmanager
-def small_file_system(path: Path, size: str) -> Iterator[Path]:
-    """A real file system of ``size`` mounted at ``path`` (tmpfs: needs root, which the
-    test suite has; skipped where mounting is refused). A file is left in it, so that
-    Snakemake's clean-up of a failed job's empty folders does not try to remove it."""
-    path.mkdir(parents=True, exist_ok=True)
-    mount = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-        capture_output=True,
-        text=True,
-    )
-    if mount.returncode != 0:
-        pytest.skip(f"cannot mount a {size} tmpfs to fill ({mount.stderr.strip()}): needs root")
-    try:
-        (path / "mount-point").write_text("a small tmpfs of the test\n")
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=True)
-
 
 CONFIG = """\
 text:
