@@ -22,6 +22,16 @@ unpack it with ``git archive <commit> | tar -x -C DIR``):
           ``BlendedMegatronDatasetBuilder``) in a one-process group; print JSON: the
           files of ``--data-cache-path`` before and after, and the datasets' sizes. A
           cache made for this command line gains no file.
+  initialize:  read one case from stdin (a training segment's command line) and start
+          Megatron-LM as pretrain_gpt.py does on rank 0, up to its first GPU call:
+          ``parse_and_validate_args`` (global variables, tokenizer, timers) at the case's
+          world size, then ``initialize_megatron`` as this one process (``allow_no_cuda``;
+          gloo for NCCL, its parallel groups of one made beforehand, as Megatron makes them
+          only with GPUs): the rerun state machine, random seeds and
+          ``_compile_dependencies``, which runs ``make`` in the tree's
+          megatron/core/datasets (pybind11 and a C++ compiler needed, or a helpers module
+          built before, as the images build it) and then imports its helpers. Print JSON:
+          the helpers module's file and the start-up log.
   model:  read {"without": [module, ...], "cases": [...]} from stdin. For each case:
           ``parse_args``/``validate_args`` of the full command line at its world size
           and its ``core_transformer_config_from_args`` (the config checks at the real
@@ -199,6 +209,35 @@ def datasets(case: dict) -> dict:
     }
 
 
+def initialize(case: dict) -> dict:
+    """pretrain_gpt.py's start-up on rank 0 before its first GPU call (see the docstring)."""
+    import torch.distributed as dist
+
+    arguments = megatron_arguments()
+    arguments.get_device_arch_version = lambda: 9
+    os.environ.update({**case.get("env", {}), "RANK": "0", "WORLD_SIZE": str(case["world_size"])})
+    sys.argv = ["pretrain_gpt.py", *case["argv"]]
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):
+        # pretrain_gpt.py's own call (its __main__), then pretrain()'s initialize_megatron
+        arguments.parse_and_validate_args(args_defaults={"tokenizer_type": "GPT2BPETokenizer"})
+        from megatron.core import parallel_state
+        from megatron.training.initialize import initialize_megatron
+
+        # This process is rank 0 in a world of one (the helpers are compiled on rank 0
+        # while the others wait at a barrier), on gloo, as NCCL needs GPUs; its parallel
+        # groups are made here, as initialize_megatron makes them only with GPUs.
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        parallel_state.initialize_model_parallel(1, 1)
+        try:
+            initialize_megatron(allow_no_cuda=True)
+            from megatron.core.datasets import helpers_cpp
+        finally:
+            parallel_state.destroy_model_parallel()
+            dist.destroy_process_group()
+    return {"helpers": helpers_cpp.__file__, "log": log.getvalue()[-3000:]}
+
+
 def _value(v):
     """A config field's value as JSON: functions by their qualified name."""
     if callable(v):
@@ -370,6 +409,8 @@ if __name__ == "__main__":
         print(json.dumps(parse(json.load(sys.stdin))))
     elif sys.argv[1:] == ["model"]:
         print(json.dumps(model(json.load(sys.stdin))))
+    elif sys.argv[1:] == ["initialize"]:
+        print(json.dumps(initialize(json.load(sys.stdin))))
     elif sys.argv[1:] == ["datasets"]:
         print(json.dumps(datasets(json.load(sys.stdin))))
     else:

@@ -191,6 +191,27 @@ def checkout_megatron(dest: str | os.PathLike, repo: str, commit: str) -> Path:
     return dest
 
 
+# Where the jobs find Megatron-LM's tree in every image (a cotainr image: bound there).
+MEGATRON_IN_IMAGE = "/opt/Megatron-LM"
+# Megatron's dataset helpers (C++, pybind11). Rank 0 of every job runs ``make`` in this
+# folder at start-up (initialize_megatron's _compile_dependencies) and exits when it fails
+# (no pybind11, a read-only tree): built with the image, that make has nothing to do. The
+# import is the check that the module is the image's Python's.
+HELPERS_DIR = "megatron/core/datasets"
+HELPERS_IMPORT = "from megatron.core.datasets import helpers_cpp; print(helpers_cpp.__file__)"
+
+
+def megatron_helpers_commands(runtime: str | os.PathLike, sif: Path, checkout: Path) -> list:
+    """Build Megatron's dataset helpers in a cotainr image's bound checkout with the
+    image's own compiler and Python, then import them as a job would."""
+    run = [str(runtime), "exec", "--bind", f"{checkout}:{MEGATRON_IN_IMAGE}", str(sif)]
+    return [
+        [*run, "make", "-C", f"{MEGATRON_IN_IMAGE}/{HELPERS_DIR}"],
+        [*run, "python", "-c", f"import sys; sys.path.insert(0, {MEGATRON_IN_IMAGE!r}); "
+         + HELPERS_IMPORT],
+    ]  # fmt: skip
+
+
 def cotainr_command(
     executable: str | os.PathLike, sif: Path, base_image: str, conda_env: Path
 ) -> list[str]:
@@ -368,6 +389,7 @@ def build_image_cotainr(
     scratch: str | None = None,
     environ: Mapping[str, str] = os.environ,
     megatron_root: str | os.PathLike | None = None,
+    runtime: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Build ``sif`` with cotainr from the conda environment ``template`` plus the lines of
     ``requirements`` (default: ``requirements.txt`` beside the template) on
@@ -377,7 +399,9 @@ def build_image_cotainr(
     stays beside the image (``<image>.conda-env.yml``) for the record. Where the
     environment installs Megatron-LM from git, a checkout at that commit is made under
     ``megatron_root`` (default: ``scratch``; :func:`megatron_checkout_dir`) for the scripts
-    the package lacks.
+    the package lacks, and its dataset helpers are built there inside the new image with
+    ``runtime`` (default: singularity or apptainer on the PATH; see
+    :func:`megatron_helpers_commands`).
     """
     check_build_arch(cpu_arch)
     template = Path(template).resolve()
@@ -421,6 +445,20 @@ def build_image_cotainr(
         if pin and root and "$" not in str(root):
             checkout = checkout_megatron(megatron_checkout_dir(str(root), pin[1]), *pin)
             record["megatron_checkout"] = str(checkout)
+            runtime = runtime or shutil.which("singularity") or shutil.which("apptainer")
+            if runtime is None:
+                raise RuntimeError(
+                    "neither singularity nor apptainer is on the PATH: the build runs the "
+                    "new image to compile Megatron-LM's dataset helpers in "
+                    f"{checkout}. Load the site's container runtime and build again."
+                )
+            for cmd in megatron_helpers_commands(runtime, tmp_sif, checkout):
+                _run_build(
+                    cmd, template.parent, scratch, f"Megatron-LM's dataset helpers in {checkout}"
+                )
+            record["megatron_helpers"] = sorted(
+                str(p) for p in (checkout / HELPERS_DIR).glob("helpers_cpp*")
+            )
         elif pin:
             log.warning(
                 "no scratch folder to put the Megatron-LM checkout in (%s): bind one at "

@@ -10,9 +10,18 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from hpcllm.clusters import load_cluster
-from hpcllm.containers import ContainerRuntimeError, build_image, image_for, runtime_executable
+from hpcllm.containers import (
+    HELPERS_DIR,
+    HELPERS_IMPORT,
+    MEGATRON_IN_IMAGE,
+    ContainerRuntimeError,
+    build_image,
+    image_for,
+    runtime_executable,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 ROOT = REPO / "config" / "clusters"
@@ -38,6 +47,36 @@ def test_definition_files_exist_and_pin_their_sources():
         text = (REPO / "envs" / f"{name}.def").read_text()
         commit = text.split("MEGATRON_COMMIT=")[1].split()[0]
         assert len(commit) == 40 and int(commit, 16) and "git checkout --detach" in text
+
+
+def test_every_megatron_image_builds_its_dataset_helpers_and_checks_them():
+    """Rank 0 of every Megatron job runs `make` in megatron/core/datasets at start-up
+    (initialize_megatron's _compile_dependencies; the start-up itself is run in
+    tests/training/test_megatron_conformance.py): each image builds the helpers, with
+    pybind11, and imports them. Read from the recipes, as Apptainer cannot run here; the
+    cotainr image builds them in its checkout (test_site_containers_offline.py)."""
+    helpers = f"{MEGATRON_IN_IMAGE}/{HELPERS_DIR}"
+    for name in ("megatron-nvidia", "megatron-rocm"):
+        text = (REPO / "envs" / f"{name}.def").read_text()
+        post, test = text.split("%post")[1].split("\n%")[0], text.split("%test")[1]
+        lines = [line.strip() for line in post.splitlines()]
+
+        def at(found, lines=lines, name=name):
+            hits = [i for i, line in enumerate(lines) if found(line)]
+            assert hits, f"{name}.def: %post lacks a step"
+            return hits[0]
+
+        steps = [
+            at(lambda x: x.startswith("pip install") and "pybind11" in x),
+            at(lambda x: x.startswith("pip install") and x.endswith(f"-e {MEGATRON_IN_IMAGE}")),
+            at(lambda x: x == f"make -C {helpers}"),
+            at(lambda x: x == f"make -q -C {helpers}"),  # what the job's make finds: done
+            at(lambda x: x.startswith("python -c") and HELPERS_IMPORT in x),
+        ]
+        assert steps == sorted(steps), f"{name}.def: the helper steps are out of order"
+        assert "compile_helpers(); from megatron.core.datasets import helpers_cpp" in test
+    env = yaml.safe_load((REPO / "envs" / "megatron-rocm.cotainr.yml").read_text())
+    assert {"make", "gxx", "pybind11"} <= {d for d in env["dependencies"] if isinstance(d, str)}
 
 
 def test_a_missing_runtime_says_what_to_do():

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -41,15 +43,20 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def run_parser(mode: str, cases, timeout: float | None = None):
+def run_parser(mode: str, cases, timeout: float | None = None, tree=MEGATRON_LM_DIR):
     """scripts/megatron_lm_parser.py MODE on the Megatron-LM tree; its JSON answer."""
+    # python3 and python3-config on the PATH are this environment's, as in an image:
+    # Megatron's Makefile runs `python3 -m pybind11` and names the module by
+    # `python3-config --extension-suffix` (a venv has no python3-config: its base's)
+    bins = [Path(sys.executable).parent, sysconfig.get_config_var("BINDIR")]
+    path = os.pathsep.join([*map(str, bins), os.environ.get("PATH", "")])
     done = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "megatron_lm_parser.py"), mode],
         input=json.dumps(cases),
         capture_output=True,
         text=True,
         # offline, as on compute nodes: a tokenizer that needs the hub fails, not hangs
-        env={**os.environ, "PYTHONPATH": MEGATRON_LM_DIR, "HF_HUB_OFFLINE": "1"},
+        env={**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1", "PATH": path},
         check=False,
         timeout=timeout,
     )
@@ -69,6 +76,23 @@ def test_megatron_parses_every_generated_command_line(tmp_path):
     print(
         f"Megatron-LM {MEGATRON_LM_COMMIT[:12]} parsed and validated {len(results)} command lines"
     )
+
+
+def test_megatron_starts_up_and_compiles_its_dataset_helpers(tmp_path):
+    """Rank 0's start-up of a segment's command line (pretrain_gpt.py's
+    parse_and_validate_args, then initialize_megatron up to its first GPU call), in a
+    copy of the tree without a built helpers module: its _compile_dependencies runs
+    ``make`` in megatron/core/datasets (pybind11, a C++ compiler) and the helpers then
+    import, as on every GPU job. The images build them beforehand (envs/*, checked by
+    tests/clusters/test_containers.py): without pybind11 or with a read-only unbuilt tree
+    this start-up exits, and so did every job on LUMI."""
+    tree = tmp_path / "Megatron-LM"
+    skip = shutil.ignore_patterns(".git", "tests", "docs", "examples", "helpers_cpp*")
+    shutil.copytree(MEGATRON_LM_DIR, tree, ignore=skip)
+    case = training_cases(tmp_path)[0]
+    result = run_parser("initialize", case, tree=tree)
+    assert Path(result["helpers"]).parent == tree / "megatron/core/datasets", result["log"]
+    assert "done with dataset index builder" in result["log"]
 
 
 @pytest.mark.parametrize("impl", sorted(IMAGE_LACKS))
