@@ -312,9 +312,17 @@ def load_cluster(
             "the new cluster (see docs/clusters.md)."
         )
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text()
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        raw = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
         raise ClusterError(f"{path}: not valid YAML: {e}") from e
+    twice = duplicate_keys(node)
+    if twice:
+        raise ClusterError(
+            f"{path}: a key given twice (YAML keeps only the last, so a fact would be "
+            "silently lost); keep one of each:\n" + "\n".join(f"  {t}" for t in twice)
+        )
     # Imported here: jsonschema costs 0.3-0.6 s, and every compute job's script imports
     # this module (through hpcllm.launch.go_offline) without validating a cluster file.
     import jsonschema
@@ -339,6 +347,15 @@ def load_cluster(
     gpus = raw["gpus_per_node"]
     if gpus > 0 and not raw.get("gpu"):
         raise ClusterError(f"{path}: gpus_per_node is {gpus} but `gpu:` (type, memory) is missing")
+    if gpus == 0 and raw.get("gpu"):
+        # Everything GPU-shaped (jobs, sweeps, cost, the default target) counts
+        # gpus_per_node, so the GPU section would be silently ignored.
+        raise ClusterError(
+            f"{path}:{_line(node, 'gpus_per_node')}: gpus_per_node is 0, but the file has a "
+            f"`gpu:` section ({raw['gpu'].get('model', 'a GPU')}, line {_line(node, 'gpu')}): "
+            "set gpus_per_node to the GPUs (AMD: GCDs) per node, or `gpu: null` for a "
+            "cluster without GPUs"
+        )
 
     unset: list[tuple[str, str]] = []
     partitions = {}
@@ -392,6 +409,36 @@ def load_cluster(
         env_globs=globs,
         billing_gpu_hours_per_node_hour=raw.get("billing", {}).get("gpu_hours_per_node_hour"),
     )
+
+
+def duplicate_keys(node, path: tuple = ()) -> list[str]:
+    """``key.path (lines 3 and 9)`` for each key given twice in one mapping of a composed
+    YAML document (PyYAML keeps the last value without a word). Merge keys (``<<``) may
+    repeat what they merge."""
+    found: list[str] = []
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key, value in node.value:
+            if key.tag == "tag:yaml.org,2002:merge":
+                continue
+            name, line = str(key.value), key.start_mark.line + 1
+            if name in seen:
+                where = ".".join(map(str, (*path, name)))
+                found.append(f"{where} (lines {seen[name]} and {line})")
+            seen.setdefault(name, line)
+            found += duplicate_keys(value, (*path, name))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            found += duplicate_keys(item, (*path, i))
+    return found
+
+
+def _line(node, key: str) -> int | str:
+    """The line of a top-level ``key`` of a composed YAML document ("?" if not there)."""
+    for k, _ in getattr(node, "value", ()):
+        if getattr(k, "value", None) == key:
+            return k.start_mark.line + 1
+    return "?"
 
 
 def _check_masks(path, masks, gpus: int, cpus: int, srun_args) -> None:
@@ -457,17 +504,61 @@ def profile_errors(
         for name, raw in values.items():
             if not isinstance(raw, str):
                 continue
+            what, command = _VALUE_HINTS.get(name, ("the value", None))
+            find = f" (find it with `{command}`)" if command else ""
+            unset = False
             for match in VARIABLE.finditer(raw):
                 var = match.group(1) or match.group(2)
                 if environ.get(var, "").strip():
                     continue
-                what, command = _VALUE_HINTS.get(name, ("the value", None))
-                find = f" (find it with `{command}`)" if command else ""
+                unset = True
                 errors.append(
                     f"the profile's {where} takes {name} from ${var}, which is not set: "
                     f"`export {var}=<{what}>` before running snakemake{find}"
                 )
+            if unset or name not in _NAME_PATTERNS:
+                continue
+            value = VARIABLE.sub(lambda m: environ.get(m.group(1) or m.group(2), ""), raw)
+            problem = slurm_name_problem(name, value.strip())
+            if problem:
+                variables = [m.group(1) or m.group(2) for m in VARIABLE.finditer(raw)]
+                source = f" from ${variables[0]}" if variables else ""
+                fix = (
+                    f"`export {variables[0]}=<{what}>`"
+                    if variables
+                    else f"set {name} in the profile to {what}"
+                )
+                errors.append(
+                    f"the profile's {where} takes {name}{source}, which is {value!r}: "
+                    f"{problem}; {fix}{find}"
+                )
     return errors
+
+
+# What Slurm takes as one account (the plugin splits at commas and whitespace and submits
+# with the first part only: "proj1\nproj2" would run as proj1) and as partitions (a
+# comma-separated list is Slurm's own "any of these").
+_NAME = r"[A-Za-z0-9_.+-]+"
+_NAME_PATTERNS = {
+    "slurm_account": (re.compile(_NAME), "an account is one name"),
+    "slurm_partition": (
+        re.compile(rf"{_NAME}(,{_NAME})*"),
+        "partitions are names (a list: commas)",
+    ),
+}
+
+
+def slurm_name_problem(name: str, value: str) -> str | None:
+    """Why ``value`` cannot be the Slurm resource ``name`` (slurm_account, slurm_partition)
+    as given, or None."""
+    pattern, what = _NAME_PATTERNS[name]
+    if pattern.fullmatch(value):
+        return None
+    if not value:
+        return "it is empty"
+    bad = sorted({c for c in value if not re.fullmatch(r"[A-Za-z0-9_.+,-]", c)} or {","})
+    shown = ", ".join(repr(c) for c in bad)
+    return f"{what} of letters, digits and _ . + -, without {shown}"
 
 
 @dataclass(frozen=True)
@@ -564,4 +655,39 @@ def cluster_from_profile(
         f"cluster: {found.cluster} (from {found.profile}; a --config on the command line "
         "replaces the profile's config:, so the workflow reads the cluster from the "
         "profile)"
+    )
+
+
+def check_configfile_cluster(
+    configfiles, found: ProfileCluster | None, roots: list[str] | None = None
+) -> None:
+    """Raise ClusterError for a --configfile that names another cluster than the profile.
+
+    The profile's ``config: cluster:`` is a --config, which wins over every --configfile:
+    ``cluster: lumi`` in a file given with ``--profile profiles/juwels`` would be ignored
+    without a word, and the plan made for JUWELS. Files are read relative to ``roots``
+    (default: the working directory), as Snakemake read them; the last file naming a
+    cluster is the one Snakemake would have taken.
+    """
+    if found is None or not found.cluster:
+        return
+    named = None
+    for raw in configfiles or ():
+        candidates = [Path(raw)] if os.path.isabs(raw) else [Path(r) / raw for r in roots or ["."]]
+        path = next((p for p in candidates if p.is_file()), None)
+        try:
+            data = yaml.safe_load(path.read_text()) if path else None
+        except (OSError, yaml.YAMLError):
+            continue  # Snakemake has read it already, or says why it cannot
+        if isinstance(data, dict) and isinstance(data.get("cluster"), str):
+            named = (str(raw), data["cluster"])
+    if named is None or named[1] == found.cluster:
+        return
+    file, cluster = named
+    raise ClusterError(
+        f"{file} sets cluster: {cluster}, but the profile {found.profile} is for cluster "
+        f"'{found.cluster}' (its resources, partitions and account), and a profile's "
+        f"`config: cluster:` wins over a --configfile: the plan would be made for "
+        f"{found.cluster}. Use --profile profiles/{cluster} to run on {cluster}, or remove "
+        f"`cluster: {cluster}` from {file} to run on {found.cluster}."
     )

@@ -354,3 +354,42 @@ def test_node_counts_that_do_not_reach_max_nodes_are_said():
 def test_environment_variable_in_a_benchmark_path_is_refused(key):
     with pytest.raises(SweepError, match=rf"benchmarks.experiments.lang.{key}: .*\$SCRATCH"):
         expand_experiment("lang", language(**{key: "$SCRATCH/fineweb/x"}), JUWELS)
+
+
+def test_a_warm_up_as_long_as_the_run_is_refused_naming_its_key():
+    """With warmup_iterations >= iterations every logged iteration is left out: the
+    point's metrics would be empty (NaN) after a whole job."""
+    with pytest.raises(SweepError) as error:
+        expand_experiment("lang", language(iterations=20, warmup_iterations=20), JUWELS)
+    assert str(error.value) == (
+        "benchmarks.experiments.lang.warmup_iterations: 20 is not fewer than its iterations "
+        "(20): every iteration of a run would be left out of its metrics, which would then "
+        "measure nothing. Lower warmup_iterations or raise iterations."
+    )
+    exp = language(iterations=3)
+    del exp["warmup_iterations"]
+    with pytest.raises(SweepError, match=r"3 is not fewer than its iterations \(3\) "
+                       r"\(warmup_iterations unset: the default\)"):  # fmt: skip
+        expand_experiment("lang", exp, JUWELS)
+    assert expand_experiment("lang", language(iterations=4, warmup_iterations=3), JUWELS)
+
+
+def test_the_megatron_engine_where_there_is_no_container_is_refused_naming_its_key():
+    """Megatron-LM is in the training image only: on a cluster without a container
+    runtime its points failed at start on /opt/Megatron-LM/pretrain_gpt.py."""
+    local = facts_of(load_cluster("local", REPO / "config/clusters"))
+    exp = language(engine="megatron", max_nodes={"local": 1})
+    with pytest.raises(SweepError) as error:
+        expand_experiment("lang", exp, local)
+    assert str(error.value) == (
+        "benchmarks.experiments.lang.engine: megatron runs Megatron-LM's pretrain_gpt.py "
+        "from the training container (/opt/Megatron-LM), but cluster local has no container "
+        "runtime (config/clusters/local.yaml: container_runtime: none), so no Megatron-LM. "
+        "Set engine: torch to run it here, or leave local out of its max_nodes and run it "
+        "with a GPU cluster's profile."
+    )
+    del exp["engine"]
+    with pytest.raises(SweepError, match=r"engine: megatron \(unset: the default\) runs"):
+        expand_experiment("lang", exp, local)
+    assert expand_experiment("lang", {**exp, "engine": "torch"}, local)
+    assert expand_experiment("lang", language(engine="megatron"), local) == []  # no points here

@@ -247,3 +247,91 @@ def test_the_cluster_is_read_from_the_profile_a_command_line_config_replaced(tmp
     assert found.command_line_cluster == "local"
     with pytest.raises(ClusterError, match="--config cluster=local on the command line, but"):
         cluster_from_profile("local", found)
+
+
+def test_a_key_given_twice_in_a_facts_file_is_refused_naming_it_and_its_lines(tmp_path):
+    """PyYAML keeps the last of two equal keys without a word: a fact would be lost."""
+    twice = LOCAL.replace("scratch: .cache\n", "scratch: .cache\nenv: {A: '1'}\n")
+    write(tmp_path, twice)
+    lines = twice.splitlines()
+    first, second = [i + 1 for i, line in enumerate(lines) if line.startswith("env:")]
+    with pytest.raises(ClusterError) as error:
+        load_cluster("site", tmp_path)
+    assert str(error.value) == (
+        f"{tmp_path / 'site.yaml'}: a key given twice (YAML keeps only the last, so a fact "
+        f"would be silently lost); keep one of each:\n  env (lines {first} and {second})"
+    )
+    write(tmp_path, LOCAL.replace("{login: true,", "{login: true, login: false,"))
+    with pytest.raises(ClusterError, match=r"internet.login \(lines \d+ and \d+\)"):
+        load_cluster("site", tmp_path)
+
+
+def test_a_gpu_section_with_no_gpus_per_node_is_refused_naming_both_lines(tmp_path):
+    juwels = (ROOT / "juwels.yaml").read_text()
+    text = re.sub(r"(?m)^gpus_per_node: \d+", "gpus_per_node: 0", juwels)
+    write(tmp_path, text)
+    lines = text.splitlines()
+    at = {k: next(i + 1 for i, s in enumerate(lines) if s.startswith(k)) for k in ("gpus_", "gpu:")}
+    with pytest.raises(ClusterError) as error:
+        load_cluster("site", tmp_path)
+    assert str(error.value) == (
+        f"{tmp_path / 'site.yaml'}:{at['gpus_']}: gpus_per_node is 0, but the file has a "
+        f"`gpu:` section (A100-SXM4-40GB, line {at['gpu:']}): set gpus_per_node to the GPUs (AMD: "
+        "GCDs) per node, or `gpu: null` for a cluster without GPUs"
+    )
+
+
+def test_account_and_partition_values_slurm_would_not_take_as_given_are_refused():
+    """The Slurm plugin splits an account at whitespace and commas and submits the first
+    part: `proj1\\nproj2` ran as proj1."""
+    resources = {
+        "default-resources": {"slurm_account": "$HPCLLM_ACCOUNT", "slurm_partition": "booster"},
+        "train_segment": {"slurm_partition": "${PART}"},
+        "tokenize": {"slurm_partition": "gpu nodes", "slurm_account": 12345},
+    }
+    environ = {"HPCLLM_ACCOUNT": "proj1\nproj2", "PART": "gpu,gpu-big"}
+    errors = profile_errors(resources, environ=environ)
+    assert errors == [
+        "the profile's default-resources takes slurm_account from $HPCLLM_ACCOUNT, which is "
+        "'proj1\\nproj2': an account is one name of letters, digits and _ . + -, without "
+        "'\\n'; `export HPCLLM_ACCOUNT=<your project's compute-time account>` (find it with "
+        "`sacctmgr show assoc user=$USER`)",
+        "the profile's set-resources of rule tokenize takes slurm_partition, which is 'gpu "
+        "nodes': partitions are names (a list: commas) of letters, digits and _ . + -, "
+        "without ' '; set slurm_partition in the profile to the partition's name (find it "
+        "with `sinfo -s`)",
+    ]
+    assert profile_errors(resources, environ={**environ, "HPCLLM_ACCOUNT": "p,q"})[0].endswith(
+        "without ','; `export HPCLLM_ACCOUNT=<your project's compute-time account>` (find it "
+        "with `sacctmgr show assoc user=$USER`)"
+    )
+    fine = {**resources, "tokenize": {"slurm_partition": "booster"}}
+    assert profile_errors(fine, environ={**environ, "HPCLLM_ACCOUNT": " proj1\n"}) == []
+
+
+def test_a_configfile_naming_another_cluster_than_its_profile_is_refused(tmp_path):
+    """The profile's `config: cluster:` wins over a --configfile: the file's cluster was
+    silently ignored."""
+    from hpcllm.clusters import check_configfile_cluster, profile_cluster
+
+    folder = tmp_path / "profiles" / "juwels"
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text("executor: slurm\nconfig:\n  cluster: juwels\n")
+    (tmp_path / "lumi.yaml").write_text("cluster: lumi\nmax_gpu_hours: 9\n")
+    (tmp_path / "juwels.yaml").write_text("cluster: juwels\n")
+    (tmp_path / "plain.yaml").write_text("max_gpu_hours: 9\n")
+    roots = [str(tmp_path)]
+    found = profile_cluster(["--profile", "profiles/juwels"], environ={}, roots=roots)
+    with pytest.raises(ClusterError) as error:
+        check_configfile_cluster(["plain.yaml", "lumi.yaml"], found, roots)
+    assert str(error.value) == (
+        f"lumi.yaml sets cluster: lumi, but the profile {folder / 'config.yaml'} is for "
+        "cluster 'juwels' (its resources, partitions and account), and a profile's `config: "
+        "cluster:` wins over a --configfile: the plan would be made for juwels. Use "
+        "--profile profiles/lumi to run on lumi, or remove `cluster: lumi` from lumi.yaml "
+        "to run on juwels."
+    )
+    # the last file naming a cluster counts, as in Snakemake's merge
+    check_configfile_cluster(["lumi.yaml", "juwels.yaml", "plain.yaml"], found, roots)
+    check_configfile_cluster([str(tmp_path / "plain.yaml")], found, roots)
+    check_configfile_cluster(["lumi.yaml"], None, roots)  # no profile: the file decides

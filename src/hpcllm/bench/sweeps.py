@@ -52,6 +52,8 @@ class ClusterFacts:
     # flash attention; megatron_args.as_run)
     transformer_impl: str = "transformer_engine"
     gpu_vendor: str = "nvidia"
+    # A container runtime: Megatron-LM is there only in the training image (/opt/Megatron-LM)
+    containers: bool = True
 
     @property
     def procs_per_node(self) -> int:
@@ -100,6 +102,7 @@ def facts_of(cluster) -> ClusterFacts:
         whole_nodes=cluster.whole_nodes,
         transformer_impl=transformer_impl_for(cluster),
         gpu_vendor=gpu.vendor if gpu else "nvidia",
+        containers=cluster.uses_containers,
     )
 
 
@@ -253,7 +256,12 @@ def expand_experiment(
             problem = variable_in_path(f"benchmarks.experiments.{name}.{key}", exp.get(key))
             if problem:
                 raise SweepError(problem)
+        problem = warmup_problem(name, exp)
+        if problem:
+            raise SweepError(problem)
         points = _expand_language(name, exp, cluster, notes)
+        if points and exp.get("engine", "megatron") == "megatron" and not cluster.containers:
+            raise SweepError(megatron_problem(name, exp, cluster))
         fits = []
         for point in points:
             problem = language_plan_problem(point, cluster)
@@ -302,6 +310,33 @@ def expand_all(
     if len(set(ids)) != len(ids):
         raise SweepError("benchmarks.experiments: two experiments give the same point ids")
     return points
+
+
+def warmup_problem(name: str, exp: dict) -> str | None:
+    """A language experiment whose warm-up leaves no logged iteration to measure."""
+    iterations, warmup = exp.get("iterations", 20), exp.get("warmup_iterations", 3)
+    if warmup < iterations:
+        return None
+    unset = [k for k in ("iterations", "warmup_iterations") if k not in exp]
+    return (
+        f"benchmarks.experiments.{name}.warmup_iterations: {warmup} is not fewer than its "
+        f"iterations ({iterations})"
+        + (f" ({' and '.join(unset)} unset: the default)" if unset else "")
+        + ": every iteration of a run would be left out of its metrics, which would then "
+        "measure nothing. Lower warmup_iterations or raise iterations."
+    )
+
+
+def megatron_problem(name: str, exp: dict, cluster: ClusterFacts) -> str:
+    """A megatron-engine experiment with points on a cluster without Megatron-LM."""
+    engine = "megatron" if "engine" in exp else "megatron (unset: the default)"
+    return (
+        f"benchmarks.experiments.{name}.engine: {engine} runs Megatron-LM's pretrain_gpt.py "
+        f"from the training container (/opt/Megatron-LM), but cluster {cluster.name} has no "
+        f"container runtime (config/clusters/{cluster.name}.yaml: container_runtime: none), "
+        f"so no Megatron-LM. Set engine: torch to run it here, or leave {cluster.name} out "
+        "of its max_nodes and run it with a GPU cluster's profile."
+    )
 
 
 def language_plan_problem(point: Point, cluster: ClusterFacts) -> str | None:
