@@ -122,15 +122,26 @@ def config_reference(schema_dir: str | Path) -> str:
 def vision_split_errors(
     experiments: dict[str, Any], image_datasets: dict[str, Any], root: str | Path = "."
 ) -> list[str]:
-    """A vision benchmark's ``split`` / ``val_split`` that its dataset does not pack, named
-    by key (Snakemake would only report a missing ``data/vision/<dataset>/<split>.lmdb``).
-    An experiment given as a file path (config/experiments/*.yaml) is read from ``root``."""
+    """A vision benchmark's ``dataset`` that the vision section does not have, and its
+    ``split`` / ``val_split`` that its dataset does not pack, named by key (Snakemake would
+    only report a missing ``data/vision/<dataset>/<split>.lmdb``). An experiment given as
+    a file path (config/experiments/*.yaml) is read from ``root``."""
     from hpcllm.bench.sweeps import load_experiment
 
     errors = []
     for name, spec in experiments.items():
         exp = load_experiment(name, spec, root)
-        if exp.get("benchmark") != "vision" or exp.get("dataset") not in image_datasets:
+        if exp.get("benchmark") != "vision":
+            continue
+        if exp.get("dataset") not in image_datasets:
+            errors.append(
+                f"benchmarks.experiments.{name}.dataset"
+                + ("" if isinstance(spec, dict) else f" (in {spec})")
+                + f": '{exp.get('dataset')}' is not a dataset of the vision section "
+                f"(vision.datasets: {', '.join(image_datasets) or 'none'}); name one of "
+                "them, or add it under vision.datasets (its root: the folder holding train/ "
+                "and val/)"
+            )
             continue
         splits = image_datasets[exp["dataset"]].get("splits") or ["train", "val"]
         for key, value in (

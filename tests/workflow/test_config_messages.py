@@ -181,3 +181,21 @@ def test_a_bad_vision_split_names_its_key_at_plan_time(workdir):
         "benchmarks.experiments.vision_tiny.split: 'trian' is not a split of vision dataset "
         "imagenet_sample" in proc.stdout + proc.stderr
     )
+
+
+def test_a_vision_benchmark_dataset_the_vision_section_lacks_is_named_by_key(tmp_path):
+    """Snakemake named only data/vision/<dataset>/train.lmdb, a missing input."""
+    (tmp_path / "v.yaml").write_text("benchmark: vision\ndataset: imagenett\n")
+    experiments = {
+        "w": {"benchmark": "vision", "dataset": "imagenet_smaple"},
+        "f": "v.yaml",
+        "ok": {"benchmark": "vision", "dataset": "imgs"},
+    }
+    assert vision_split_errors(experiments, {"imgs": {}}, root=tmp_path) == [
+        "benchmarks.experiments.w.dataset: 'imagenet_smaple' is not a dataset of the vision "
+        "section (vision.datasets: imgs); name one of them, or add it under vision.datasets "
+        "(its root: the folder holding train/ and val/)",
+        "benchmarks.experiments.f.dataset (in v.yaml): 'imagenett' is not a dataset of the "
+        "vision section (vision.datasets: imgs); name one of them, or add it under "
+        "vision.datasets (its root: the folder holding train/ and val/)",
+    ]

@@ -16,11 +16,16 @@ for _name in TOKENIZE["tokenizers"]:
             f"text.tokenize.tokenizers names '{_name}', which is not in text.tokenizers "
             f"({', '.join(TOKENIZERS) or 'none defined'})"
         )
-# A tokenizer without its end-of-document token, or whose given files cannot be loaded
-# (by the controller only: it loads a given tokenizer.json, which jobs need not repeat).
+from hpcllm.text.tokenizers_config import missing_file_problem
+
+# A given tokenizer's file that is not there, a tokenizer without its end-of-document
+# token, or whose given files cannot be loaded (by the controller only: it loads a given
+# tokenizer.json, which jobs need not repeat).
 if workflow.is_main_process:
     for _name in TOKENIZE["tokenizers"]:
-        _problem = tokenizer_plan_problem(_name, TOKENIZERS[_name])
+        _problem = missing_file_problem(
+            _name, TOKENIZERS[_name]
+        ) or tokenizer_plan_problem(_name, TOKENIZERS[_name])
         if _problem:
             raise ValueError(_problem)
 

@@ -9,6 +9,15 @@ for _name, _raw in TRAINING["experiments"].items():
         EXPERIMENTS[_name] = prepare_experiment(_name, _raw, TEXT, CLUSTER)
     except ValueError as e:
         raise _WorkflowError(str(e))
+from hpcllm.training.segment import engine_problem
+
+# The experiments the plan trains, each on an engine this cluster has.
+for _name in TRAINING.get("run") or EXPERIMENTS:
+    _problem = _name in EXPERIMENTS and engine_problem(
+        _name, EXPERIMENTS[_name].experiment["engine"], CLUSTER
+    )
+    if _problem:
+        raise _WorkflowError(_problem)
 from hpcllm.training.job_plan import segment_job
 
 # Each experiment's segment job on this cluster: its time limit (sized from its work) and

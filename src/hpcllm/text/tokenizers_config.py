@@ -200,6 +200,40 @@ def plan_problem(name: str, cfg: dict[str, Any], exists: Callable[[str], bool] =
     return None
 
 
+_GIVEN_FILES = {
+    "tokenizer_json": "a Hugging Face tokenizer.json",
+    "vocab_file": "a GPT-2 style vocab.json",
+    "merges_file": "a GPT-2 style merges.txt",
+}
+
+
+def missing_file_problem(
+    name: str, cfg: dict[str, Any], exists: Callable[[str], bool] = os.path.exists
+) -> str | None:
+    """At plan time: a given tokenizer's file that is not there, named by its key (else
+    Snakemake names only the path, as a missing input of tokenize). A path under the
+    folders the workflow writes (``data/``, ...) may be made by one of its rules: the
+    rule that reads it waits for it, or Snakemake says no rule makes it."""
+    from hpcllm.commandline import OUTPUT_FOLDERS
+
+    if cfg.get("type", "train") == "train":
+        return None
+    keys = ["tokenizer_json"] if cfg.get("tokenizer_json") else ["vocab_file", "merges_file"]
+    for key in keys:
+        path = cfg.get(key)
+        if not path or exists(path):
+            continue
+        inside = os.path.relpath(os.path.abspath(path)).split(os.sep)[0]
+        if inside in OUTPUT_FOLDERS:
+            continue
+        return (
+            f"text.tokenizers.{name}.{key}: {path} does not exist (a relative path is read "
+            f"from the working directory, {os.getcwd()}); set it to the path of "
+            f"{_GIVEN_FILES[key]}"
+        )
+    return None
+
+
 def _vocab_disagreement(where: str, tok, tokenizer_json: str, vocab_file: str) -> str | None:
     """vocab_file and merges_file given beside tokenizer_json must describe the same
     tokenizer (tokenizer_json wins everywhere): every token of vocab_file has its id there."""

@@ -845,6 +845,22 @@ def prepare_experiment(name: str, raw: dict[str, Any], text: dict[str, Any], clu
     return Prepared(exp, layout, blend, files, eod, memory.total)
 
 
+def engine_problem(name: str, engine: str, cluster) -> str | None:
+    """The megatron engine where there is no Megatron-LM: the workflow has it only in the
+    training image (at /opt/Megatron-LM, engine_command's megatron_dir), so a cluster
+    without a container runtime (the local machine) has none, and a segment would fail
+    on start. None where the engine runs."""
+    if engine != "megatron" or cluster.uses_containers:
+        return None
+    return (
+        f"training.experiments.{name}.engine: megatron runs Megatron-LM's pretrain_gpt.py "
+        f"from the training container (/opt/Megatron-LM), but cluster {cluster.name} has no "
+        f"container runtime ({cluster.path}: container_runtime: none), so no Megatron-LM. "
+        "Set engine: torch to train it here, or leave it out of training.run here and run "
+        "it with a GPU cluster's profile (snakemake --profile profiles/<cluster>)."
+    )
+
+
 def check_segment_data(prepared: Prepared) -> None:
     """At run time: the data exist, match the tokenizer, and every split gets documents."""
     from hpcllm.text.tokenizers_config import engine_vocabulary

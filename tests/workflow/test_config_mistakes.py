@@ -1,0 +1,101 @@
+"""Config mistakes a plan used to accept (or name only by file), refused at plan time
+naming the key and what to do (issue 33, items 7 and 8). The checks of cluster facts,
+profiles and benchmark sweeps are tested in tests/clusters and tests/bench; here the
+training engine, given tokenizer files, and the dry runs through Snakemake."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from support import REPO, run_snakemake
+
+from hpcllm.clusters import load_cluster
+from hpcllm.text.tokenizers_config import missing_file_problem
+from hpcllm.training.segment import engine_problem
+
+CLUSTERS = REPO / "config" / "clusters"
+
+
+def test_the_megatron_engine_on_a_cluster_without_containers_is_refused_by_its_key():
+    """Megatron-LM is in the training image only (/opt/Megatron-LM): the local machine
+    has none, and a segment failed on start on /opt/Megatron-LM/pretrain_gpt.py."""
+    local = load_cluster("local", CLUSTERS)
+    assert engine_problem("big", "megatron", local) == (
+        "training.experiments.big.engine: megatron runs Megatron-LM's pretrain_gpt.py from "
+        "the training container (/opt/Megatron-LM), but cluster local has no container "
+        f"runtime ({CLUSTERS / 'local.yaml'}: container_runtime: none), so no Megatron-LM. "
+        "Set engine: torch to train it here, or leave it out of training.run here and run "
+        "it with a GPU cluster's profile (snakemake --profile profiles/<cluster>)."
+    )
+    assert engine_problem("big", "torch", local) is None
+    assert engine_problem("big", "megatron", load_cluster("juwels", CLUSTERS)) is None
+
+
+def test_a_given_tokenizer_file_that_is_not_there_is_named_by_its_key(tmp_path):
+    (tmp_path / "vocab.json").write_text("{}")
+    given = {"type": "files", "tokenizer_json": "nowhere/tokenizer.json"}
+    assert missing_file_problem("euro", given) == (
+        "text.tokenizers.euro.tokenizer_json: nowhere/tokenizer.json does not exist (a "
+        f"relative path is read from the working directory, {os.getcwd()}); set it to the "
+        "path of a Hugging Face tokenizer.json"
+    )
+    gpt2 = {"type": "files", "vocab_file": str(tmp_path / "vocab.json"), "merges_file": "m.txt"}
+    assert missing_file_problem("gpt2", gpt2).startswith(
+        "text.tokenizers.gpt2.merges_file: m.txt does not exist"
+    )
+    assert missing_file_problem("gpt2", gpt2).endswith("path of a GPT-2 style merges.txt")
+    # One a rule of the workflow may make (a trained tokenizer's file), or one that is there
+    made = {"type": "files", "tokenizer_json": "data/tokenizers/bpe/tokenizer.json"}
+    assert missing_file_problem("reuse", made) is None
+    there = {**given, "tokenizer_json": str(tmp_path / "vocab.json")}
+    assert missing_file_problem("euro", there) is None
+    assert missing_file_problem("bpe", {"type": "train", "vocab_size": 300}) is None
+
+
+@pytest.mark.workflow
+def test_a_dry_run_refuses_the_megatron_engine_on_the_local_machine(workdir):
+    (workdir / "meg.yaml").write_text(
+        "training:\n  experiments:\n    tiny_local:\n      engine: megatron\n"
+    )
+    proc = run_snakemake(workdir, "-n", "--configfile", "meg.yaml", check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "training.experiments.tiny_local.engine: megatron runs Megatron-LM's" in out, out[-3000:]
+    assert "Set engine: torch to train it here" in out
+
+
+@pytest.mark.workflow
+def test_a_dry_run_names_a_missing_tokenizer_json_by_its_key(workdir):
+    (workdir / "tok.yaml").write_text(
+        "text:\n  tokenizers:\n    sample_bpe:\n      type: files\n"
+        "      tokenizer_json: nothere/tokenizer.json\n"
+    )
+    proc = run_snakemake(workdir, "-n", "--configfile", "tok.yaml", check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert (
+        "text.tokenizers.sample_bpe.tokenizer_json: nothere/tokenizer.json does not exist" in out
+    ), out[-3000:]
+
+
+@pytest.mark.workflow
+def test_a_configfile_naming_another_cluster_than_the_profile_is_refused(workdir):
+    """The profile's `config: cluster: juwels` wins over the file's `cluster: lumi`: the
+    plan was made for JUWELS without a word."""
+    (workdir / "lumi.yaml").write_text("cluster: lumi\n")
+    proc = run_snakemake(
+        workdir,
+        "-n",
+        "--profile",
+        "profiles/juwels",
+        "--configfile",
+        "lumi.yaml",
+        check=False,
+        examples=False,
+        env={"HPCLLM_ACCOUNT": "myproject"},
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "lumi.yaml sets cluster: lumi, but the profile " in out, out[-3000:]
+    assert "is for cluster 'juwels'" in out and "Use --profile profiles/lumi" in out
