@@ -99,3 +99,23 @@ def test_a_configfile_naming_another_cluster_than_the_profile_is_refused(workdir
     assert proc.returncode != 0
     assert "lumi.yaml sets cluster: lumi, but the profile " in out, out[-3000:]
     assert "is for cluster 'juwels'" in out and "Use --profile profiles/lumi" in out
+
+
+@pytest.mark.workflow
+def test_a_dry_run_refuses_an_account_the_slurm_plugin_would_cut(workdir):
+    """The plugin splits slurm_account at whitespace and submits the first part."""
+    proc = run_snakemake(
+        workdir,
+        "-n",
+        "--profile",
+        "profiles/juwels",
+        check=False,
+        examples=False,
+        env={"HPCLLM_ACCOUNT": "proj1\nproj2"},
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert (
+        "the profile's default-resources takes slurm_account from $HPCLLM_ACCOUNT, which is "
+        "'proj1\\nproj2': an account is one name" in out
+    ), out[-3000:]
