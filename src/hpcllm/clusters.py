@@ -518,7 +518,9 @@ def profile_errors(
                 )
             if unset or name not in _NAME_PATTERNS:
                 continue
-            value = VARIABLE.sub(lambda m: environ.get(m.group(1) or m.group(2), ""), raw)
+            value = _as_snakemake_reads(
+                VARIABLE.sub(lambda m: environ.get(m.group(1) or m.group(2), ""), raw)
+            )
             problem = slurm_name_problem(name, value.strip())
             if problem:
                 variables = [m.group(1) or m.group(2) for m in VARIABLE.finditer(raw)]
@@ -546,6 +548,18 @@ _NAME_PATTERNS = {
         "partitions are names (a list: commas)",
     ),
 }
+
+
+def _as_snakemake_reads(value: str) -> str:
+    """A resource's text as Snakemake takes it: a Python expression where it is one
+    (``"'all'"`` is all: `all` alone is a builtin), else the text itself."""
+    import ast
+
+    try:
+        read = ast.literal_eval(value)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return value
+    return str(read) if isinstance(read, (str, int)) else value
 
 
 def slurm_name_problem(name: str, value: str) -> str | None:

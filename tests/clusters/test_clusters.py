@@ -305,7 +305,8 @@ def test_account_and_partition_values_slurm_would_not_take_as_given_are_refused(
         "without ','; `export HPCLLM_ACCOUNT=<your project's compute-time account>` (find it "
         "with `sacctmgr show assoc user=$USER`)"
     )
-    fine = {**resources, "tokenize": {"slurm_partition": "booster"}}
+    # As Snakemake reads a resource: a Python expression where it is one (JEDI's "'all'")
+    fine = {**resources, "tokenize": {"slurm_partition": "'all'"}}
     assert profile_errors(fine, environ={**environ, "HPCLLM_ACCOUNT": " proj1\n"}) == []
 
 
