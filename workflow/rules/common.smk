@@ -56,6 +56,7 @@ from snakemake.exceptions import WorkflowError as _WorkflowError
 
 from hpcllm.clusters import (
     ClusterError,
+    check_configfile_cluster,
     cluster_from_profile,
     load_cluster,
     plan_errors,
@@ -82,10 +83,11 @@ try:
     CLUSTER = load_cluster(config["cluster"], root=_clusters_dir)
     # A --config on the command line replaces the profile's config: (cluster included):
     # the cluster is read from the profile itself (hpcllm.clusters.profile_cluster).
-    _cluster_name, _note = cluster_from_profile(
-        config["cluster"],
-        profile_cluster(sys.argv, roots=[os.getcwd(), os.environ.get("PWD", ".")]),
-    )
+    _roots = [os.getcwd(), os.environ.get("PWD", ".")]
+    _profile = profile_cluster(sys.argv, roots=_roots)
+    # A --configfile naming another cluster than the profile's would be ignored silently.
+    check_configfile_cluster(workflow.overwrite_configfiles, _profile, roots=_roots)
+    _cluster_name, _note = cluster_from_profile(config["cluster"], _profile)
     if _note:
         logger.info(_note)
         config["cluster"] = _cluster_name
