@@ -66,20 +66,6 @@ def test_a_dry_run_refuses_the_megatron_engine_on_the_local_machine(workdir):
 
 
 @pytest.mark.workflow
-def test_a_dry_run_names_a_missing_tokenizer_json_by_its_key(workdir):
-    (workdir / "tok.yaml").write_text(
-        "text:\n  tokenizers:\n    sample_bpe:\n      type: files\n"
-        "      tokenizer_json: nothere/tokenizer.json\n"
-    )
-    proc = run_snakemake(workdir, "-n", "--configfile", "tok.yaml", check=False)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0
-    assert (
-        "text.tokenizers.sample_bpe.tokenizer_json: nothere/tokenizer.json does not exist" in out
-    ), out[-3000:]
-
-
-@pytest.mark.workflow
 def test_a_configfile_naming_another_cluster_than_the_profile_is_refused(workdir):
     """The profile's `config: cluster: juwels` wins over the file's `cluster: lumi`: the
     plan was made for JUWELS without a word."""
