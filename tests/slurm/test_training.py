@@ -611,7 +611,7 @@ def test_a_deterministic_failure_in_segment_2_stops_the_chain(
     assert not (work / f"results/train/{EXPERIMENT}/seg2.json").exists()
     from hpcllm.training.status import campaign_status
 
-    shown = campaign_status(work, [str(CONFIG), str(short)], "profiles/testcluster")
+    shown = campaign_status(work, [str(EXAMPLES), str(CONFIG), str(short)], "profiles/testcluster")
     failure = stop["failure"]
     assert f"last failure: {failure} (job {second}); the chain stopped at segment 2" in shown, shown
     assert "fix the cause, then `hpcllm retry-training tiny_2n`" in shown, shown
@@ -701,6 +701,33 @@ def test_a_requeued_chain_job_submits_no_second_successor(
         (work / f"logs/train_segment/{EXPERIMENT}/seg2.attempts.json").read_text()
     )
     assert (entry["job_id"], entry["failure"]) == (first, None)
+
+    # Two heads of the chain all the same (e.g. a job killed between sbatch and its entry
+    # in jobs.jsonl): submitted held, the later one released first waits for the earlier.
+    campaign.environment["SBATCH_HOLD"] = "1"
+    one, two = chain.submit(campaign), chain.submit(campaign)
+    cluster.run("scontrol", "release", two)
+    deadline = time.monotonic() + hang_guard(30)  # until Slurm decided about it
+    while (now := cluster.run("squeue", "-h", "-t", "all", "-j", two, "-o", "%T|%r").strip()) in (
+        "PENDING|None",
+        "PENDING|Priority",
+        "PENDING|JobHeldUser",
+    ):
+        assert time.monotonic() < deadline, now
+        time.sleep(0.3)
+    assert now == "PENDING|Dependency", now  # singleton: not beside job `one`
+    cluster.run("scontrol", "release", one)
+    deadline = time.monotonic() + hang_guard(60)  # both find the campaign complete
+    while chain.chain_jobs(campaign.job_name()):
+        assert time.monotonic() < deadline, cluster.jobs()
+        time.sleep(0.5)
+    times = dict(
+        line.split("|", 1)
+        for line in cluster.run(
+            "squeue", "-h", "-t", "all", "-j", f"{one},{two}", "-o", "%i|%S|%e"
+        ).splitlines()
+    )
+    assert times[two].split("|")[0] >= times[one].split("|")[1], times
 
 
 def hpcllm(work: Path, cluster, *args: str) -> str:
