@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from support import EXAMPLES
 
 from hpcllm import cli
 from hpcllm.training import chain, status
@@ -68,7 +69,7 @@ def test_status_lists_the_chain_and_names_where_it_stopped(tmp_path):
         {"id": "43", "state": "RUNNING", "name": "hpcllm-chain-tiny_local-00000000",
          "dependency": "", "comment": ""},  # another checkout's chain
     ]  # fmt: skip
-    out = status.campaign_status(tmp_path, jobs=jobs)
+    out = status.campaign_status(tmp_path, [str(EXAMPLES)], jobs=jobs)
     assert "jobs: 41 RUNNING chain seg2, 42 PENDING chain next (afterany:41(unfulfilled))" in out, (
         out
     )
@@ -77,7 +78,7 @@ def test_status_lists_the_chain_and_names_where_it_stopped(tmp_path):
         json.dumps({"chain": "1", "segment": 2, "failure": "missing_file", "job_id": "42",
                     "message": "...", "time": 0})
     )  # fmt: skip
-    out = status.campaign_status(tmp_path, jobs=[])
+    out = status.campaign_status(tmp_path, [str(EXAMPLES)], jobs=[])
     assert "last failure: missing_file (job 42); the chain stopped at segment 2" in out, out
 
 
@@ -161,7 +162,7 @@ def test_a_rerun_does_not_resubmit_a_chain_stopped_for_good_until_told(
     assert "stopped at segment 2: missing_file in Slurm job 57" in message, message
     assert "hpcllm retry-training tiny_local" in message and "iteration 4" in message, message
     assert not calls.exists()  # nothing submitted
-    shown = status.campaign_status(tmp_path, jobs=[])
+    shown = status.campaign_status(tmp_path, [str(EXAMPLES)], jobs=[])
     assert "fix the cause, then `hpcllm retry-training tiny_local`" in shown, shown
 
     assert cli.main(["retry-training", "tiny_local", "-d", str(tmp_path)]) == 0
