@@ -72,6 +72,7 @@ class ExperimentView:
     loss_png: Path | None = None
     notes: list[str] = field(default_factory=list)
     trained: bool = False  # at least one iteration done: the page shows training first
+    scores: list[dict] | None = None  # the evaluation table's rows (hpcllm.evaluation.table)
 
 
 def _img(path: Path) -> str:
@@ -166,7 +167,29 @@ def experiment_section(view: ExperimentView) -> str:
     )
     return (
         f'<h3 id="exp-{html.escape(view.name)}">{html.escape(view.name)}</h3>'
-        f"<table><tbody>{rows}</tbody></table>{notes}{figure}"
+        f"<table><tbody>{rows}</tbody></table>{notes}{figure}{scores_html(view)}"
+    )
+
+
+def scores_html(view: ExperimentView) -> str:
+    """The experiment's evaluation: per task and metric its value (± standard error),
+    shots and items; the validation perplexity per source (items: tokens scored)."""
+    from hpcllm.evaluation.table import format_value
+
+    if not view.scores:
+        return ""
+    head = "".join(f"<th>{c}</th>" for c in ("task", "metric", "value", "shots", "items"))
+    body = "".join(
+        f'<tr><td class="text">{html.escape(r["task"])}</td>'
+        f'<td class="text">{html.escape(r["metric"])}</td>'
+        f"<td>{html.escape(format_value(r['value'], r['stderr']))}</td>"
+        f"<td>{html.escape(r['shots'] or '')}</td><td>{html.escape(r['items'] or '')}</td></tr>"
+        for r in view.scores
+    )
+    iteration = int(view.scores[0]["iteration"])
+    return (
+        f'<h4 id="eval-{html.escape(view.name)}">Evaluation of iteration {iteration:,}</h4>'
+        f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
     )
 
 
@@ -244,4 +267,15 @@ def experiment_view(workdir: Path, name: str, prepared, loss_png: Path | None) -
         "engine": str(prepared.experiment["engine"]),
     }
     notes = [f"Last failure: {s.last_failure}."] if s.last_failure else []
-    return ExperimentView(name, status, loss_png, notes, trained=bool(s.iteration))
+    scores, stale = experiment_scores(workdir, name, s.total_iterations)
+    notes += [stale] if stale else []
+    return ExperimentView(name, status, loss_png, notes, trained=bool(s.iteration), scores=scores)
+
+
+def experiment_scores(workdir: Path, name: str, iteration: int):
+    """The evaluation table of the experiment's last checkpoint, only when it is of the
+    current export (a changed experiment never shows an old score), and why not."""
+    from hpcllm.evaluation.table import current_scores
+
+    export = workdir / f"results/export/{name}/iter_{iteration:07d}/export.json"
+    return current_scores(workdir / f"results/eval/{name}/scores.csv", export, iteration)

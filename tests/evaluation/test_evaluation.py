@@ -1,0 +1,130 @@
+"""Evaluation of an exported model: lm-eval offline on a shipped task and on a standard
+task read from a hub-style mirror, the staging message where neither is there, held-out
+perplexity on the validation split, and the table that refuses another export's scores."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import TASKS_DIR
+from support import REPO
+
+from hpcllm.evaluation.model import EvaluationError
+from hpcllm.evaluation.run import stage_tasks
+from hpcllm.evaluation.tasks import resolve_task, staging_problem
+
+QUESTIONS = [  # made up for this test, in allenai/ai2_arc's columns
+    ("What do plants take in to make food?", ["carbon dioxide", "salt", "sand", "iron"], "A"),
+    ("Which of these is a liquid at room temperature?", ["ice", "water", "wood", "stone"], "B"),
+    ("What pulls objects toward Earth?", ["light", "sound", "gravity", "heat"], "C"),
+]
+
+
+def arc_mirror(root: Path) -> Path:
+    """A copy of allenai/ai2_arc's repository layout (README configs, parquet per split)
+    with a few items of ARC-Easy."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    repo = root / "allenai" / "ai2_arc"
+    (repo / "ARC-Easy").mkdir(parents=True)
+    splits = ("train", "validation", "test")
+    (repo / "README.md").write_text(
+        "---\nconfigs:\n- config_name: ARC-Easy\n  data_files:\n"
+        + "".join(f"  - split: {s}\n    path: ARC-Easy/{s}-*\n" for s in splits)
+        + "---\n"
+    )
+    rows = [{"id": f"q{i}", "question": q, "answerKey": key,
+             "choices": {"text": c, "label": ["A", "B", "C", "D"]}}
+            for i, (q, c, key) in enumerate(QUESTIONS)]  # fmt: skip
+    for split in splits:
+        pq.write_table(
+            pa.Table.from_pylist(rows), repo / "ARC-Easy" / f"{split}-00000-of-00001.parquet"
+        )
+    return repo
+
+
+def test_tasks_run_offline_from_local_files(tmp_path, export_record):
+    """lm-eval's simple_evaluate with the exported model on the CPU, offline: the
+    shipped task over its JSON-lines file and lm-eval's own arc_easy from a mirror."""
+    mirror = tmp_path / "mirror"
+    arc_mirror(mirror)
+    code = f"""
+import json
+from hpcllm.evaluation.run import stage_tasks, evaluate_tasks
+stage_tasks("tiny", ["module_purpose", "arc_easy"], {str(TASKS_DIR)!r}, {str(mirror)!r},
+            online=False, site="site", facts="facts.yaml", manifest="tasks.json")
+evaluate_tasks({str(export_record)!r}, "tasks.json", 30, shots=1, limit=3,
+               output="scores.json", cache_dir="cache", requested_device="cpu")
+"""
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": str(REPO / "src"), "HF_HOME": str(tmp_path / "hf_home")}  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((tmp_path / "scores.json").read_text())
+    assert set(record["tasks"]) == {"module_purpose", "arc_easy"}
+    for name, task in record["tasks"].items():
+        assert task["shots"] == 1 and task["items"] == 3, (name, task)
+        acc = task["metrics"]["acc"]
+        assert 0 <= acc["value"] <= 1 and acc["stderr"] is not None
+    assert record["iteration"] == 30 and record["device"] == "cpu"
+    assert len(record["export_digest"]) == 16
+    # The datasets' cache went where it was told, not to the home folder.
+    assert (tmp_path / "cache").is_dir() and not (tmp_path / "hf_home" / "datasets").exists()
+
+
+def test_unstaged_hub_task_names_where_to_stage(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    task = resolve_task("arc_easy", TASKS_DIR, None, "training.experiments.x.evaluate.tasks")
+    assert task.dataset == "allenai/ai2_arc"
+    assert staging_problem(task, online=True, site="S", facts="f.yaml") is None  # downloads
+    with pytest.raises(EvaluationError) as e:
+        stage_tasks("x", ["arc_easy"], str(TASKS_DIR), None, online=False, site="MareNostrum 5",
+                    facts="config/clusters/mn5.yaml", manifest="m.json")  # fmt: skip
+    message = str(e.value)
+    assert "hf download --repo-type dataset allenai/ai2_arc" in message
+    assert "data/eval_mirror/allenai/ai2_arc" in message and "MareNostrum 5" in message
+    assert not Path("m.json").exists()
+    # A staged copy under $HPCLLM_HF_MIRROR is used as it is.
+    arc_mirror(tmp_path / "staged")
+    found = stage_tasks("x", ["arc_easy"], str(TASKS_DIR), str(tmp_path / "staged"),
+                        online=False, site="S", facts="f", manifest="m.json")  # fmt: skip
+    assert found[0].folder == str(tmp_path / "staged/allenai/ai2_arc")
+
+
+def test_unknown_task_is_named_with_the_key():
+    with pytest.raises(
+        EvaluationError, match=r"training.experiments.x.evaluate.tasks: no task 'no_such_task'"
+    ):
+        resolve_task("no_such_task", TASKS_DIR, None, "training.experiments.x.evaluate.tasks")
+
+
+def test_perplexity_on_the_validation_split(export_record, tokenized):
+    import torch
+    import transformers
+
+    from hpcllm.evaluation.perplexity import perplexity, validation_tokens
+
+    prefix, docs = tokenized
+    # '80,20,0' of 37 documents: train 0..29 (round(29.6) = 30), valid 30..36.
+    tokens = validation_tokens(prefix, "80,20,0", None)
+    assert np.array_equal(tokens, np.concatenate(docs[30:37]))
+    assert len(validation_tokens(prefix, "80,20,0", 50)) == 50
+    result = perplexity(export_record.parent, {"sample": prefix}, "80,20,0", 16, 33, "cpu")
+    assert result["all"]["tokens"] == 32 == result["sources"]["sample"]["tokens"]
+    # The same as the model's own loss over the windows it read (two of 16 + 1 tokens).
+    model = transformers.AutoModelForCausalLM.from_pretrained(export_record.parent)
+    ids = torch.from_numpy(tokens[:33])
+    with torch.no_grad():
+        losses = [model(input_ids=w[None], labels=w[None]).loss for w in (ids[:17], ids[16:33])]
+    assert result["all"]["perplexity"] == pytest.approx(math.exp(float(sum(losses)) / 2), rel=1e-4)
+    with pytest.raises(EvaluationError, match="gives the validation split none"):
+        validation_tokens(prefix, "100,0,0", None)

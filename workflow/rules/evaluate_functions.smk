@@ -1,0 +1,77 @@
+# The evaluation stage's globals and input/params functions (its rules: evaluate.smk,
+# which includes this file first). An experiment is evaluated when it has an `evaluate`
+# key: its last checkpoint, as the export stage wrote it for Hugging Face.
+from hpcllm.training.segment import total_iterations as _total_iterations
+
+# Experiments with an `evaluate` key, and the iteration of their last checkpoint.
+EVALUATED = {
+    name: _total_iterations(prepared.experiment)
+    for name, prepared in EXPERIMENTS.items()
+    if prepared.experiment.get("evaluate") is not None
+}
+# The shipped tasks of this workflow, or a project's own resources/eval_tasks/.
+EVAL_TASKS_DIR = (
+    "resources/eval_tasks"
+    if os.path.isdir("resources/eval_tasks")
+    else os.path.join(HPCLLM_ROOT, "resources", "eval_tasks")
+)
+
+
+def evaluated_names():
+    """The experiments the default target trains (page_experiment_names) that have an
+    `evaluate` key."""
+    return [n for n in page_experiment_names() if n in EVALUATED]
+
+
+def evaluation_targets():
+    return [f"results/eval/{name}/scores.csv" for name in evaluated_names()]
+
+
+def eval_settings(wildcards):
+    return EXPERIMENTS[wildcards.experiment].experiment["evaluate"]
+
+
+def eval_dir(wildcards):
+    it = EVALUATED[wildcards.experiment]
+    return f"results/eval/{wildcards.experiment}/iter_{it:07d}"
+
+
+def eval_export_record(wildcards):
+    """The export of the experiment's last checkpoint (the export stage's export.json)."""
+    it = (
+        getattr(wildcards, "iteration", None)
+        or f"{EVALUATED[wildcards.experiment]:07d}"
+    )
+    return f"results/export/{wildcards.experiment}/iter_{it}/export.json"
+
+
+def eval_table_inputs(wildcards):
+    folder = eval_dir(wildcards)
+    return {
+        "tasks": f"{folder}/tasks.json",
+        "perplexity": f"{folder}/perplexity.json",
+        "export": eval_export_record(wildcards),
+    }
+
+
+def eval_source_prefixes(wildcards):
+    """Each training source's dataset prefix (the held-out perplexity per source)."""
+    exp = EXPERIMENTS[wildcards.experiment].experiment
+    tok = exp["data"]["tokenizer"]
+    return {
+        s: f"data/tokenized/{tok}/{s}_text_document" for s in exp["data"]["sources"]
+    }
+
+
+def eval_split(wildcards):
+    return EXPERIMENTS[wildcards.experiment].experiment["data"]["split"]
+
+
+def eval_gres(wildcards):
+    return "gpu:1" if CLUSTER.gpus_per_node else ""
+
+
+def eval_container(wildcards):
+    """The training image where the cluster runs GPU steps in containers (lm-eval and
+    transformers are in it), none elsewhere."""
+    return container_image("train")
