@@ -199,7 +199,10 @@ def datasets(case: dict) -> dict:
     finally:
         dist.destroy_process_group()
         global_vars._GLOBAL_ARGS = None
+    from megatron.core import package_info
+
     return {
+        "megatron_core": package_info.__shortversion__,
         "samples": list(samples),
         "sizes": [len(d) if d is not None else 0 for d in built],
         "eod": config.tokenizer.eod,

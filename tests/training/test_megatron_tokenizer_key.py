@@ -10,9 +10,11 @@ in test_megatron_conformance.py, where a Megatron-LM tree is at hand.)
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
-from support import megatron_hf_tokenizer
+import yaml
+from support import REPO, megatron_hf_tokenizer
 
 from hpcllm.text.tokenizer_train import train_bpe
 from hpcllm.training.cache import MegatronTokenizerKey
@@ -94,3 +96,42 @@ def test_the_key_was_verified_at_the_pinned_megatron_lm():
         "must build nothing); change MegatronTokenizerKey until it passes, then record "
         f"MEGATRON_TOKENIZER_KEY_VERIFIED = {now!r} in hpcllm/training/cache.py"
     )
+
+
+def test_the_cpu_steps_megatron_core_differs_from_the_images_only_while_it_must():
+    """The workflow's CPU steps (prepare_data_cache's index builder among them) run
+    Megatron Core CPU_MEGATRON_CORE, the images the pin's release: every release since
+    0.17 needs Python >= 3.12 and the workflow's Python is 3.11. Declared once, checked
+    here and named in every index cache's manifest; this fails once the workflow's
+    Python could install the images' release, so the two versions become one."""
+    import tomllib
+    from megatron.core import package_info
+
+    from hpcllm.training.cache import built_with
+    from hpcllm.training.megatron_args import (
+        CPU_MEGATRON_CORE,
+        MEGATRON_CORE_NEEDS_PYTHON,
+        MEGATRON_LM_COMMIT,
+        MEGATRON_LM_RELEASE,
+    )
+
+    major, minor = map(int, CPU_MEGATRON_CORE.split("."))
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    train = project["optional-dependencies"]["train"]
+    assert f"megatron-core>={CPU_MEGATRON_CORE},<{major}.{minor + 1}" in train
+    assert package_info.__shortversion__.startswith(f"{CPU_MEGATRON_CORE}.")
+    conda = yaml.safe_load((REPO / "envs/workflow.yaml").read_text())["dependencies"]
+    python = next(d for d in conda if isinstance(d, str) and d.startswith("python="))
+    pythons = {"envs/workflow.yaml": tuple(map(int, python[7:].split("."))),
+               "this environment": sys.version_info[:2]}  # fmt: skip
+    for where, version in pythons.items():
+        assert version < MEGATRON_CORE_NEEDS_PYTHON, (
+            f"{where} has Python {version}, which installs Megatron Core "
+            f"{MEGATRON_LM_RELEASE} (the images'): set pyproject's train extra to it and "
+            "drop megatron_args.CPU_MEGATRON_CORE"
+        )
+    assert built_with("megatron") == {
+        "megatron_core": package_info.__shortversion__,
+        "loaded_by": f"Megatron-LM {MEGATRON_LM_RELEASE} ({MEGATRON_LM_COMMIT[:12]})",
+    }
+    assert built_with("torch") == {"megatron_core": package_info.__shortversion__}

@@ -105,6 +105,19 @@ def _one_process_group():
         dist.destroy_process_group()
 
 
+def built_with(engine: str) -> dict[str, str]:
+    """The Megatron Core that built a cache, and for the megatron engine the one that
+    loads it (the images', a newer release: megatron_args.CPU_MEGATRON_CORE says why)."""
+    from megatron.core import package_info
+
+    from hpcllm.training.megatron_args import MEGATRON_LM_COMMIT, MEGATRON_LM_RELEASE
+
+    made = {"megatron_core": package_info.__shortversion__}
+    if engine == "megatron":
+        made["loaded_by"] = f"Megatron-LM {MEGATRON_LM_RELEASE} ({MEGATRON_LM_COMMIT[:12]})"
+    return made
+
+
 def build_index_cache(prepared, folder: str | os.PathLike, manifest: str | os.PathLike) -> dict:
     """Build (or find complete) the index files of ``prepared``; write ``manifest``."""
     from hpcllm.text.tokenizers_config import engine_vocabulary
@@ -146,6 +159,7 @@ def build_index_cache(prepared, folder: str | os.PathLike, manifest: str | os.Pa
         "samples": dict(zip(("train", "valid", "test"), samples)),
         "built": [len(d) if d is not None else 0 for d in datasets],
         "files": files,
+        **built_with(exp["engine"]),
     }
     # No timings here (results/timings/prepare_data_cache/ has them): the manifest is data,
     # identical between identical runs.

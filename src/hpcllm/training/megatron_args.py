@@ -26,6 +26,17 @@ from hpcllm.training.planner import Layout
 MEGATRON_LM_REPO = "https://github.com/NVIDIA/Megatron-LM.git"
 MEGATRON_LM_COMMIT = "5be9626709af2722333bf54797c954c09edeada3"
 MEGATRON_LM_RELEASE = "core_v0.19.0"
+# The Megatron Core of the workflow's own CPU steps (pyproject's train extra):
+# prepare_data_cache's index builder, which writes what the GPU jobs load, and the tests'
+# reference reader and model check. Not the images' release: every Megatron Core since
+# 0.17 needs Python >= 3.12, and the workflow runs on Python 3.11 (envs/workflow.yaml;
+# the CPU build of torch 2.13.0 the project pins is a Python 3.11 file there, and on 3.12
+# pip takes the CUDA build). What crosses over, the index cache, is checked against the
+# pin's own code (tests/training/test_megatron_conformance.py); the cache's manifest
+# names both versions, and tests/training/test_megatron_tokenizer_key.py fails once the
+# workflow's Python could install the images' release.
+CPU_MEGATRON_CORE = "0.16"
+MEGATRON_CORE_NEEDS_PYTHON = (3, 12)
 
 # Logical option -> flag, per commit. A logical option missing from a version's table is
 # not supported by that version and refused, instead of passed to fail at start-up. At
