@@ -48,6 +48,12 @@ def bench_container(benchmark, check=False):
     return images[0] if images else None
 
 
+if "bench_preflight" not in globals():  # a Snakefile without preflight.smk's include
+
+    def bench_preflight(point):
+        return []
+
+
 def bench_vision_inputs(wildcards):
     point = BENCH_POINTS[wildcards.point]
     inputs = {"lmdb": f"data/vision/{point['dataset']}/{point['split']}.lmdb"}
@@ -55,6 +61,7 @@ def bench_vision_inputs(wildcards):
         inputs["val"] = f"data/vision/{point['dataset']}/{point['val_split']}.lmdb"
     if bench_container("vision"):
         inputs["container"] = bench_container("vision", check=True)
+    inputs["preflight"] = bench_preflight(point)  # the canary (preflight.smk)
     return inputs
 
 
@@ -67,6 +74,7 @@ def bench_language_inputs(wildcards):
         inputs["tokenizer"] = point["tokenizer"]
     if bench_container("language"):
         inputs["container"] = bench_container("language", check=True)
+    inputs["preflight"] = bench_preflight(point)  # the canary (preflight.smk)
     return inputs
 
 

@@ -41,6 +41,9 @@ rule train_segment:
         tokenizer=training_tokenizer,
         container=training_container,
         index_cache="data/index_cache/{experiment}.json",
+        # The training canary's record on GPU clusters (preflight.smk): none starts
+        # before it passed.
+        preflight=train_preflight,
     output:
         record="results/train/{experiment}/seg{k}.json",
     log:

@@ -1,0 +1,411 @@
+"""The site probe: what the plan assumes of a site, checked on one of its GPU nodes.
+
+One small job per site and image (the ``site_probe`` rule) runs :func:`run_probe` on a
+node of the devel partition (else the GPU partition: the GPUs must be seen). Each check
+returns a record ``{check, ok, detail}``; ``ok`` says whether the site is as the facts
+file (``config/clusters/<name>.yaml``) and the plan assume. The answers, with the date,
+the job id and the host, are written as JSON where later plans read them; a probe with a
+failed check fails its job, naming the checks, so nothing that depends on it starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from hpcllm.launch import RUNTIME_EXEC, Launch, container_exec, package_in_container
+
+# Where the images hold Megatron-LM (envs/*.def): pretrain_gpt.py's folder, first on
+# sys.path of the job's program, as for any script.
+MEGATRON_DIR = "/opt/Megatron-LM"
+LAUNCHER_MODULE = {"torchrun": "torch.distributed.run", "torchrun_jsc": "torchrun_jsc"}
+
+
+class ProbeFailed(RuntimeError):
+    """A check found the site other than the plan assumes."""
+
+
+def check(name: str, ok: bool, detail: str) -> dict[str, Any]:
+    return {"check": name, "ok": bool(ok), "detail": detail}
+
+
+def image_modules(
+    cluster, purpose: str, engines: set[str] = frozenset(), vision_impls: set[str] = frozenset()
+) -> list[str]:
+    """Every module the jobs of ``purpose`` ("train": training segments and language
+    points; "vision") import in the image, for the ``engines`` they run."""
+    from hpcllm.training.megatron_args import transformer_impl_for
+
+    modules = ["torch", LAUNCHER_MODULE[cluster.launcher]]
+    if purpose == "vision":
+        modules += ["numpy", "PIL", "lmdb", "hpcllm.bench.vision_train"]
+        if "torchvision" in vision_impls:
+            modules.append("torchvision")
+        return modules
+    if "megatron" in engines:
+        # pretrain_gpt.py imports these; helpers_cpp is the compiled dataset helpers
+        # (built with the image; without it rank 0 compiles them at start-up, or fails);
+        # TensorBoard for --tensorboard-dir; the Hugging Face tokenizer.
+        modules += [
+            "megatron.core",
+            "megatron.training",
+            "megatron.core.datasets.helpers_cpp",
+            "tensorboard",
+            "tokenizers",
+            "transformers",
+        ]
+        if transformer_impl_for(cluster) == "transformer_engine":
+            modules.append("transformer_engine")
+    if "torch" in engines:  # hpcllm's own engine, from the checkout's src/
+        modules += ["tensorboard", "tokenizers", "hpcllm.training.torch_engine"]
+    return list(dict.fromkeys(modules))
+
+
+def facts_of(cluster) -> dict[str, Any]:
+    """The cluster's facts as loaded (environment references unexpanded), without where
+    they were read from."""
+    facts = dataclasses.asdict(cluster)
+    facts.pop("path", None)
+    return facts
+
+
+def key_of(what: dict[str, Any]) -> str:
+    text = json.dumps(what, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def probe_key(cluster, image: str, modules: list[str], chain: bool) -> str:
+    """What the probe checks: the site facts, the image, its modules, the Megatron-LM
+    commit and whether the chain needs compute nodes to submit. A param of the rule, so
+    that Snakemake reruns the probe exactly when one changes (the image file itself is
+    an input)."""
+    from hpcllm.training.megatron_args import MEGATRON_LM_COMMIT
+
+    return key_of(
+        {
+            "facts": facts_of(cluster),
+            "image": Path(image).name,
+            "modules": modules,
+            "megatron_commit": MEGATRON_LM_COMMIT,
+            "chain": chain,
+        }
+    )
+
+
+def _run(argv: list[str], timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def _tail(text: str, lines: int = 5) -> str:
+    return " | ".join(text.strip().splitlines()[-lines:])
+
+
+def check_runtime(cluster) -> dict[str, Any]:
+    exe = RUNTIME_EXEC[cluster.container_runtime]
+    path = shutil.which(exe)
+    if not path:
+        return check(
+            "container_runtime",
+            False,
+            f"{exe} is not on the compute node's PATH ({cluster.path}: container_runtime "
+            f"{cluster.container_runtime}); load its module (modules:) or fix the facts",
+        )
+    try:
+        proc = _run([exe, "--version"], timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return check("container_runtime", False, f"{path} --version: {e}")
+    version = (proc.stdout or proc.stderr).strip().splitlines()
+    return check(
+        "container_runtime",
+        proc.returncode == 0,
+        f"{path}: {version[0] if version else ''} (exit {proc.returncode})",
+    )
+
+
+def inside_launch(cluster, image: str, modules: list[str]) -> Launch:
+    """The image started as the jobs start it (binds, the job environment, the variables
+    kept outside), running :mod:`hpcllm.preflight.inside` with the checkout's src/."""
+    binds, env = package_in_container(image)
+    unset = tuple(cluster.env_outside_container)
+    argv = container_exec(cluster, image, binds, unset) + [
+        "python", "-m", "hpcllm.preflight.inside", "--sys-path", MEGATRON_DIR, *modules,
+    ]  # fmt: skip
+    return Launch(
+        argv=argv,
+        env={**cluster.env, **cluster.env_outside_container, **env},
+        modules=cluster.modules,
+        source=cluster.path or cluster.name,
+        unset_in_container=unset,
+        globs=cluster.env_globs,
+    )
+
+
+def check_image(cluster, image: str, modules: list[str]) -> tuple[list[dict], dict | None]:
+    """The image starts; every module imports in it. Also returns what it reported."""
+    launch = inside_launch(cluster, image, modules)
+    try:
+        proc = _run(["bash", "-c", launch.shell()], timeout=600)
+    except subprocess.TimeoutExpired:
+        return [check("image_start", False, f"{image} did not start within 600 s")], None
+    inside = None
+    for line in reversed(proc.stdout.splitlines()):
+        try:
+            inside = json.loads(line)
+            break
+        except ValueError:
+            continue
+    if proc.returncode != 0 or not isinstance(inside, dict):
+        detail = f"{image} did not start (exit {proc.returncode}): {_tail(proc.stderr)}"
+        return [check("image_start", False, detail)], None
+    found = [check("image_start", True, f"{image}: Python {inside['python']}")]
+    for name, error in inside["modules"].items():
+        found.append(check(f"module {name}", error is None, error or "imports"))
+    return found, inside
+
+
+_NVIDIA = re.compile(r"^GPU \d+: (.+?) \(UUID")
+_AMD = re.compile(r"GPU\[(\d+)\].*Card (?:series|model)\s*:\s*(.+)$")
+
+
+def gpu_names(vendor: str) -> tuple[list[str] | None, str]:
+    """The node's GPUs as nvidia-smi / rocm-smi lists them (None: the tool failed)."""
+    argv = ["nvidia-smi", "-L"] if vendor == "nvidia" else ["rocm-smi", "--showproductname"]
+    try:
+        proc = _run(argv, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"{argv[0]}: {e}"
+    if proc.returncode != 0:
+        return None, f"{' '.join(argv)} failed ({proc.returncode}): {_tail(proc.stderr)}"
+    if vendor == "nvidia":
+        names = [m.group(1) for line in proc.stdout.splitlines() if (m := _NVIDIA.match(line))]
+    else:
+        by_index = {}
+        for line in proc.stdout.splitlines():
+            m = _AMD.search(line)
+            if m:
+                by_index.setdefault(m.group(1), m.group(2).strip())
+        names = list(by_index.values())
+    return names, " ".join(argv)
+
+
+def check_gpus(cluster) -> dict[str, Any]:
+    """The GPUs visible and their type, against gpus_per_node and gpu.model."""
+    names, how = gpu_names(cluster.gpu.vendor)
+    if names is None:
+        return check("gpus", False, how)
+    # The model's family (A100, H100, GH200, MI250X) in the name the tool prints.
+    family = re.split(r"[-\s]", cluster.gpu.model)[0].lower()
+    wrong = [n for n in names if family not in n.lower()]
+    ok = len(names) == cluster.gpus_per_node and not wrong
+    detail = (
+        f"{how}: {len(names)} x {', '.join(sorted(set(names))) or 'none'}; the facts "
+        f"({cluster.path}): {cluster.gpus_per_node} x {cluster.gpu.model}"
+    )
+    return check("gpus", ok, detail)
+
+
+def check_network(cluster, inside: dict | None) -> dict[str, Any]:
+    """The network NCCL/RCCL is told to use (NCCL_NET) is there: InfiniBand's devices on
+    the node and libibverbs in the image, or the named plugin library in the image."""
+    net = cluster.env.get("NCCL_NET")
+    if not net:
+        return check("network_plugin", True, "NCCL_NET is not set: NCCL picks its network")
+    if inside is None:
+        return check("network_plugin", False, f"NCCL_NET={net}: the image did not start")
+    if net == "IB":
+        devices = (
+            sorted(os.listdir("/sys/class/infiniband"))
+            if os.path.isdir("/sys/class/infiniband")
+            else []
+        )
+        ok = bool(devices) and bool(inside.get("ibverbs"))
+        return check(
+            "network_plugin",
+            ok,
+            f"NCCL_NET=IB: InfiniBand devices {devices or 'none'} on the node, libibverbs "
+            f"{inside.get('ibverbs') or 'missing'} in the image",
+        )
+    plugins = inside.get("net_plugins") or []
+    return check(
+        "network_plugin",
+        bool(plugins),
+        f"NCCL_NET={net}: plugin libraries on the image's LD_LIBRARY_PATH: "
+        f"{', '.join(plugins) or 'none'}",
+    )
+
+
+def check_storage(name: str, path: str, where: str) -> dict[str, Any]:
+    """``path`` (a facts value; $VARS expanded here, in the job) is writable; free space."""
+    expanded = os.path.expandvars(path)
+    if "$" in expanded:
+        return check(name, False, f"{path}: a variable is not set in the job ({where})")
+    try:
+        with tempfile.NamedTemporaryFile(dir=expanded, prefix=".hpcllm-probe-") as f:
+            f.write(b"\0" * (1 << 20))
+            f.flush()
+            os.fsync(f.fileno())
+        free = shutil.disk_usage(expanded).free
+    except OSError as e:
+        return check(name, False, f"{expanded} ({where}) is not writable: {e}")
+    return check(name, True, f"{expanded}: writable, {free / 1e9:.1f} GB free")
+
+
+def hub_host() -> str:
+    """The Hugging Face hub's host (HF_ENDPOINT, else huggingface_hub's default)."""
+    endpoint = os.environ.get("HF_ENDPOINT")
+    if not endpoint:
+        from huggingface_hub import constants
+
+        endpoint = constants.ENDPOINT
+    return urlparse(endpoint).hostname or endpoint
+
+
+def reaches(host: str, port: int = 443, timeout: float = 5.0) -> tuple[bool, str]:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True, f"connected to {host}:{port}"
+    except OSError as e:
+        return False, f"{host}:{port}: {e}"
+
+
+def check_internet(cluster) -> dict[str, Any]:
+    """What the node reaches (the hub) against the facts' internet.compute."""
+    reached, how = reaches(hub_host())
+    expected = cluster.internet.compute
+    if reached == expected:
+        return check("internet", True, f"{how}; as the facts say (internet.compute: {expected})")
+    if reached:  # more than assumed: harmless, the jobs run offline anyway
+        return check(
+            "internet",
+            True,
+            f"{how}, though the facts say internet.compute: false (the jobs run offline "
+            f"anyway; {cluster.path} may say true)",
+        )
+    return check(
+        "internet",
+        False,
+        f"{how}, but the facts say internet.compute: true; set it to false in {cluster.path}",
+    )
+
+
+def _job_field(job: str, field: str) -> str | None:
+    try:
+        text = _run(["scontrol", "show", "job", "-o", job], timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(rf"(?:^|\s){field}=(\S+)", text)
+    return m.group(1) if m and m.group(1) != "(null)" else None
+
+
+def check_slurm_from_node(chain: bool) -> dict[str, Any]:
+    """Whether this compute node may call sbatch, scontrol requeue and scancel (the chain
+    submits its successors from its jobs): a held one-minute job submitted, requeued
+    (Slurm answers "pending execution" to an allowed requeue of a pending job) and
+    cancelled. ``chain``: the plan uses training.chain, so a refusal fails the check."""
+    from hpcllm.training.chain import _clean_environment
+
+    env = _clean_environment(os.environ)
+    argv = ["sbatch", "--hold", "--parsable", "--job-name", "hpcllm-probe-submit",
+            "--time", "1", "--nodes", "1", "--output", "/dev/null"]  # fmt: skip
+    job = os.environ.get("SLURM_JOB_ID")
+    if job:  # the probe's own partition and account
+        for field, flag in (("Partition", "--partition"), ("Account", "--account")):
+            value = _job_field(job, field)
+            if value:
+                argv += [flag, value]
+    answers, allowed = [], True
+    try:
+        proc = _run([*argv, "--wrap", "true"], env=env, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        proc = subprocess.CompletedProcess(argv, 1, "", str(e))
+    submitted = proc.stdout.strip().split(";")[0] if proc.returncode == 0 else ""
+    if not submitted:
+        allowed = False
+        answers.append(f"sbatch refused ({_tail(proc.stderr or proc.stdout)})")
+    else:
+        answers.append(f"sbatch: job {submitted} (held)")
+        try:
+            requeue = _run(["scontrol", "requeue", submitted], env=env, timeout=60)
+            said = (requeue.stderr + requeue.stdout).strip()
+            ok = requeue.returncode == 0 or "pending execution" in said.lower()
+        except (OSError, subprocess.TimeoutExpired) as e:
+            ok, said = False, str(e)
+        allowed &= ok
+        answers.append("scontrol requeue: allowed" if ok else f"scontrol requeue refused ({said})")
+        try:
+            cancel = _run(["scancel", submitted], env=env, timeout=60)
+            ok, said = cancel.returncode == 0, _tail(cancel.stderr)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            ok, said = False, str(e)
+        allowed &= ok
+        answers.append("scancel: allowed" if ok else f"scancel refused ({said})")
+    detail = "; ".join(answers)
+    if not allowed:
+        detail += (
+            "; training.chain needs them: set training.chain: false"
+            if chain
+            else " (training.chain is off: not needed)"
+        )
+    return check("slurm_from_compute_node", allowed or not chain, detail)
+
+
+def run_probe(
+    cluster,
+    image: str,
+    modules: list[str],
+    chain: bool,
+    key: str,
+    record_path: str | os.PathLike,
+    answers_path: str | os.PathLike,
+) -> dict[str, Any]:
+    """Run every check; write the answers to ``answers_path`` (always) and, when every
+    check passed, the record ``record_path`` (the rule's output); else ProbeFailed."""
+    from hpcllm.atomic import atomic_path
+
+    checks = [check_runtime(cluster)]
+    image_checks, inside = check_image(cluster, image, modules)
+    checks += image_checks
+    if cluster.gpu is not None:
+        checks.append(check_gpus(cluster))
+    checks.append(check_network(cluster, inside))
+    checks.append(check_storage("local_storage", cluster.local_storage, cluster.path))
+    checks.append(check_storage("scratch", cluster.scratch, cluster.path))
+    checks.append(check_internet(cluster))
+    checks.append(check_slurm_from_node(chain))
+    record = {
+        "cluster": cluster.name,
+        "image": image,
+        "key": key,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "job_id": os.environ.get("SLURM_JOB_ID"),
+        "host": socket.gethostname(),
+        "ok": all(c["ok"] for c in checks),
+        "checks": checks,
+    }
+    text = json.dumps(record, indent=1) + "\n"
+    Path(answers_path).parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(answers_path) as tmp:
+        Path(tmp).write_text(text)
+    failed = [c for c in checks if not c["ok"]]
+    if failed:
+        raise ProbeFailed(
+            f"site probe of {cluster.name} with {image} (job {record['job_id']} on "
+            f"{record['host']}): {len(failed)} check(s) failed: "
+            + "; ".join(f"{c['check']}: {c['detail']}" for c in failed)
+            + f". All answers: {answers_path}. Fix the site or the facts, then run again "
+            "(the GPU jobs wait for the probe)"
+        )
+    with atomic_path(record_path) as tmp:
+        Path(tmp).write_text(text)
+    return record

@@ -1,0 +1,41 @@
+"""Pre-flight in the plan (workflow/rules/preflight.smk): on a GPU cluster the GPU jobs wait
+for their canary, which waits for the site probe of its image, both on the devel
+partition and in the cost lines; on the laptop profile there is neither."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from support import make_workdir, run_snakemake
+from test_profiles import OPT_IN, USER_ENV, no_slurm  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.workflow
+
+
+def test_juwels_plans_probe_and_canary_before_the_segments(tmp_path, no_slurm):  # noqa: F811
+    workdir = make_workdir(tmp_path / "work")
+    out = run_snakemake(
+        workdir, "-n", "-F", "--profile", "profiles/juwels", "--configfile", *OPT_IN,
+        env={**no_slurm, **USER_ENV},
+    )  # fmt: skip
+    text = out.stdout + out.stderr
+    blocks = {m.group(1): m.group(0) for m in re.finditer(r"rule (\w+):\n(?:    .*\n)+", text)}
+    probe, canary, segment = blocks["site_probe"], blocks["canary"], blocks["train_segment"]
+    # one devel node with the GPUs and the node of train_segment's profile resources
+    for block in (probe, canary):
+        assert "slurm_partition=develbooster" in block and "nodes=1," in block, block
+        assert "gres=gpu:4" in block and "cpus_per_task=48" in block, block
+    assert "results/preflight/juwels/probe/megatron-nvidia.json" in canary
+    assert "kind=train_megatron" in canary
+    assert "results/preflight/juwels/canary/train_megatron.json" in segment
+    # priced with the other jobs that hold GPU nodes
+    for rule in ("site_probe", "canary"):
+        assert re.search(rf"\n  {rule}: 1 job\(s\), [\d.]+ node-hours", text), text[-3000:]
+
+
+def test_the_laptop_plan_has_no_preflight(tmp_path):
+    out = run_snakemake(make_workdir(tmp_path / "work"), "-n", "-F", "--profile", "profiles/local")
+    text = out.stdout + out.stderr
+    assert "train_segment" in text
+    assert "site_probe" not in text and "canary" not in text and "preflight" not in text

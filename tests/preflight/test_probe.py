@@ -1,0 +1,151 @@
+"""The site probe's checks (hpcllm.preflight.probe) against a cluster's facts.
+
+The GPU tools cannot run here: `nvidia-smi` is a script printing what NVIDIA's prints.
+Everything else (imports, storage, the facts comparison) is real."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hpcllm.clusters import load_cluster
+from hpcllm.preflight import probe
+from hpcllm.preflight.canary import language_canary_point, one_node_layout, rerun_warning
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "config", "clusters")
+
+
+def juwels():
+    return load_cluster("juwels", root=ROOT)
+
+
+def test_inside_reports_each_modules_import_error(tmp_path):
+    (tmp_path / "only_in_the_image.py").write_text("")
+    out = subprocess.run(
+        [sys.executable, "-m", "hpcllm.preflight.inside", "--sys-path", str(tmp_path),
+         "json", "only_in_the_image", "hpcllm_no_such_module"],
+        capture_output=True, text=True, check=True, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )  # fmt: skip
+    modules = json.loads(out.stdout.splitlines()[-1])["modules"]
+    assert modules["json"] is None and modules["only_in_the_image"] is None
+    assert modules["hpcllm_no_such_module"].startswith("ModuleNotFoundError")
+
+
+def fake_nvidia_smi(tmp_path, monkeypatch, names):
+    tool = tmp_path / "nvidia-smi"
+    lines = "".join(f"echo 'GPU {i}: {n} (UUID: GPU-{i})'\n" for i, n in enumerate(names))
+    tool.write_text(f"#!/bin/sh\n{lines}")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+
+
+@pytest.mark.parametrize(
+    "names, ok",
+    [
+        (["NVIDIA A100-SXM4-40GB"] * 4, True),
+        (["NVIDIA A100-SXM4-40GB"] * 3, False),  # a GPU missing
+        (["NVIDIA H100 80GB HBM3"] * 4, False),  # another GPU than the facts say
+    ],
+)
+def test_gpus_against_the_facts(tmp_path, monkeypatch, names, ok):
+    fake_nvidia_smi(tmp_path, monkeypatch, names)
+    found = probe.check_gpus(juwels())
+    assert found["ok"] is ok, found
+    assert "4 x A100-SXM4-40GB" in found["detail"] and f"{len(names)} x" in found["detail"]
+
+
+def test_gpus_without_the_tool(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    found = probe.check_gpus(juwels())
+    assert not found["ok"] and "nvidia-smi" in found["detail"]
+
+
+def test_storage_writable_with_free_space_unset_variable_and_unwritable(tmp_path, monkeypatch):
+    monkeypatch.setenv("HPCLLM_TEST_SCRATCH", str(tmp_path))
+    found = probe.check_storage("scratch", "$HPCLLM_TEST_SCRATCH", "facts.yaml")
+    assert found["ok"] and "GB free" in found["detail"] and str(tmp_path) in found["detail"]
+    assert not list(tmp_path.iterdir())  # the probe's file is gone
+    monkeypatch.delenv("HPCLLM_TEST_SCRATCH")
+    unset = probe.check_storage("scratch", "$HPCLLM_TEST_SCRATCH", "facts.yaml")
+    assert not unset["ok"] and "not set" in unset["detail"]
+    (tmp_path / "a-file").write_text("")
+    unwritable = probe.check_storage("local_storage", str(tmp_path / "a-file"), "facts.yaml")
+    assert not unwritable["ok"] and "not writable" in unwritable["detail"]
+
+
+@pytest.mark.parametrize(
+    "reached, compute, ok",
+    [(False, False, True), (True, True, True), (True, False, True), (False, True, False)],
+)
+def test_internet_against_the_facts(monkeypatch, reached, compute, ok):
+    import dataclasses
+
+    monkeypatch.setattr(probe, "reaches", lambda host: (reached, f"{host}:443"))
+    monkeypatch.setenv("HF_ENDPOINT", "https://hub.example")
+    cluster = juwels()
+    cluster = dataclasses.replace(
+        cluster, internet=dataclasses.replace(cluster.internet, compute=compute)
+    )
+    found = probe.check_internet(cluster)
+    assert found["ok"] is ok, found
+    assert "hub.example:443" in found["detail"]
+
+
+def test_modules_of_each_image():
+    cluster = juwels()
+    train = probe.image_modules(cluster, "train", {"megatron"})
+    assert {"megatron.core.datasets.helpers_cpp", "tensorboard", "transformer_engine"} <= set(train)
+    assert "torchrun_jsc" in train  # JSC's launcher
+    vision = probe.image_modules(cluster, "vision", vision_impls={"torchvision"})
+    assert {"torchvision", "lmdb", "hpcllm.bench.vision_train"} <= set(vision)
+    lumi = load_cluster("lumi", root=ROOT)  # ROCm: Megatron's own layers, no TE
+    assert "transformer_engine" not in probe.image_modules(lumi, "train", {"megatron"})
+
+
+def test_probe_key_changes_with_what_it_checks():
+    cluster = juwels()
+    key = probe.probe_key(cluster, "containers/a.sif", ["torch"], False)
+    assert key == probe.probe_key(cluster, "containers/a.sif", ["torch"], False)
+    assert key != probe.probe_key(cluster, "containers/b.sif", ["torch"], False)
+    assert key != probe.probe_key(cluster, "containers/a.sif", ["torch", "lmdb"], False)
+    assert key != probe.probe_key(load_cluster("jureca", root=ROOT), "containers/a.sif",
+                                  ["torch"], False)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "tp, pp, gpus, expected",
+    [(2, 1, 4, (2, 1, 2)), (8, 16, 4, (4, 1, 1)), (2, 2, 2, (2, 1, 1)), (1, 4, 8, (1, 4, 2))],
+)
+def test_one_node_keeps_what_fits_of_the_layout(tp, pp, gpus, expected):
+    assert one_node_layout(tp, pp, gpus) == expected
+
+
+def test_language_canary_is_one_node_of_the_points_layout():
+    point = {
+        "id": "x", "nodes": 16, "procs_per_node": 4, "gpus": 64, "tp": 4, "pp": 4, "dp": 4,
+        "sequence_parallel": True, "micro_batch": 1, "global_batch": 1536, "iterations": 50,
+        "warmup_iterations": 10, "seq_length": 2048, "preset": "gpt3_175b",
+        "model_overrides": {"model": {"vocab_size": 50304}},
+    }  # fmt: skip
+    small = language_canary_point(point, juwels())
+    assert (small["nodes"], small["gpus"], small["tp"], small["pp"], small["dp"]) == (1, 4, 4, 1, 1)
+    assert small["global_batch"] == 1 and small["iterations"] == 3
+    assert small["model_overrides"]["model"]["vocab_size"] == 50304  # kept
+    assert small["model_overrides"]["model"]["num_attention_heads"] % small["tp"] == 0
+
+
+def test_a_record_made_again_is_said(tmp_path):
+    record, image = tmp_path / "canary.json", tmp_path / "a.sif"
+    assert rerun_warning(str(record), "k1", None) is None  # a first run
+    image.write_text("")
+    record.write_text(json.dumps({"key": "k1"}))
+    assert rerun_warning(str(record), "k1", str(image)) is None
+    assert "what it checks changed" in rerun_warning(str(record), "k2", str(image))
+    os.utime(image, (record.stat().st_mtime + 10,) * 2)
+    assert "newer than its record" in rerun_warning(str(record), "k1", str(image))
+    assert "run the same command again" in rerun_warning(str(record), "k1", str(image))

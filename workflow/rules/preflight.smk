@@ -1,0 +1,79 @@
+# Pre-flight on the real site (docs/clusters.md, "Pre-flight"): per image a site probe,
+# per GPU job type a canary at minimal size; the GPU jobs wait for their canary's record.
+# Only on Slurm clusters with GPUs (PREFLIGHT): elsewhere no rule here is part of a plan.
+# Each output's job is keyed by what it checked (params.key): Snakemake reruns it exactly
+# when that changes; `--forcerun site_probe` runs the probe (and what follows) again.
+
+
+include: "preflight_functions.smk"
+
+
+rule site_probe:
+    input:
+        image=probe_inputs,
+    output:
+        record=f"{PREFLIGHT_DIR}/probe/{{image}}.json",
+    log:
+        "logs/site_probe/{image}.log",
+    wildcard_constraints:
+        image="|".join(PROBE_IMAGES) if PREFLIGHT else "NONE",
+    conda:
+        "../../envs/workflow.yaml"
+    threads: 1
+    resources:
+        slurm_partition=preflight_partition(),
+        nodes=1,
+        tasks=1,
+        tasks_per_gpu=0,
+        mpi="",
+        gres=lambda wc: preflight_resources(
+            "bench_vision" if PROBE_IMAGES[wc.image] == ["vision"] else "train_segment"
+        )["gres"],
+        cpus_per_task=lambda wc: preflight_resources("train_segment")["cpus_per_task"],
+        mem_mb=lambda wc: preflight_resources("train_segment")["mem_mb"],
+        runtime=15,
+        slurm_extra=lambda wc: "--ntasks-per-node=1" + threads_per_core_flag(),
+    params:
+        # Recorded by Snakemake: a change of what the probe checks runs it again.
+        key=probe_key,
+        modules=probe_modules,
+        chain=bool(config["training"].get("chain")),
+        cluster=CLUSTER,
+        answers=f"{PREFLIGHT_DIR}/probe/{{image}}.answers.json",
+    script:
+        "../scripts/site_probe.py"
+
+
+rule canary:
+    input:
+        unpack(canary_inputs),
+    output:
+        record=f"{PREFLIGHT_DIR}/canary/{{kind}}.json",
+    log:
+        "logs/canary/{kind}.log",
+    wildcard_constraints:
+        kind="|".join(CANARY_KINDS) if PREFLIGHT else "NONE",
+    conda:
+        "../../envs/workflow.yaml"
+    threads: 1
+    resources:
+        slurm_partition=preflight_partition(),
+        nodes=1,
+        tasks=1,
+        tasks_per_gpu=0,
+        mpi="",
+        gres=canary_resource("gres"),
+        cpus_per_task=canary_resource("cpus_per_task"),
+        mem_mb=canary_resource("mem_mb"),
+        runtime=_canary.RUNTIME_MIN,
+        slurm_extra=canary_slurm_extra,
+    params:
+        # Recorded by Snakemake: a change of what the canary checks runs it again.
+        key=canary_key,
+        source=canary_source_of,
+        cluster=CLUSTER,
+        work=f"{PREFLIGHT_DIR}/canary/{{kind}}",
+        time_limit_s=canary_time_limit_s,
+        schema=f"{HPCLLM_ROOT}/workflow/schemas/benchmarks.schema.yaml",
+    script:
+        "../scripts/canary.py"
