@@ -1,0 +1,1 @@
+"""Export of training checkpoints as Hugging Face model folders (docs/export.md)."""
