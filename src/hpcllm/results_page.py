@@ -266,6 +266,8 @@ def experiment_view(workdir: Path, name: str, prepared, loss_png: Path | None) -
         "validation loss (last)": "" if s.valid_loss is None else f"{s.valid_loss:.3f}",
         "engine": str(prepared.experiment["engine"]),
     }
+    if s.wh_per_million_tokens is not None:  # where the GPUs have energy counters
+        status["energy (Wh per million tokens)"] = f"{s.wh_per_million_tokens:,.1f}"
     notes = [f"Last failure: {s.last_failure}."] if s.last_failure else []
     scores, stale = experiment_scores(workdir, name, s.total_iterations)
     notes += [stale] if stale else []

@@ -13,9 +13,6 @@ from __future__ import annotations
 import logging
 import os
 
-import torch
-import torch.distributed as dist
-
 log = logging.getLogger(__name__)
 
 
@@ -23,6 +20,9 @@ def job_energy(local_joules: float | None) -> float | None:
     """Joules of every GPU of the job: each rank reads its own GPU, the sum is taken over
     all ranks (all nodes). None unless every rank had a counter: a partial sum would
     understate the job's energy."""
+    import torch  # here: hpcllm status reads logs with log_energy, without torch
+    import torch.distributed as dist
+
     if not dist.is_initialized():
         return local_joules
     device = (
@@ -100,3 +100,32 @@ def _amdsmi_reader(index: int):
         log.info("no amdsmi energy counter: %s", e)
         return None
     return read
+
+
+ENERGY_FIELD = "energy per GPU (J/iter/GPU)"  # Megatron-LM's --log-energy, and the torch engine's
+
+
+def log_energy(
+    rows: list[dict], gpus: int, global_batch: int, seq_length: int, log_interval: int
+) -> tuple[float, int] | None:
+    """Joules and the tokens they trained, from a training log's iteration lines
+    (``hpcllm.training.segment.parse_log_lines``) that carry the energy field: each line's
+    energy per GPU per iteration times its iterations (since the line before, at most
+    ``log_interval``: a resumed attempt starts again) times the GPUs. None: no line had it
+    (no counter on the GPUs, a CPU run, Megatron without --log-energy)."""
+    joules, tokens, previous = 0.0, 0, None
+    for row in rows:
+        iteration = row["iteration"]
+        steps = iteration - previous if previous is not None else log_interval
+        if not 0 < steps <= log_interval:
+            steps = min(log_interval, iteration)
+        previous = iteration
+        value = row.get(ENERGY_FIELD)
+        if isinstance(value, float):
+            joules += value * steps * gpus
+            tokens += steps * global_batch * seq_length
+    return (joules, tokens) if tokens else None
+
+
+def wh_per_million_tokens(joules: float, tokens: int) -> float:
+    return joules / 3600 / (tokens / 1e6)

@@ -695,6 +695,13 @@ def _train_segment(
         "gpus": layout.gpus,
         "checkpoint": str(checkpoints.iteration_dir(paths.save, reached)),
     }
+    # The GPUs' energy where the engine logged it (hpcllm.bench.energy), and its tokens.
+    from hpcllm.bench.energy import log_energy
+
+    energy = log_energy(lines, layout.gpus, layout.global_batch,
+                        experiment["model"]["seq_length"], experiment.get("log_interval", 1))  # fmt: skip
+    if energy:
+        record["energy_j"], record["energy_tokens"] = round(energy[0], 3), energy[1]
     with atomic_path(paths.record) as tmp:
         tmp.write_text(json.dumps(record, indent=2) + "\n")
     return record

@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from hpcllm.bench.energy import log_energy, wh_per_million_tokens
 from hpcllm.training import attempts as attempts_mod
 from hpcllm.training import checkpoints, lease
 from hpcllm.training.curves import read_curves
@@ -52,6 +53,8 @@ class ExperimentStatus:
     # settings, segment records of checkpoints no longer there); its figures are left out.
     stale: str | None = None
     earlier_failure: str | None = None  # an attempt's failure that a later attempt followed
+    # The GPUs' energy over the iterations whose log lines carry it (hpcllm.bench.energy).
+    wh_per_million_tokens: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -238,6 +241,13 @@ def experiment_status(
                     last.get("global batch size", layout.global_batch) * seq / (ms / 1000)
                 )
             tflops = last.get("throughput per GPU (TFLOP/s/GPU)")
+    energy = log_energy(
+        [r for p in logs for r in parse_log_lines(p.read_text(errors="replace")) if "lm loss" in r],
+        layout.gpus,
+        layout.global_batch,
+        seq,
+        exp.get("log_interval", 1),
+    )
     # GPU-hours: every attempt of every segment, from its start to its end (or to its
     # last record for one still running or lost), times the GPUs of the layout.
     # The attempt that runs now (its Slurm job RUNNING, or its local process holding the
@@ -297,7 +307,7 @@ def experiment_status(
         )
     if changed or (stale and iteration is None):
         # not the model the current settings train: no figure of it as the current one
-        iteration = train_loss = valid_loss = log_age = None
+        iteration = train_loss = valid_loss = log_age = energy = None
         tokens_per_second = tflops = seconds_per_iteration = None
     to_finish = None
     if trained and iteration is not None:
@@ -359,6 +369,7 @@ def experiment_status(
         running_gpu_hours=running_seconds * layout.gpus / 3600,
         stale=stale,
         earlier_failure=earlier_failure,
+        wh_per_million_tokens=wh_per_million_tokens(*energy) if energy else None,
     )
 
 
@@ -504,6 +515,11 @@ def format_status(
             f"    loss {_num(e.train_loss, '.4f')} (validation {_num(e.valid_loss, '.4f')}), "
             f"last segment {_num(e.tokens_per_second, ',.0f')} tokens/s, "
             f"{_num(e.tflops_per_gpu, '.1f')} TFLOP/s/GPU"
+            + (
+                f", {e.wh_per_million_tokens:,.1f} Wh per million tokens"
+                if e.wh_per_million_tokens is not None
+                else ""
+            )
         )
         running = (
             f" ({e.running_gpu_hours:.2f} in the running attempt)" if e.running_gpu_hours else ""

@@ -54,6 +54,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from hpcllm.bench.energy import EnergyCounter, job_energy  # noqa: E402
 from hpcllm.training import checkpoints, checksums  # noqa: E402
 from hpcllm.training.checkpoints import CheckpointError  # noqa: E402
 from hpcllm.training.data import Blend, build_datasets, check_blend, sample_counts  # noqa: E402
@@ -429,6 +430,7 @@ def log_line(
     throughput: bool,
     loss_scale: float = 1.0,
     skipped: int = 0,
+    energy_j_per_gpu: float | None = None,
 ) -> str:
     """One line in the format of Megatron-LM's ``training_log`` (megatron/training/training.py;
     the pinned commit prints the time without microseconds)."""
@@ -438,6 +440,9 @@ def log_line(
     s += f" elapsed time per iteration (ms): {elapsed_ms:.1f} |"
     if throughput:
         s += f" throughput per GPU (TFLOP/s/GPU): {tflops:.1f} |"
+    if energy_j_per_gpu is not None:
+        s += f" energy per GPU (J/iter/GPU): {energy_j_per_gpu:.1f} |"
+        s += f" power per GPU (W/GPU): {energy_j_per_gpu / (elapsed_ms / 1000):.1f} |"
     s += f" learning rate: {lr:.6E} |"
     s += f" global batch size: {args.global_batch_size:5d} |"
     s += f" lm loss: {loss:.6E} |"
@@ -613,6 +618,9 @@ def train(args: argparse.Namespace) -> dict:
     # as Megatron's --fp16 without --loss-scale). A no-op otherwise.
     scaler = torch.amp.GradScaler(d.device.type, enabled=args.fp16)
     flops = flops_per_iteration(args, padded)
+    # The GPUs' energy per log interval where they have a counter (Megatron's --log-energy).
+    energy = EnergyCounter(d.device.index or 0) if d.device.type == "cuda" else None
+    interval_joules = energy.joules() if energy else None
     first = iteration + 1
     summary = {"first_iteration": first, "last_iteration": iteration, "loss": None}
     if d.rank == 0:
@@ -678,6 +686,12 @@ def train(args: argparse.Namespace) -> dict:
         interval_iters += 1
         if iteration % args.log_interval == 0 or iteration == stop_at or stats[2]:
             elapsed = (time.time() - interval_start) / interval_iters
+            per_gpu = None
+            if energy is not None:  # every rank: job_energy sums over them
+                now_joules = energy.joules()
+                spent = job_energy(None if now_joules is None else now_joules - interval_joules)
+                interval_joules = now_joules
+                per_gpu = None if spent is None else spent / d.world / interval_iters
             if d.rank == 0:
                 tflops = flops / (elapsed * 1e12 * d.world)
                 line = log_line(
@@ -692,6 +706,7 @@ def train(args: argparse.Namespace) -> dict:
                     args.log_throughput,
                     loss_scale=scaler.get_scale() if args.fp16 else 1.0,
                     skipped=interval_skipped,
+                    energy_j_per_gpu=per_gpu,
                 )
                 print(line, flush=True)
                 tokens = iteration * args.global_batch_size * args.seq_length
