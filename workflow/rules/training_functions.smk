@@ -285,7 +285,13 @@ if CHAINED:
         HPCLLM_CHAIN_SLURM_SETTINGS=_json.dumps(
             {
                 key: getattr(_settings, key, None)
-                for key in ("requeue", "no_requeue", "qos", "reservation")
+                for key in (
+                    "requeue",
+                    "no_requeue",
+                    "qos",
+                    "reservation",
+                    "exclude_failed_nodes",
+                )
             }
         )
     )
