@@ -18,7 +18,7 @@ from support import REPO
 
 from hpcllm.evaluation.model import EvaluationError
 from hpcllm.evaluation.run import stage_tasks
-from hpcllm.evaluation.tasks import resolve_task, staging_problem
+from hpcllm.evaluation.tasks import plan_problems, resolve_task, staging_problem
 
 QUESTIONS = [  # made up for this test, in allenai/ai2_arc's columns
     ("What do plants take in to make food?", ["carbon dioxide", "salt", "sand", "iron"], "A"),
@@ -101,6 +101,12 @@ def test_unstaged_hub_task_names_where_to_stage(tmp_path, monkeypatch):
 
 
 def test_unknown_task_is_named_with_the_key():
+    # at plan time on a site without internet: every task that cannot run, by its key
+    problems = plan_problems("x", ["module_purpose", "arc_easy", "no_such_task"], TASKS_DIR,
+                             None, "MareNostrum 5", "config/clusters/mn5.yaml")  # fmt: skip
+    assert len(problems) == 2
+    assert "Stage it here" in problems[0] and "allenai/ai2_arc" in problems[0]
+    assert problems[1].startswith("training.experiments.x.evaluate.tasks: no task 'no_such_task'")
     with pytest.raises(
         EvaluationError, match=r"training.experiments.x.evaluate.tasks: no task 'no_such_task'"
     ):

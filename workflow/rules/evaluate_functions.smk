@@ -17,6 +17,28 @@ EVAL_TASKS_DIR = (
 )
 
 
+# Where the login nodes have no internet, task data not staged stop the plan here,
+# naming where to stage them (elsewhere the login-node rule downloads them). Only in the
+# main process: finding lm-eval's tasks scans its task files (seconds).
+if workflow.is_main_process and not CLUSTER.internet.login:
+    from hpcllm.evaluation.tasks import plan_problems as _eval_plan_problems
+
+    _problems = [
+        p
+        for _name in EVALUATED
+        for p in _eval_plan_problems(
+            _name,
+            EXPERIMENTS[_name].experiment["evaluate"]["tasks"],
+            EVAL_TASKS_DIR,
+            os.environ.get("HPCLLM_HF_MIRROR"),
+            CLUSTER.description,
+            CLUSTER.path,
+        )
+    ]
+    if _problems:
+        raise _WorkflowError("\n".join(_problems))
+
+
 def evaluated_names():
     """The experiments the default target trains (page_experiment_names) that have an
     `evaluate` key."""

@@ -148,3 +148,28 @@ def _absolute(here: Path, files):
     if isinstance(files, list):
         return [_absolute(here, f) for f in files]
     return str(files) if os.path.isabs(files) else str((here / files).resolve())
+
+
+def plan_problems(
+    experiment: str,
+    tasks: list[str],
+    tasks_dir: str | os.PathLike,
+    mirror_root: str | None,
+    site: str,
+    facts: str,
+) -> list[str]:
+    """At plan time on a site whose login nodes have no internet: every task of
+    ``experiment`` that is unknown or whose hub data are not staged, with where to stage
+    them (before any job runs, not when the staging job fails)."""
+    key = f"training.experiments.{experiment}.evaluate.tasks"
+    problems = []
+    for name in tasks:
+        try:
+            task = resolve_task(name, tasks_dir, mirror_root, key)
+        except EvaluationError as e:
+            problems.append(str(e))
+            continue
+        problem = staging_problem(task, online=False, site=site, facts=facts)
+        if problem:
+            problems.append(problem)
+    return problems
