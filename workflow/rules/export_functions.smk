@@ -23,9 +23,14 @@ for _name in EXPERIMENTS:
     export_segments(_name)  # a wrong segment number stops the plan here
 
 
-def export_targets():
-    """The export folders' records of the experiments the default target trains."""
-    names = TRAINING.get("run") or list(EXPERIMENTS)
+def export_targets(training):
+    """The export records of the experiments whose training the default target runs
+    (``training``: its training targets), one per segment `export.segments` names."""
+    names = [
+        name
+        for name, prepared in EXPERIMENTS.items()
+        if f"results/train/{name}/seg{prepared.experiment['segments']}.json" in training
+    ]
     return [
         f"results/export/{name}/iter_{_target_iteration(EXPERIMENTS[name].experiment, k):07d}/export.json"
         for name in names
