@@ -134,3 +134,47 @@ def test_perplexity_on_the_validation_split(export_record, tokenized):
     assert result["all"]["perplexity"] == pytest.approx(math.exp(float(sum(losses)) / 2), rel=1e-4)
     with pytest.raises(EvaluationError, match="gives the validation split none"):
         validation_tokens(prefix, "100,0,0", None)
+
+
+def test_a_cluster_job_evaluates_in_the_training_image(
+    tmp_path, monkeypatch, export_record, tokenized
+):
+    """On a GPU cluster the job runs `apptainer exec --nv ... <image> python -m
+    hpcllm.evaluation.run ...` with the checkout's src/ bound and on PYTHONPATH, offline.
+    Apptainer cannot run here: a stand-in records its arguments and the environment and
+    runs the command as the image would (this venv's Python)."""
+    from hpcllm.clusters import load_cluster
+    from hpcllm.evaluation.run import in_container
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "apptainer"
+    fake.write_text(
+        f"#!{sys.executable}\n"
+        "import json, os, subprocess, sys\n"
+        "argv = sys.argv[1:]\n"
+        "command = argv[[a.endswith('.sif') for a in argv].index(True) + 1:]\n"
+        "json.dump({'argv': argv, 'env': dict(os.environ)}, open('apptainer.json', 'w'))\n"
+        "sys.exit(subprocess.run([sys.executable if c == 'python' else c for c in command]).returncode)\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.chdir(tmp_path)
+    prefix, _ = tokenized
+    kwargs = dict(export_record=str(export_record), prefixes={"sample": prefix}, split="80,20,0",
+                  seq_length=16, max_tokens=33, iteration=30, output="perplexity.json")  # fmt: skip
+    in_container(
+        load_cluster("juwels", REPO / "config/clusters"),
+        "containers/megatron-nvidia.sif",
+        "evaluate_perplexity",
+        kwargs,
+    )
+    seen = json.loads((tmp_path / "apptainer.json").read_text())
+    src = str(REPO / "src")
+    assert (
+        seen["argv"][:2] == ["exec", "--nv"]
+        and src in seen["argv"][seen["argv"].index("--bind") + 1]
+    )
+    assert seen["env"]["PYTHONPATH"] == src and seen["env"]["HF_HUB_OFFLINE"] == "1"
+    record = json.loads((tmp_path / "perplexity.json").read_text())
+    assert record["perplexity"]["all"]["tokens"] == 32 and record["iteration"] == 30

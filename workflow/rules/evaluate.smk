@@ -59,7 +59,7 @@ rule evaluate_tasks:
         limit=lambda wildcards: eval_settings(wildcards)["limit"],
         cache_dir="data/eval_cache",
         container=lambda wildcards: (eval_container(wildcards) or [None])[0],
-        cluster=CLUSTER.name,
+        cluster=CLUSTER,
     script:
         "../scripts/evaluate_model.py"
 
@@ -92,7 +92,7 @@ rule evaluate_perplexity:
         seq_length=experiment_seq_length,
         max_tokens=lambda wildcards: eval_settings(wildcards)["perplexity_tokens"],
         container=lambda wildcards: (eval_container(wildcards) or [None])[0],
-        cluster=CLUSTER.name,
+        cluster=CLUSTER,
     script:
         "../scripts/evaluate_model.py"
 

@@ -87,16 +87,15 @@ def evaluate_perplexity(
     return record
 
 
-def in_container(cluster_name: str, container: str, job: str, kwargs: dict) -> None:
-    """Run ``job`` (evaluate_tasks or evaluate_perplexity) with ``kwargs`` in the training
-    image (the GPU build of PyTorch is there), with this checkout's package bound."""
+def in_container(cluster, container: str, job: str, kwargs: dict) -> None:
+    """Run ``job`` (evaluate_tasks or evaluate_perplexity) with ``kwargs`` in ``cluster``'s
+    training image (the GPU build of PyTorch is there), this checkout's package bound."""
     import subprocess
 
-    from hpcllm.clusters import load_cluster
     from hpcllm.launch import OFFLINE_ENV, container_exec, package_in_container
 
     binds, env = package_in_container(container)
-    command = container_exec(load_cluster(cluster_name), container, binds)
+    command = container_exec(cluster, container, binds)
     command += ["python", "-m", "hpcllm.evaluation.run", job, json.dumps(kwargs)]
     subprocess.run(command, check=True, env={**os.environ, **OFFLINE_ENV, **env})
 
