@@ -1,13 +1,13 @@
 """One rank of a real multi-process Megatron Core run on the CPU (gloo): builds the
 GPTModel stage of its (TP, PP) rank, saves a ``torch_dist`` checkpoint as Megatron-LM's
 ``save_checkpoint`` lays it out (the model's own ``sharded_state_dict``, common state in
-``common.pt``), and runs a pipelined forward on fixed token ids whose logits (gathered
+``common.pt``) and a legacy one (``--ckpt-format torch``), and runs a pipelined forward on fixed token ids whose logits (gathered
 over TP on the last stage) are the reference the export must reproduce.
 
 Run as ``python megatron_ranks.py <request.json>`` once per rank, with RANK, WORLD_SIZE,
 MASTER_ADDR and MASTER_PORT set. The request: {"tp", "pp", "cases": [{"name",
 "config": TransformerConfig kwargs (JSON, see megatron_model.materialize), "vocab",
-"max_positions", "position_embedding_type", "save", "tokens", "logits"}]}.
+"max_positions", "position_embedding_type", "save", "legacy", "tokens", "logits"}]}.
 """
 
 import argparse
@@ -88,6 +88,15 @@ def main() -> None:
             os.makedirs(case["save"], exist_ok=True)
             dist.barrier()
             dist_checkpointing.save(state, case["save"])
+            # The legacy format (--ckpt-format torch) as Megatron-LM's save_checkpoint
+            # writes it: each (TP, PP) rank its own state dict, in mp_rank_TT[_PPP].
+            shard = f"mp_rank_{tp_rank:02d}" + (f"_{pp_rank:03d}" if pp > 1 else "")
+            os.makedirs(os.path.join(case["legacy"], shard))
+            torch.save(
+                {"iteration": state["iteration"], "checkpoint_version": 3.0,
+                 "model": model.state_dict_for_save_checkpoint()},
+                os.path.join(case["legacy"], shard, "model_optim_rng.pt"),
+            )  # fmt: skip
             tokens = torch.tensor(case["tokens"])
             batch, seq = tokens.shape
             positions = torch.arange(seq).unsqueeze(0).expand(batch, seq)

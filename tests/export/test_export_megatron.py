@@ -5,8 +5,9 @@ megatron_ranks.py) builds, for every shipped preset, the model of the command li
 workflow generates for it (LUMI's, ``--transformer-impl local``) scaled down (4 layers,
 hidden size 64, 2 or 4 heads as the preset's head size is large or not), perturbs its
 weights, saves them with Megatron Core's ``dist_checkpointing`` in the pin's default
-format (torch_dist) and runs the pipelined forward on fixed token ids. The export reads
-that checkpoint; the folder ``transformers`` loads must give the same logits within
+format (torch_dist) and in the legacy one (each rank's state dict, ``--ckpt-format
+torch``), and runs the pipelined forward on fixed token ids. The export reads each
+checkpoint; the folder ``transformers`` loads must give the same logits within
 TOLERANCE (absolute, on logits of magnitude ~0.6; float32, the presets' bf16 left out:
 it changes the stored dtype, not the mapping).
 
@@ -71,6 +72,7 @@ def preset_cases(tmp: Path) -> list[dict]:
             "name": preset, "config": transformer_config_kwargs(small), "vocab": VOCAB,
             "max_positions": SEQ, "position_embedding_type": position, "heads": heads,
             "save": str(tmp / preset / "checkpoints" / "iter_0000003"), "iteration": 3,
+            "legacy": str(tmp / preset / "legacy" / "iter_0000003"),
             "tokens": torch.randint(0, VOCAB, (2, SEQ), generator=gen).tolist(),
             "logits": str(tmp / preset / "logits.pt"),
         })  # fmt: skip
@@ -106,9 +108,9 @@ def megatron_run(tmp_path_factory) -> list[dict]:
     ]
     assert not failed, "\n".join(failed)
     for case in cases:
-        save = Path(case["save"]).parent
-        (save / "latest_checkpointed_iteration.txt").write_text("3\n")
-        write_settings(save, weights(case), {})
+        for save in (Path(case["save"]).parent, Path(case["legacy"]).parent):
+            (save / "latest_checkpointed_iteration.txt").write_text("3\n")
+            write_settings(save, weights(case), {})
     return cases
 
 
@@ -121,12 +123,16 @@ def weights(case: dict) -> dict:
     }
 
 
+@pytest.mark.parametrize("ckpt_format", ["torch_dist", "torch"])
 @pytest.mark.parametrize("preset", list(PRESETS))
-def test_megatron_tp2_pp2_export_gives_the_source_logits(megatron_run, preset, tmp_path):
+def test_megatron_tp2_pp2_export_gives_the_source_logits(
+    megatron_run, preset, ckpt_format, tmp_path
+):
     import transformers
 
     case = next(c for c in megatron_run if c["name"] == preset)
-    save = Path(case["save"]).parent
+    source = case["save"] if ckpt_format == "torch_dist" else case["legacy"]
+    save = Path(source).parent
     record = tmp_path / "seg1.json"
     record.write_text(json.dumps({"segment": 1, "last_iteration": 3, "consumed_samples": 6}))
     tokenizer = gpt2_tokenizer(tmp_path / "tok")
@@ -142,5 +148,5 @@ def test_megatron_tp2_pp2_export_gives_the_source_logits(megatron_run, preset, t
     assert (want - got).abs().max().item() <= TOLERANCE
     assert want.abs().max().item() > 100 * TOLERANCE  # not trivially small
     assert info["engine"] == "megatron" and info["iteration"] == 3 and info["tokens"] == 6 * SEQ
-    assert info["source_checkpoint"] == case["save"]
+    assert info["source_checkpoint"] == source
     assert transformers.AutoTokenizer.from_pretrained(str(out)).eos_token == EOD

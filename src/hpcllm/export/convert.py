@@ -6,7 +6,8 @@ code, it is the model. Megatron-LM at the pin saves ``--ckpt-format torch_dist``
 default; the workflow passes no other): a PyTorch distributed checkpoint whose tensors are
 stored whole (TP shards concatenated, each layer's tensors stacked over the layers of
 every pipeline stage), read here with Megatron Core's own reader whatever the layout
-that wrote it. Megatron's GPT model as the workflow generates it (LayerNorm, biases,
+that wrote it; a legacy ``--ckpt-format torch`` checkpoint (a state dict per TP and PP
+rank) is merged here. Megatron's GPT model as the workflow generates it (LayerNorm, biases,
 GELU in its tanh form: Megatron's fused bias-GELU and Transformer Engine's both use it,
 one key/value group per head, tied embeddings) is GPT-2 with learned positions and
 GPT-NeoX (sequential residual) with RoPE; the only re-layout is GPT-2's QKV, which
@@ -19,6 +20,7 @@ do not install without CUDA, and maps Llama-style models, not these: hence this 
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 from typing import Any
 
@@ -71,18 +73,21 @@ def torch_engine_model(model_file: str | Path):
 
 
 def megatron_tensors(folder: str | Path) -> dict[str, Any]:
-    """The model's tensors of a ``torch_dist`` checkpoint folder (``iter_NNNNNNN``), whole,
-    by Megatron's names; a layer's tensors stacked over the layers (first axis)."""
+    """The model's tensors of a Megatron-LM checkpoint folder (``iter_NNNNNNN``), whole,
+    by the names of a torch_dist checkpoint; a layer's tensors stacked over the layers
+    (first axis). torch_dist (the pin's default) or the legacy ``--ckpt-format torch``."""
     folder = Path(folder)
-    if not (folder / "metadata.json").exists():
-        legacy = sorted(p.name for p in folder.glob("mp_rank_*"))
-        raise ExportError(
-            f"{folder}: not a torch_dist checkpoint (no metadata.json"
-            + (f"; it has {', '.join(legacy)}: --ckpt-format torch" if legacy else "")
-            + "). The export reads Megatron-LM's default format, torch_dist; convert a "
-            "legacy checkpoint with Megatron-LM's tools/checkpoint/convert.py "
-            "(--saver core) first"
-        )
+    if (folder / "metadata.json").exists():
+        return _torch_dist_tensors(folder)
+    if any(folder.glob("mp_rank_*")):
+        return legacy_tensors(folder)
+    raise ExportError(
+        f"{folder}: neither a torch_dist checkpoint (metadata.json) nor a legacy one "
+        "(mp_rank_* folders)"
+    )
+
+
+def _torch_dist_tensors(folder: Path) -> dict[str, Any]:
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing import ShardedTensor
@@ -102,6 +107,73 @@ def megatron_tensors(folder: str | Path) -> dict[str, Any]:
         if own_group:
             dist.destroy_process_group()
     return {k: v for k, v in loaded.items() if k in wanted}
+
+
+# Legacy checkpoints: one state dict per (TP, PP) rank, in mp_rank_TT[_PPP]. Column-
+# parallel tensors are split over TP along their output axis (QKV by whole head groups,
+# so the concatenation is the TP 1 layout), row-parallel ones along their input axis;
+# the rest is replicated. Layer numbers count from 0 on each pipeline stage.
+_COLUMN = ("linear_qkv.weight", "linear_qkv.bias", "linear_fc1.weight", "linear_fc1.bias",
+           "word_embeddings.weight", "output_layer.weight")  # fmt: skip
+_ROW = ("linear_proj.weight", "linear_fc2.weight")
+_LOCAL_NAMES = {  # Megatron's local layers' norms -> their torch_dist (TE) names
+    "input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
+    "input_layernorm.bias": "self_attention.linear_qkv.layer_norm_bias",
+    "pre_mlp_layernorm.weight": "mlp.linear_fc1.layer_norm_weight",
+    "pre_mlp_layernorm.bias": "mlp.linear_fc1.layer_norm_bias",
+}
+_RANK_DIR = re.compile(r"^mp_rank_(\d{2})(?:_(\d{3}))?$")
+
+
+def legacy_tensors(folder: str | Path) -> dict[str, Any]:
+    """A legacy ``--ckpt-format torch`` checkpoint's model, merged over TP and PP."""
+    import torch
+
+    shards: dict[tuple[int, int], dict[str, Any]] = {}
+    for path in sorted(Path(folder).glob("mp_rank_*")):
+        m = _RANK_DIR.match(path.name)
+        if not m:
+            continue
+        state = torch.load(path / "model_optim_rng.pt", map_location="cpu", weights_only=False)
+        if "model" not in state:
+            raise ExportError(f"{path}/model_optim_rng.pt: has no model (virtual pipeline stages?)")
+        shards[(int(m.group(1)), int(m.group(2) or 0))] = state["model"]
+    tp = 1 + max(t for t, _ in shards)
+    pp = 1 + max(p for _, p in shards)
+    if len(shards) != tp * pp:
+        raise ExportError(f"{folder}: {len(shards)} rank folders, not TP {tp} x PP {pp}")
+    merged: dict[str, Any] = {}
+    layers: dict[int, dict[str, Any]] = {}
+    offset = 0
+    for stage in range(pp):
+        names = [k for k in shards[(0, stage)] if not k.endswith("_extra_state")]
+        count = 0
+        for name in names:
+            parts = [shards[(t, stage)][name] for t in range(tp)]
+            if name.endswith(_COLUMN):
+                tensor = torch.cat(parts, dim=0)
+            elif name.endswith(_ROW):
+                tensor = torch.cat(parts, dim=1)
+            else:
+                tensor = parts[0]
+            m = re.match(r"^decoder\.layers\.(\d+)\.(.+)$", name)
+            if m:
+                local, rest = int(m.group(1)), m.group(2)
+                count = max(count, local + 1)
+                layers.setdefault(offset + local, {})[_LOCAL_NAMES.get(rest, rest)] = tensor
+            elif name == "output_layer.weight" and stage == pp - 1:
+                merged.setdefault("output_layer.weight", tensor)
+            else:
+                merged[name] = tensor
+        offset += count
+    out = {k: v for k, v in merged.items() if k != "output_layer.weight"}
+    output = merged.get("output_layer.weight")
+    words = out.get("embedding.word_embeddings.weight")
+    if output is not None and (words is None or not torch.equal(output, words)):
+        raise ExportError(f"{folder}: the output layer is not tied to the word embeddings")
+    for rest in layers[0]:
+        out[f"decoder.layers.{rest}"] = torch.stack([layers[i][rest] for i in sorted(layers)])
+    return out
 
 
 def _layer_tensors(tensors: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
@@ -164,6 +236,9 @@ def megatron_to_hf(tensors: dict[str, Any], heads: int, position_embedding: str,
                              "partial_rotary_factor": 1.0},
             **common,
         )  # fmt: skip
+        # The same for transformers 4 (rotary_pct defaulted to 0.25 there): a folder read
+        # by an older release must not silently rotate a quarter of each head.
+        config.rotary_pct, config.rotary_emb_base = 1.0, ROPE_BASE
         cls = transformers.GPTNeoXForCausalLM
         out["gpt_neox.embed_in.weight"] = words
         for i, t in enumerate(layers):
