@@ -3,18 +3,21 @@
 profiles/rehearsal (the shape of profiles/juwels: whole nodes, ``--gres=gpu:N``, one task
 per node, cpus per task, ``--signal``) on the test cluster, whose nodes advertise GPUs.
 One run makes a Megatron-engine training segment, a language benchmark point and a
-vision benchmark point (tests/slurm/rehearsal.yaml, 2 nodes each), then the summary,
-plots and report from their logs. The rules, job geometry, launch scripts, environment
-and container command lines are the workflow's own; stand-ins only for what cannot exist
+vision benchmark point (tests/slurm/rehearsal.yaml, 2 nodes each), after the site probes
+and a canary per job type (workflow/rules/preflight.smk), then the summary, plots and
+report from their logs; and a failed canary that holds its GPU jobs back. The rules, job
+geometry, launch scripts, environment and container command lines are the workflow's own; stand-ins only for what cannot exist
 here (docs/slurm-tests.md): ``apptainer`` (tests/slurm/standins/apptainer, running the
-command in an image environment without hpcllm, rehearsal_image.py) and Megatron-LM's
-``pretrain_gpt.py`` (tests/slurm/standins/pretrain_gpt.py). The vision trainer is real.
+command in an image environment without hpcllm, rehearsal_image.py), Megatron-LM's
+``pretrain_gpt.py`` (tests/slurm/standins/pretrain_gpt.py), ``nvidia-smi`` and the image's
+GPU modules (tests/slurm/standins/image/). The vision trainer is real.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import string
 import subprocess
 from pathlib import Path
@@ -104,6 +107,11 @@ def jobs_of(work: Path) -> dict[str, str]:
     return jobs
 
 
+def canary_kinds(work: Path) -> dict[str, str]:
+    """Slurm job id -> kind of every canary job (the plugin's log folder is its wildcard)."""
+    return {job: log.parent.name for job, log in slurmruns.slurm_logs(work).get("canary", [])}
+
+
 def test_every_gpu_job_completed_on_both_nodes(rehearsal, slurm_cluster):
     work, output, _ = rehearsal
     jobs = jobs_of(work)
@@ -154,26 +162,32 @@ def expected_env(cluster, scratch: Path) -> dict[str, str]:
 def test_binds_and_environment_are_the_facts_files(rehearsal, image):
     work, _, execs = rehearsal
     cluster = load_cluster("rehearsal", slurmruns.REPO / "config" / "clusters")
-    jobs = jobs_of(work)
+    jobs, kinds = jobs_of(work), canary_kinds(work)
     expected = expected_env(cluster, work / "scratch")
     assert execs
     for e in execs:
         rule = jobs[e["job"]]
         assert e["gpu_flags"] == ["--nv"], e  # gpu.vendor: nvidia
-        # The benchmark points run `python -m hpcllm...` in the image: the checkout's src/.
-        extra = [SRC] if rule.startswith("bench_") else []
+        # The benchmark points, their canaries and the site probe run `python -m
+        # hpcllm...` in the image: the checkout's src/.
+        with_src = rule.startswith("bench_") or rule == "site_probe"
+        with_src |= rule == "canary" and not kinds[e["job"]].startswith("train_")
+        extra = [SRC] if with_src else []
         binds = [expand(b, work / "scratch") for b in cluster.container_binds]
         assert e["binds"] == [*binds, *extra], (rule, e["binds"])
-        if rule.startswith("bench_"):
+        if with_src:
             assert e["env"]["PYTHONPATH"] == SRC
         assert e["image"].endswith(".sif")
         for name, value in expected.items():
+            if rule == "site_probe" and "SLURM_" in cluster.env[name]:
+                continue  # read back from the job's record only for a launch over srun
             assert e["env"].get(name) == value, (rule, name)
         # env_outside_container: set for srun, removed for the program in the image.
         for name, value in cluster.env_outside_container.items():
             assert e["env"][name] == value
             assert e["command"][:3] == ["env", "-u", name], e["command"]
-        assert e["command"][3] == cluster.launcher
+        # The probe starts the image's Python itself; every job the launcher.
+        assert e["command"][3] == ("python" if rule == "site_probe" else cluster.launcher)
         # The image's own Python runs the program, never the host's environment.
         assert e["env"]["PATH"].split(os.pathsep)[0] == str(image / "bin")
         assert str(slurmruns.REPO / ".venv") not in e["env"]["PATH"]
@@ -215,3 +229,89 @@ def test_the_segment_wrote_megatrons_checkpoint_layout(rehearsal):
     # A benchmark point measures; it saves no checkpoint.
     language = work / f"results/bench/language/{LANGUAGE}"
     assert not list(language.rglob("latest_checkpointed_iteration.txt"))
+
+
+def preflight(work: Path, what: str) -> dict:
+    return json.loads((work / "results/preflight/rehearsal" / f"{what}.json").read_text())
+
+
+def test_the_probe_and_a_canary_per_job_type_ran_before_the_gpu_jobs(rehearsal, slurm_cluster):
+    """Pre-flight (workflow/rules/preflight.smk) through real sbatch: per image a site probe
+    whose answers are recorded, per GPU job type a canary on one node of the real launch,
+    the training canary through a checkpoint save and a resume from it; every GPU job
+    started in the image after its canary ended."""
+    work, _, execs = rehearsal
+    jobs, kinds = jobs_of(work), canary_kinds(work)
+    states = {j["id"]: j for j in slurm_cluster.jobs()}
+    for image in ("megatron-nvidia", "vision-nvidia"):
+        record = preflight(work, f"probe/{image}")
+        assert record["ok"] and jobs[record["job_id"]] == "site_probe", record
+        assert record["host"] and record["date"].startswith("20")
+        checks = {c["check"]: c for c in record["checks"]}
+        assert all(c["ok"] for c in checks.values()), checks
+        assert "2 x NVIDIA A100-SXM4-40GB" in checks["gpus"]["detail"]
+        assert checks["slurm_from_compute_node"]["detail"].endswith(
+            "scontrol requeue: allowed; scancel: allowed"
+        )
+        for name in ("container_runtime", "image_start", "local_storage", "scratch", "internet"):
+            assert name in checks
+    modules = {c["check"] for c in preflight(work, "probe/megatron-nvidia")["checks"]}
+    assert {"module megatron.core.datasets.helpers_cpp", "module transformer_engine"} <= modules
+    assert sorted(kinds.values()) == ["language_megatron", "train_megatron", "vision"]
+    first_gpu_exec = {
+        rule: min(e["time"] for e in execs if jobs.get(e["job"]) == rule) for rule in GPU_RULES
+    }
+    of_kind = {"train_megatron": "train_segment", "language_megatron": "bench_language",
+               "vision": "bench_vision"}  # fmt: skip
+    for job, kind in kinds.items():
+        assert preflight(work, f"canary/{kind}")["job_id"] == job
+        assert states[job]["state"] == "COMPLETED" and states[job]["nodes"] in ("n1", "n2")
+        mine = [e for e in execs if e["job"] == job]
+        assert mine and {e["env"]["CUDA_VISIBLE_DEVICES"] for e in mine} == {"0,1"}, mine
+        assert max(e["time"] for e in mine) < first_gpu_exec[of_kind[kind]], kind
+    train = preflight(work, "canary/train_megatron")
+    steps = [(s["resumed_from_iteration"], s["last_iteration"]) for s in train["segments"]]
+    assert steps == [(0, 2), (2, 4)] and train["latest_checkpoint"] == 4
+
+
+@pytest.fixture(scope="module")
+def failed_canary(rehearsal, slurm_cluster, tmp_path_factory):
+    """The rehearsal's folder without the segment and its canary, run again with an image
+    whose Megatron-LM does not know an option the jobs pass (its flag list lacks it)."""
+    done, _, _ = rehearsal
+    work = tmp_path_factory.mktemp("failed-canary") / "work"
+    shutil.copytree(done, work, symlinks=True)
+    for made in (f"results/train/{EXPERIMENT}", "results/preflight/rehearsal/canary"):
+        shutil.rmtree(work / made)
+    flags = work / "older_megatron_flags.txt"
+    known = (slurmruns.REPO / "tests/data/megatron_flags.txt").read_text().splitlines()
+    flags.write_text("\n".join(f for f in known if f != "--exit-signal-handler") + "\n")
+    env = slurmruns.environment(slurm_cluster)
+    env.update(
+        PATH=f"{STANDINS}{os.pathsep}{env['PATH']}",
+        HPCLLM_REHEARSAL_IMAGE=str(rehearsal_image.python_env()),
+        HPCLLM_REHEARSAL_RECORD=str(work / "apptainer.jsonl"),
+        HPCLLM_REHEARSAL_MEGATRON_FLAGS=str(flags),
+        SCRATCH=str(work / "scratch"),
+    )
+    before = jobs_of(work)
+    cmd = slurmruns.command(work, "rehearsal", "--configfile", str(CONFIG), "--", TARGETS[0])
+    proc = subprocess.run(
+        cmd, cwd=work, env=env, capture_output=True, text=True, timeout=hang_guard(60)
+    )
+    new = {job: rule for job, rule in jobs_of(work).items() if job not in before}
+    return work, proc, new
+
+
+def test_a_failed_canary_holds_the_gpu_jobs_back(failed_canary):
+    work, proc, new = failed_canary
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output[-3000:]
+    # Only the canary was submitted (the probe's record stands; nothing else was planned
+    # after it): no training segment, no benchmark point.
+    assert sorted(new.values()) == ["canary"], (new, output[-3000:])
+    engine_log = "results/preflight/rehearsal/canary/train_megatron/seg1.engine.log"
+    assert f"canary train_megatron on rehearsal failed (config_error; see {engine_log})" in output
+    assert "unrecognized arguments: --exit-signal-handler" in (work / engine_log).read_text()
+    assert not (work / "results/preflight/rehearsal/canary/train_megatron.json").exists()
+    assert not (work / f"results/train/{EXPERIMENT}").exists()

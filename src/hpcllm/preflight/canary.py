@@ -236,8 +236,9 @@ def run_train_canary(
         )
         try:
             done = run_segment(f"canary_{kind}", prepared, segment, paths, cluster, container)
-        except SegmentIncomplete as e:
-            raise _failed(kind, cluster, e.failure, engine_log, str(e)) from None
+        except SegmentIncomplete as e:  # (a canary's rerun starts afresh: no resume hint)
+            message = str(e).split("; the next attempt or a rerun")[0]
+            raise _failed(kind, cluster, e.failure, engine_log, message) from None
         except Exception as e:  # refused settings, bad data: the same for the real jobs
             failure = classify_text(f"{type(e).__name__}: {e}") or "error"
             raise _failed(kind, cluster, failure, engine_log, f"{type(e).__name__}: {e}") from e

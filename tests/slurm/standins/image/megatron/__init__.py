@@ -1,0 +1,1 @@
+"""Stand-in: Megatron-LM in the rehearsal image (tests/slurm/standins/apptainer)."""

@@ -1,0 +1,1 @@
+"""Stand-in: the compiled dataset helpers (helpers.cpp, built with the image)."""
