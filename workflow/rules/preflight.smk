@@ -32,7 +32,7 @@ rule site_probe:
         cpus_per_task=lambda wc: preflight_resources("train_segment")["cpus_per_task"],
         mem_mb=lambda wc: preflight_resources("train_segment")["mem_mb"],
         runtime=15,
-        slurm_extra=lambda wc: "--ntasks-per-node=1" + threads_per_core_flag(),
+        slurm_extra=probe_slurm_extra,
     params:
         # Recorded by Snakemake: a change of what the probe checks runs it again.
         key=probe_key,

@@ -21,7 +21,7 @@ CANARY_KINDS = (
     "language_torch",
     "vision",
 )
-# The GPU rule each canary stands for: its profile resources give the canary's geometry.
+# The GPU rule each canary stands for (its profile resources give the canary its node).
 CANARY_RULE = {
     "train": "train_segment",
     "language": "bench_language",
@@ -228,6 +228,10 @@ def canary_slurm_extra(wildcards):
     """One task per node; Slurm's signal before the time limit as for the segments."""
     extra = f"--ntasks-per-node=1 --signal=TERM@{_canary.TIME['signal_seconds']}"
     return extra + threads_per_core_flag()
+
+
+def probe_slurm_extra(wildcards):
+    return f"--ntasks-per-node=1{threads_per_core_flag()}"
 
 
 def canary_time_limit_s(wildcards, resources):
