@@ -223,7 +223,11 @@ def test_the_segment_wrote_megatrons_checkpoint_layout(rehearsal):
     assert (save / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
     # TP 2, PP 1: one shard per tensor-parallel rank, written at iterations 2 and 4.
     for it in ("iter_0000002", "iter_0000004"):
-        assert sorted(p.name for p in (save / it).iterdir()) == ["mp_rank_00", "mp_rank_01"]
+        names = sorted(p.name for p in (save / it).iterdir())
+        # each TP rank's weights; beside them the checksums the segment's wrapper records
+        # of a committed folder (of an earlier one only if it saw it committed)
+        assert [n for n in names if n != "hpcllm_checksums.json"] == ["mp_rank_00", "mp_rank_01"]
+    assert (save / "iter_0000004" / "hpcllm_checksums.json").is_file()
     record = json.loads((work / f"results/train/{EXPERIMENT}/seg1.json").read_text())
     assert record["engine"] == "megatron" and record["last_iteration"] == 4
     # A benchmark point measures; it saves no checkpoint.
