@@ -9,11 +9,12 @@ login-node step) this dry-runs
   resources; outputs, logs and benchmarks named alike; input functions as plain
   list comprehensions; no config validation, params or plan-time checks),
 
-each in a fresh process, and prints wall time, peak RSS and their ratios. Snakemake's
-dry-run output is discarded (``--quiet all``) for both.
+each in a fresh process, and prints CPU time (user + system, the figure to compare on a
+loaded machine), wall time, peak RSS and their ratios (medians of --repeat interleaved
+runs). Snakemake's dry-run output is discarded (``--quiet all``) for both.
 
-Usage: python benchmarks/plan_scale.py [--shards 1000 10000 50000] [--profile juwels]
-       [--repeat 1] [--workdir DIR]
+Usage: python benchmarks/plan_scale.py [--jobs 3000 50000 | --shards 1000 10000]
+       [--profile juwels] [--repeat 1] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -85,14 +86,16 @@ rule merge_tokenized:
         "true"
 """
 
-# Wall time and peak RSS of one command, measured from a parent that runs nothing else.
+# CPU time, wall time and peak RSS of one command, measured from a parent that runs
+# nothing else.
 MEASURE = """
 import resource, subprocess, sys, time, json
 t = time.perf_counter()
 p = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 wall = time.perf_counter() - t
-rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-print(json.dumps({"rc": p.returncode, "wall": wall, "rss_mb": rss, "err": p.stderr[-3000:]}))
+use = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(json.dumps({"rc": p.returncode, "wall": wall, "cpu": use.ru_utime + use.ru_stime,
+                  "rss_mb": use.ru_maxrss / 1024, "err": p.stderr[-3000:]}))
 """
 
 
@@ -137,7 +140,9 @@ def make_case(root: Path, shards: int) -> Path:
                     t: {"type": "files", "tokenizer_json": f"tokenizers/{t}/tokenizer.json"}
                     for t in TOKENIZERS
                 },
-                "tokenize": {"tokenizers": list(TOKENIZERS)},
+                # one shard per job, as in the bare Snakefile (a GPU site's auto packs a
+                # node's worth of shards into each tokenize_batch job: another job graph)
+                "tokenize": {"tokenizers": list(TOKENIZERS), "shards_per_job": 1},
             },
             "training": {"experiments": {}},
         }
@@ -195,23 +200,29 @@ def run(sizes: list[int], profile: str, repeat: int, root: Path) -> list[dict]:
         for _ in range(repeat):  # interleaved, so load changes hit both alike
             bare.append(measure(bare_cmd, work))
             ours.append(measure(ours_cmd, work))
-        jobs = 3 * n + len(SOURCES) * len(TOKENIZERS)
+        # one tokenize job per shard and tokenizer, one merge per source and tokenizer
+        jobs = (n // len(SOURCES) * len(SOURCES) + len(SOURCES)) * len(TOKENIZERS)
         row = {
             "shards": n,
             "jobs": jobs,
+            "ours_cpu_s": statistics.median(r["cpu"] for r in ours),
+            "bare_cpu_s": statistics.median(r["cpu"] for r in bare),
             "ours_s": statistics.median(r["wall"] for r in ours),
             "bare_s": statistics.median(r["wall"] for r in bare),
             "ours_rss_mb": statistics.median(r["rss_mb"] for r in ours),
             "bare_rss_mb": statistics.median(r["rss_mb"] for r in bare),
         }
+        row["cpu_ratio"] = row["ours_cpu_s"] / row["bare_cpu_s"]
         row["time_ratio"] = row["ours_s"] / row["bare_s"]
         row["rss_ratio"] = row["ours_rss_mb"] / row["bare_rss_mb"]
         rows.append(row)
         print(
-            f"{n:>7} shards {jobs:>7} jobs | workflow {row['ours_s']:7.1f} s "
-            f"{row['ours_rss_mb']:6.0f} MB | bare {row['bare_s']:7.1f} s "
-            f"{row['bare_rss_mb']:6.0f} MB | ratio time {row['time_ratio']:.2f} "
-            f"RSS {row['rss_ratio']:.2f}",
+            f"{n:>7} shards {jobs:>7} jobs | workflow CPU {row['ours_cpu_s']:7.1f} s, wall "
+            f"{row['ours_s']:7.1f} s, {row['ours_rss_mb']:6.0f} MB | bare CPU "
+            f"{row['bare_cpu_s']:7.1f} s, wall {row['bare_s']:7.1f} s, "
+            f"{row['bare_rss_mb']:6.0f} MB | ratio CPU {row['cpu_ratio']:.2f} wall "
+            f"{row['time_ratio']:.2f} RSS {row['rss_ratio']:.2f} | load "
+            f"{os.getloadavg()[0]:.1f} (1 min)",
             flush=True,
         )
     return rows
@@ -219,12 +230,19 @@ def run(sizes: list[int], profile: str, repeat: int, root: Path) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument(
+        "--jobs",
+        type=int,
+        nargs="+",
+        help="sizes to plan, in jobs: 2 per shard (one per tokenizer) + 4 merges "
+        "(default: 3000 50000)",
+    )
+    size.add_argument(
         "--shards",
         type=int,
         nargs="+",
-        default=[1000, 10000, 50000],
-        help="sizes to plan: total shards over the two sources",
+        help="sizes to plan, in shards over the two sources",
     )
     ap.add_argument("--profile", default="juwels", help="cluster profile of the dry runs")
     ap.add_argument("--repeat", type=int, default=1, help="dry runs per size and Snakefile")
@@ -232,6 +250,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "--workdir", type=Path, help="working folder (default: a temporary one, deleted)"
     )
     args = ap.parse_args(argv)
+    if not args.shards:
+        jobs = args.jobs or [3000, 50000]
+        merges = len(SOURCES) * len(TOKENIZERS)
+        args.shards = [(j - merges) // len(TOKENIZERS) for j in jobs]
     print(f"load: {os.getloadavg()[0]:.1f} (1 min), profile {args.profile}", flush=True)
     start = time.monotonic()
     if args.workdir:

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from hpcllm.vision.lmdb_pack import pack_lmdb
-from hpcllm.vision.sample_data import write_sample_tree
 from hpcllm.vision.trees import check_tree, list_split
 
 SAMPLE_ROOT = "data/vision/sample"
@@ -71,6 +70,9 @@ def check_dataset(name: str, cfg: dict[str, Any]) -> None:
 
 
 def make_sample(name: str, cfg: dict[str, Any], out_dir: str | os.PathLike, threads: int) -> Path:
+    # here, not at the top: the generator's numpy is no cost of every pack_lmdb job
+    from hpcllm.vision.sample_data import write_sample_tree
+
     sample = cfg["sample"]
     size = None
     if "width" in sample or "height" in sample:
