@@ -1,0 +1,95 @@
+"""The evaluation rules through Snakemake on the laptop: a tiny torch campaign of 2
+segments is exported and evaluated on the CPU, offline (the shipped task and the held-out
+perplexity), into results/eval/<exp>/scores.csv; other shots rerun the tasks job alone, a
+new last checkpoint or a changed experiment both evaluations after the export."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import yaml
+from support import make_workdir, run_snakemake
+
+pytestmark = pytest.mark.workflow
+
+NAME = "eval_tiny"
+SCORES = f"results/eval/{NAME}/scores.csv"
+
+
+def configure(work: Path, lr: float | None = None, **evaluate) -> str:
+    experiment = {
+        "engine": "torch",
+        "preset": "tiny",
+        "data": {"tokenizer": "sample_bpe", "sources": {"sample_en": 1.0}, "split": "90,10,0"},
+        "layout": {"nodes": 1, "procs_per_node": 1},
+        "segments": 2,
+        "iterations_per_segment": 2,
+        "eval_iters": 0,
+        "evaluate": {
+            "tasks": ["module_purpose"],
+            "shots": 0,
+            "limit": 4,
+            "perplexity_tokens": 2000,
+            **evaluate,
+        },  # fmt: skip
+    }
+    if lr is not None:
+        experiment["optim"] = {"lr": lr}
+    path = work / "evaluate.yaml"
+    path.write_text(yaml.safe_dump({"training": {"experiments": {NAME: experiment}}}))
+    return str(path)
+
+
+def planned(out: str) -> dict[str, int]:
+    table = out.split("Job stats:", 1)[1].split("total", 1)[0] if "Job stats:" in out else ""
+    rows = (line.split() for line in table.splitlines())
+    return {row[0]: int(row[1]) for row in rows if len(row) == 2 and row[1].isdigit()}
+
+
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory) -> Path:
+    work = make_workdir(tmp_path_factory.mktemp("evaluate") / "work")
+    run_snakemake(work, SCORES, "--profile", "profiles/local", "--configfile", configure(work))
+    return work
+
+
+def test_the_last_checkpoint_is_exported_and_scored(evaluated):
+    with open(evaluated / SCORES) as f:
+        rows = {(r["task"], r["metric"]): r for r in csv.DictReader(f)}
+    acc = rows[("module_purpose", "acc")]
+    assert acc["iteration"] == "4" and acc["items"] == "4" and acc["shots"] == "0"
+    assert 0 <= float(acc["value"]) <= 1
+    ppl = rows[("validation perplexity (sample_en)", "perplexity")]
+    assert ppl["items"] == "1999"  # perplexity_tokens read, each but the first predicted
+    assert float(ppl["value"]) > 1
+    assert ("validation perplexity (all)", "perplexity") in rows
+
+
+def test_reruns_follow_what_changed(evaluated):
+    work = evaluated
+    args = (SCORES, "--profile", "profiles/local", "-n")
+    same = run_snakemake(work, *args, "--configfile", configure(work))
+    assert "Nothing to be done" in same.stdout + same.stderr
+    # other shots: the tasks job and the table, not the perplexity
+    shots = run_snakemake(work, *args, "--configfile", configure(work, shots=1))
+    assert planned(shots.stdout + shots.stderr) == {"evaluate_tasks": 1, "evaluation_table": 1}
+    # a new last checkpoint: its export, then both evaluations
+    seg = run_snakemake(
+        work,
+        *args,
+        "--configfile",
+        configure(work),
+        "--forcerun",
+        f"results/train/{NAME}/seg2.json",
+    )
+    assert planned(seg.stdout + seg.stderr) == {
+        "train_segment": 1, "export_model": 1, "evaluate_tasks": 1,
+        "evaluate_perplexity": 1, "evaluation_table": 1,
+    }  # fmt: skip
+    # a changed experiment: its segments, the export, both evaluations
+    changed = run_snakemake(work, *args, "--configfile", configure(work, lr=0.002))
+    jobs = planned(changed.stdout + changed.stderr)
+    assert jobs.get("train_segment") == 2 and jobs.get("evaluate_tasks") == 1
+    assert jobs.get("evaluate_perplexity") == 1 and jobs.get("evaluation_table") == 1
