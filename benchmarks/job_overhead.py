@@ -64,8 +64,7 @@ IMPORTS = {
     "from hpcllm.vision.datasets_config import pack_dataset_split",
 }
 SCRIPT_PATH = (
-    f"import sys; sys.path.append({str(REPO / 'workflow' / 'scripts')!r})\n"
-    "import hpcllm_checkout\n"
+    f"import sys; sys.path.append({str(REPO / 'workflow' / 'scripts')!r})\nimport hpcllm_checkout\n"
 )
 TARGET = "tokenize:tok=tok,source=web,shard=0000"
 

@@ -1,6 +1,7 @@
 """Benchmark of pack_lmdb and the LMDB reader (not part of the test suite).
 
     .venv/bin/python benchmarks/lmdb_pack.py [--images 20000] [--work /tmp/hpcllm-lmdb-bench]
+    .venv/bin/python benchmarks/lmdb_pack.py --images 2000 --size 400x300 --job --reads 0
 
 Generates (once) an ImageNet-style tree of real JPEGs of about 100 KB, then prints, as
 medians of --repeats runs:
@@ -10,7 +11,11 @@ medians of --repeats runs:
   ``sync`` (the durable equivalent of a pack, which ends with an fsync; the pack is
   timed with a ``sync`` after it too), and pack_lmdb's speed as a fraction of each,
   measured in the same run: the runs alternate pack, tar, tar + sync;
-- random access, single process and with 2 DataLoader workers: images/s of the LMDB
+- with --job, the pack as its job runs it, process start included: a fresh Python that
+  makes the pack_lmdb script's imports, then packs (pack_dataset_split) and syncs; for a
+  small split (--images 2000 --size 400x300: 2,000 JPEGs, ~130 MB) the start is a large
+  part of the job. (Snakemake's own job process around it is benchmarks/job_overhead.py's.)
+- random access (unless --reads 0), single process and with 2 DataLoader workers: images/s of the LMDB
   reader (bytes only, and with Pillow decode to RGB) against reading the same images
   from the folder.
 The source files are in the page cache for all of it (read once before timing), so the
@@ -21,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -41,6 +48,31 @@ from hpcllm.vision.lmdb_pack import pack_lmdb  # noqa: E402
 from hpcllm.vision.sample_data import write_sample_tree  # noqa: E402
 from hpcllm.vision.trees import list_split  # noqa: E402
 
+# The pack_lmdb job's script from its imports on, timed from before the interpreter starts
+# (the scripts' folder after site-packages, as Snakemake puts it).
+JOB = """
+import sys
+sys.path.append(sys.argv[1])
+import hpcllm_checkout
+from hpcllm.launch import go_offline
+go_offline()
+from hpcllm import logs
+from hpcllm.vision.datasets_config import pack_dataset_split
+logs.setup(sys.argv[4])
+cfg = {"root": sys.argv[2], "layout": "imagenet"}
+pack_dataset_split("bench", cfg, {}, "train", sys.argv[3], sys.argv[3] + ".report.json",
+                   threads=int(sys.argv[5]))
+"""
+SCRIPTS = Path(__file__).resolve().parents[1] / "workflow" / "scripts"
+
+
+def job(tree: Path, out: Path, threads: int) -> None:
+    lmdb = out / "job.lmdb"
+    shutil.rmtree(lmdb, ignore_errors=True)
+    cmd = [sys.executable, "-c", JOB, str(SCRIPTS), str(tree), str(lmdb), str(out / "job.log")]
+    subprocess.run([*cmd, str(threads)], check=True)
+    sync()
+
 
 def tree_bytes(folder: Path) -> tuple[int, int]:
     files = [p for p in folder.rglob("*") if p.is_file()]
@@ -57,6 +89,22 @@ def timed(fn) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
+
+
+CPU_S: dict[str, list[float]] = {}  # CPU seconds (this process and its children) per run
+
+
+def timed_cpu(name: str, fn) -> float:
+    """``timed``, also noting the CPU time of the run under ``name``."""
+
+    def used() -> float:
+        me, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+        return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+    before = used()
+    seconds = timed(fn)
+    CPU_S.setdefault(name, []).append(used() - before)
+    return seconds
 
 
 def sync() -> None:
@@ -107,6 +155,15 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=20000, help="JPEGs in the generated tree")
     parser.add_argument("--classes", type=int, default=100, help="class folders of the tree")
     parser.add_argument(
+        "--size", default="500x375", help="image width x height (default 500x375: ~100 KB)"
+    )
+    parser.add_argument(
+        "--job",
+        action="store_true",
+        help="also time the pack as its job runs it: a fresh Python, the pack_lmdb "
+        "script's imports, the pack, sync",
+    )
+    parser.add_argument(
         "--work",
         type=Path,
         default=Path("/tmp/hpcllm-lmdb-bench"),
@@ -114,7 +171,9 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=3, help="runs per figure (medians)")
     parser.add_argument("--threads", type=int, default=4, help="pack_lmdb reader threads")
-    parser.add_argument("--reads", type=int, default=3000, help="random reads per measurement")
+    parser.add_argument(
+        "--reads", type=int, default=3000, help="random reads per measurement (0: none)"
+    )
     parser.add_argument(
         "--compare-read-ahead",
         action="store_true",
@@ -129,12 +188,15 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    tree = args.work / f"imagenet{args.images}"
+    width, height = map(int, args.size.lower().split("x"))
+    tree = args.work / f"imagenet{args.images}" if args.size == "500x375" else (
+        args.work / f"imagenet{args.images}_{width}x{height}"
+    )  # fmt: skip
     if not tree.is_dir():
         print(f"generating {args.images} images in {tree} ...", flush=True)
         write_sample_tree(
             tree, "imagenet", classes=args.classes, train_per_class=args.images // args.classes,
-            val_per_class=1, size=(500, 375), noise=25, val_labels="folders", threads=2,
+            val_per_class=1, size=(width, height), noise=25, val_labels="folders", threads=2,
         )  # fmt: skip
     count, size = tree_bytes(tree / "train")
     warm_cache(tree / "train")
@@ -163,16 +225,25 @@ def main() -> None:
     if args.compare_writeback:
         variants["pack, no writeback"] = (128 << 20, False)
     pack_s = {name: [] for name in variants}
+    if args.job:
+        pack_s["pack_lmdb job"] = []
     tar_s, tar_sync_s = [], []
     for _ in range(args.repeats):  # alternating, so that load on the machine hits all alike
         for name, variant in variants.items():
             shutil.rmtree(out / "train.lmdb", ignore_errors=True)
             sync()
-            pack_s[name].append(timed(lambda: pack(*variant)))  # noqa: B023
+            pack_s[name].append(timed_cpu(name, lambda: pack(*variant)))  # noqa: B023
+        if args.job:
+            sync()
+            pack_s["pack_lmdb job"].append(
+                timed_cpu("pack_lmdb job", lambda: job(tree, out, args.threads))
+            )
         sync()
-        tar_s.append(timed(lambda: tar(tree, out / "train.tar", durable=False)))
+        tar_s.append(timed_cpu("tar -cf", lambda: tar(tree, out / "train.tar", durable=False)))
         sync()
-        tar_sync_s.append(timed(lambda: tar(tree, out / "train.tar", durable=True)))
+        tar_sync_s.append(
+            timed_cpu("tar -cf + sync", lambda: tar(tree, out / "train.tar", durable=True))
+        )
     t, ts = statistics.median(tar_s), statistics.median(tar_sync_s)
     for name, runs in pack_s.items():
         p = statistics.median(runs)
@@ -189,7 +260,14 @@ def main() -> None:
         p = statistics.median(runs)
         print(f"ratio {name}/(tar -cf): {t / p:.2f}")
         print(f"ratio {name}/(tar -cf + sync): {ts / p:.2f} (target >= 0.9)")
+    cpu = {name: statistics.median(runs) for name, runs in CPU_S.items()}
+    print("CPU seconds (median): " + ", ".join(f"{n} {c:.2f}" for n, c in cpu.items()))
+    for name in pack_s:
+        print(f"CPU ratio {name}/(tar -cf + sync): {cpu[name] / cpu['tar -cf + sync']:.2f}")
+    print(f"load: {os.getloadavg()[0]:.1f} (1 min)")
     (out / "train.tar").unlink()
+    if args.reads <= 0:
+        return
 
     lmdb = out / "train.lmdb"
     n = LMDBImageDataset(lmdb).num_samples

@@ -26,6 +26,9 @@ def test_lmdb_pack_benchmark_prints_the_ratio_to_tar_and_sync(tmp_path):
             str(tmp_path),
             "--compare-read-ahead",
             "--compare-writeback",
+            "--job",
+            "--size",
+            "64x48",
         ],  # fmt: skip
         capture_output=True,
         text=True,
@@ -34,8 +37,12 @@ def test_lmdb_pack_benchmark_prints_the_ratio_to_tar_and_sync(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "tree: 24 images" in out
-    for name in ("pack_lmdb", "pack, no read-ahead", "pack, no writeback"):
-        ratio = re.search(rf"ratio {re.escape(name)}/\(tar -cf \+ sync\): ([\d.]+)", out)
-        assert ratio and float(ratio[1]) > 0, out
+    assert (tmp_path / "imagenet24_64x48").is_dir()
+    for name in ("pack_lmdb", "pack, no read-ahead", "pack, no writeback", "pack_lmdb job"):
+        for what in ("ratio", "CPU ratio"):
+            ratio = re.search(
+                rf"^{what} {re.escape(name)}/\(tar -cf \+ sync\): ([\d.]+)", out, re.M
+            )
+            assert ratio and float(ratio[1]) > 0, out
     assert len(re.findall(r"workers=\d: LMDB +\d+ +folder +\d+", out)) == 4, out
     assert not list(tmp_path.glob("out/*.tar"))  # the archive is removed

@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from support import REPO
 
 SCRIPTS = REPO / "workflow" / "scripts"
