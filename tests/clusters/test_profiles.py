@@ -86,7 +86,10 @@ def planned_jobs(output: str) -> list[tuple[str, dict[str, str]]]:
 
 # A user's opt-in on top of the built-in config: a megatron training run and both sweeps
 # (cut to 1 and 2 nodes on any cluster, so that every GPU rule is planned on every profile).
-OPT_IN = ("config/experiments/opengptx_800m.yaml", str(REPO / "tests/data/opengptx_on_samples.yaml"))
+OPT_IN = (
+    "config/experiments/opengptx_800m.yaml",
+    str(REPO / "tests/data/opengptx_on_samples.yaml"),
+)
 
 
 def small_sweeps(path) -> str:
@@ -153,6 +156,8 @@ def test_dry_run_per_profile(name, dry_runs):
             continue
         assert resources["slurm_account"] == "proj0042", (rule, resources)
         expected = cluster.partitions.gpu if rule in GPU_RULES else cpu_partition
+        if rule in ("site_probe", "canary"):  # pre-flight: the devel partition where there is one
+            expected = cluster.partitions.devel or cluster.partitions.gpu
         assert resources["slurm_partition"] == expected, (rule, resources)
     # GPU steps run in the cluster's image, built here unless the site builds none
     assert ("build_container" in rules) == (cluster.container_build.method != "copy"), rules
