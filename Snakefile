@@ -41,8 +41,10 @@ include: "workflow/rules/vision.smk"
 include: "workflow/rules/containers.smk"
 include: "workflow/rules/preflight.smk"
 include: "workflow/rules/training.smk"
+include: "workflow/rules/export.smk"
 include: "workflow/rules/benchmarks.smk"
 include: "workflow/rules/results.smk"
+include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/cost.smk"
 
 
