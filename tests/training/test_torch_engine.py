@@ -298,3 +298,19 @@ def test_fp16_trains_with_dynamic_loss_scaling(tmp_path, data_prefixes, vocab_fi
     assert len(scales) == 4 and all(s > 1.0 for s in scales), lines  # 65536 and down
     with pytest.raises(SystemExit, match="exclude each other"):
         run_in_process(engine_argv(tmp_path / "c2", data_prefixes, vocab_file, "--fp16", "--bf16"))
+
+
+def test_a_cpus_small_throughput_keeps_its_digits_in_the_log_line():
+    """The results page reads TFLOP/s from the log: on a laptop (0.004 TFLOP/s) Megatron's
+    one decimal wrote 0.0, which the page showed as "< 0.05"."""
+    from types import SimpleNamespace
+
+    from hpcllm.bench.logparse import parse_iteration_line
+    from hpcllm.training.torch_engine import log_line
+
+    args = SimpleNamespace(train_iters=10, global_batch_size=8)
+    line = log_line(3, args, 24, 120.0, 0.004123, 1e-3, 5.0, 1.0, throughput=True)
+    assert "throughput per GPU (TFLOP/s/GPU): 0.004123 |" in line
+    assert parse_iteration_line(line).tflops_per_gpu == 0.004123
+    big = log_line(3, args, 24, 120.0, 152.25, 1e-3, 5.0, 1.0, throughput=True)
+    assert "throughput per GPU (TFLOP/s/GPU): 152.2 |" in big  # Megatron's own format

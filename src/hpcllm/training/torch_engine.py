@@ -439,7 +439,9 @@ def log_line(
     s += f" consumed samples: {consumed:12d} |"
     s += f" elapsed time per iteration (ms): {elapsed_ms:.1f} |"
     if throughput:
-        s += f" throughput per GPU (TFLOP/s/GPU): {tflops:.1f} |"
+        # Megatron's one decimal; a laptop's CPU "GPU" does well under 0.1: its digits
+        digits = 1 if tflops >= 1 else 6
+        s += f" throughput per GPU (TFLOP/s/GPU): {tflops:.{digits}f} |"
     if energy_j_per_gpu is not None:
         s += f" energy per GPU (J/iter/GPU): {energy_j_per_gpu:.1f} |"
         s += f" power per GPU (W/GPU): {energy_j_per_gpu / (elapsed_ms / 1000):.1f} |"
