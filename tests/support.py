@@ -136,3 +136,10 @@ def small_file_system(path: Path, size: str) -> Iterator[Path]:
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def planned(out: str) -> dict[str, int]:
+    """Jobs per rule in the "Job stats" table of a Snakemake plan's output."""
+    table = out.split("Job stats:", 1)[1].split("total", 1)[0] if "Job stats:" in out else ""
+    rows = (line.split() for line in table.splitlines())
+    return {row[0]: int(row[1]) for row in rows if len(row) == 2 and row[1].isdigit()}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import make_workdir, run_snakemake
+from support import make_workdir, planned, run_snakemake
 
 pytestmark = pytest.mark.workflow
 
@@ -40,12 +40,6 @@ def configure(work: Path, lr: float | None = None, **evaluate) -> str:
     path = work / "evaluate.yaml"
     path.write_text(yaml.safe_dump({"training": {"experiments": {NAME: experiment}}}))
     return str(path)
-
-
-def planned(out: str) -> dict[str, int]:
-    table = out.split("Job stats:", 1)[1].split("total", 1)[0] if "Job stats:" in out else ""
-    rows = (line.split() for line in table.splitlines())
-    return {row[0]: int(row[1]) for row in rows if len(row) == 2 and row[1].isdigit()}
 
 
 @pytest.fixture(scope="module")
