@@ -220,8 +220,8 @@ def run(sizes: list[int], profile: str, repeat: int, root: Path) -> list[dict]:
             f"{n:>7} shards {jobs:>7} jobs | workflow CPU {row['ours_cpu_s']:7.1f} s, wall "
             f"{row['ours_s']:7.1f} s, {row['ours_rss_mb']:6.0f} MB | bare CPU "
             f"{row['bare_cpu_s']:7.1f} s, wall {row['bare_s']:7.1f} s, "
-            f"{row['bare_rss_mb']:6.0f} MB | ratio CPU {row['cpu_ratio']:.2f} wall "
-            f"{row['time_ratio']:.2f} RSS {row['rss_ratio']:.2f} | load "
+            f"{row['bare_rss_mb']:6.0f} MB | ratio CPU {row['cpu_ratio']:.2f}, ratio time "
+            f"(wall) {row['time_ratio']:.2f}, RSS {row['rss_ratio']:.2f} | load "
             f"{os.getloadavg()[0]:.1f} (1 min)",
             flush=True,
         )
