@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import functools
 import io
 import json
@@ -256,8 +255,10 @@ class _Writeback:
 
 @functools.cache
 def _libc() -> ctypes.CDLL:
-    """The C library, found once per process (OSError where there is none)."""
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    """The C library's symbols, through the process's own (dlopen of NULL): no
+    ``ctypes.util.find_library``, which imports subprocess and runs ``ldconfig`` at every
+    pack job's start."""
+    return ctypes.CDLL(None)
 
 
 def _keep_freed_memory() -> None:
