@@ -400,6 +400,8 @@ def test_megatron_command_of_a_training_segment_is_pinned():
     from hpcllm.training.segment import Paths, engine_command, prepare_experiment
 
     spec = yaml.safe_load((REPO / "config/experiments/opengptx_800m.yaml").read_text())
+    # over the examples' tokenizer, as tests/data/opengptx_on_samples.yaml plans it
+    spec["training"]["experiments"]["opengptx_800m"]["data"]["tokenizer"] = "sample_bpe"
     text = {
         "tokenizers": {"sample_bpe": {"vocab_size": 8000}},
         "tokenize": {"tokenizers": ["sample_bpe"]},
