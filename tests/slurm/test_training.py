@@ -749,8 +749,11 @@ def hpcllm(work: Path, cluster, *args: str) -> str:
 
 
 def hpcllm_status(work: Path, cluster, *configfiles: str) -> str:
+    """`hpcllm status` with the config files the runs had (the examples first, as
+    slurmruns adds them to every run)."""
+    files = (str(EXAMPLES), *configfiles)
     return hpcllm(
-        work, cluster, "status", "--profile", "profiles/testcluster", "--configfile", *configfiles
+        work, cluster, "status", "--profile", "profiles/testcluster", "--configfile", *files
     )
 
 
