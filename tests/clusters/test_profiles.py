@@ -512,7 +512,11 @@ def the_jobs_launch(rule: str, fields: dict[str, str], cluster, tmp_path):
     (container,) = [f for f in fields["input"].split(", ") if f.endswith(".sif")]
     if rule == "train_segment":
         name = wildcards["experiment"]
-        spec = yaml.safe_load((REPO / OPT_IN[0]).read_text())["training"]["experiments"][name]
+        # the experiment as the opt-in config files give it, the later file's data keys last
+        spec: dict = {}
+        for path in OPT_IN:
+            one = yaml.safe_load((REPO / path).read_text())["training"]["experiments"][name]
+            spec = {**spec, **one, "data": {**spec.get("data", {}), **one.get("data", {})}}
         text = {
             "tokenizers": {"sample_bpe": {"vocab_size": 8000}},
             "tokenize": {"tokenizers": ["sample_bpe"]},

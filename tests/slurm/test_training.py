@@ -400,9 +400,10 @@ def test_a_signal_during_start_up_or_training_ends_cleanly_and_attempts_follow(
     one that did not stops the chain."""
     work = training_workdir(text_data, tmp_path / "work")
     long_run = work / "long.yaml"  # far more iterations than fit into the time limit
-    long_run.write_text(
+    long_run.write_text(  # (and far more passes over the samples than a real plan allows)
         "training: {max_attempts: 2, experiments: {tiny_2n: {iterations_per_segment: 100000, "
-        "save_interval: 100000, time: {margin_seconds: 0, signal_seconds: 100}}}}\n"
+        "save_interval: 100000, data: {max_passes: 1.0e+9}, "
+        "time: {margin_seconds: 0, signal_seconds: 100}}}}\n"
     )
     args = (
         "--configfile",

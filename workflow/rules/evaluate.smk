@@ -27,7 +27,7 @@ rule stage_eval_tasks:
         site=CLUSTER.description,
         facts=CLUSTER.path,
     script:
-        "../scripts/evaluate_model.py"
+        "../scripts/stage_eval_tasks.py"
 
 
 rule evaluate_tasks:
@@ -112,4 +112,4 @@ rule evaluation_table:
     conda:
         "../../envs/workflow.yaml"
     script:
-        "../scripts/evaluate_model.py"
+        "../scripts/evaluation_table.py"

@@ -1,4 +1,4 @@
-"""What the evaluation rules' jobs do (workflow/scripts/evaluate_model.py calls these)."""
+"""What the evaluation rules' jobs do (workflow/scripts/stage_eval_tasks.py, evaluate_model.py and evaluation_table.py call these)."""
 
 from __future__ import annotations
 
