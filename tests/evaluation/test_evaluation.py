@@ -13,12 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TASKS_DIR
 from support import REPO
 
 from hpcllm.evaluation.model import EvaluationError
 from hpcllm.evaluation.run import stage_tasks
 from hpcllm.evaluation.tasks import plan_problems, resolve_task, staging_problem
+
+TASKS_DIR = REPO / "resources" / "eval_tasks"  # the shipped tasks
 
 QUESTIONS = [  # made up for this test, in allenai/ai2_arc's columns
     ("What do plants take in to make food?", ["carbon dioxide", "salt", "sand", "iron"], "A"),

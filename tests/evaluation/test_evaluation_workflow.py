@@ -87,3 +87,35 @@ def test_reruns_follow_what_changed(evaluated):
     jobs = planned(changed.stdout + changed.stderr)
     assert jobs.get("train_segment") == 2 and jobs.get("evaluate_tasks") == 1
     assert jobs.get("evaluate_perplexity") == 1 and jobs.get("evaluation_table") == 1
+
+
+def test_the_default_target_ends_with_the_scores_on_the_results_page(evaluated):
+    """The laptop examples' tiny_local has an `evaluate` key (config/examples/local.yaml):
+    the default target plans its export, both evaluations and the table before the page."""
+    out = run_snakemake(evaluated, "-n", "--profile", "profiles/local")
+    jobs = planned(out.stdout + out.stderr)
+    for rule in ("export_model", "evaluate_tasks", "evaluate_perplexity", "evaluation_table"):
+        assert jobs.get(rule) == 1, jobs
+    assert jobs.get("results_page") == 1, jobs
+
+
+def test_a_cluster_profile_plans_export_and_evaluation_with_their_cost(tmp_path):
+    """The 800M example with its evaluation on JUWELS (docs/evaluation.md): the export and
+    both evaluations are in the cost lines, whole 4-GPU nodes for their time limits, and
+    the tasks job asks for a GPU of the booster partition."""
+    import re
+
+    work = make_workdir(tmp_path / "work")
+    proc = run_snakemake(
+        work, "-n", "--profile", "profiles/juwels", "--configfile",
+        "config/examples/fineweb_juwels.yaml", "config/experiments/opengptx_800m.yaml",
+        "config/examples/evaluate_800m.yaml",
+        env={"HPCLLM_ACCOUNT": "myproject"}, examples=False,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    cost = out[out.index("Cost on juwels") :]
+    for rule, hours in (("export_model", 2), ("evaluate_tasks", 2), ("evaluate_perplexity", 1)):
+        line = f"  {rule}: 1 job(s), {hours:.1f} node-hours, {4 * hours:.1f} GPU-hours"
+        assert line in cost, cost[:1500]
+    block = re.search(r"^rule evaluate_tasks:\n(.*?)\n\n", out, re.S | re.M).group(1)
+    assert "gres=gpu:1" in block and "slurm_partition=booster" in block, block

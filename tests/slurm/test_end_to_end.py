@@ -39,6 +39,15 @@ def test_builtin_config_runs_as_slurm_jobs_and_matches_local_run(cluster, tmp_pa
     # A tokenize job gets its 4 threads' cores on a cluster (on one machine the shards
     # share its cores: tests/workflow/test_text_workflow.py).
     assert {known[j]["cpus"] for j, _ in logs["tokenize"]} == {"4"}, logs["tokenize"]
+    # The campaign ends with the Hugging Face export of the last checkpoint and its scores,
+    # each a Slurm job (the task data staged by the login-node rule, the table written
+    # there), on the results page.
+    assert {"export_model", "evaluate_tasks", "evaluate_perplexity"} <= set(remote), remote
+    assert {"stage_eval_tasks", "evaluation_table"} <= set(local), local
+    scores = (on_slurm / "results/eval/tiny_local/scores.csv").read_text()
+    assert "tiny_local,30,module_purpose,acc," in scores, scores
+    assert "validation perplexity (all)" in scores, scores
+    assert "Evaluation of iteration 30" in (on_slurm / "results/index.html").read_text()
 
     locally = slurmruns.make_workdir(tmp_path / "local")
     # The reference: the deterministic stages that write data/, and training (bitwise

@@ -127,7 +127,9 @@ def all_targets(wildcards):
     image datasets, training on the megatron engine, benchmark points the config asks
     for); the built-in laptop examples (the torch-engine tiny_local, the generated image
     samples) run there only when named (`training.run`, or as a target). Elsewhere (a
-    laptop, a CPU-only cluster such as the test cluster) everything configured."""
+    laptop, a CPU-only cluster such as the test cluster) everything configured. Each
+    trained experiment ends with its Hugging Face export (docs/export.md) and, where it
+    has an `evaluate` key, its scores (docs/evaluation.md)."""
     if not (SOURCES or vision_targets() or EXPERIMENTS or BENCH_POINTS):
         logger.warning(
             "Nothing is configured to run: config/config.yaml and the --configfile files "
@@ -136,10 +138,13 @@ def all_targets(wildcards):
             "--configfile config/examples/local.yaml"
         )
     if not (CLUSTER.uses_slurm and CLUSTER.gpus_per_node):
+        training = training_targets()
         return (
             text_targets()
             + vision_targets()
-            + training_targets()
+            + training
+            + export_targets(training)
+            + evaluation_targets()
             + benchmark_targets()
             + results_page_target()
         )
@@ -155,5 +160,11 @@ def all_targets(wildcards):
             if prepared.experiment["engine"] != "torch"
         ]
     return (
-        text_targets() + vision + training + benchmark_targets() + results_page_target()
+        text_targets()
+        + vision
+        + training
+        + export_targets(training)
+        + evaluation_targets()
+        + benchmark_targets()
+        + results_page_target()
     )

@@ -17,7 +17,8 @@ def results_page_target():
 
 def results_page_inputs(wildcards):
     """The results page reads the benchmark summary and plots, and per experiment its
-    loss curve and every segment's record (named keys for the script)."""
+    loss curve, every segment's record and, where it is evaluated, its scores (named keys
+    for the script)."""
     inputs = {}
     if BENCH_POINTS:
         inputs["summary"] = "results/bench/summary.csv"
@@ -29,6 +30,8 @@ def results_page_inputs(wildcards):
         inputs[f"records_{name}"] = [
             f"results/train/{name}/seg{k}.json" for k in range(1, segments + 1)
         ]
+        if name in EVALUATED:  # the page shows the scores of the last checkpoint
+            inputs[f"scores_{name}"] = f"results/eval/{name}/scores.csv"
     return inputs
 
 
