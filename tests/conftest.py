@@ -34,3 +34,17 @@ def workdir(tmp_path: Path) -> Path:
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO
+
+
+@pytest.fixture(autouse=True)
+def _no_process_group_left_behind(request) -> Iterator[None]:
+    """A test that runs torch.distributed in this process must end its process group:
+    one left behind makes the next test's init_process_group fail ("initialize the
+    default process group twice"), far from its cause. Said here, at the test that left it."""
+    yield
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+        pytest.fail(f"{request.node.nodeid} left a torch.distributed process group behind")
