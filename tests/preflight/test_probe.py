@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -103,6 +104,9 @@ def test_modules_of_each_image():
     assert "torchrun_jsc" in train  # JSC's launcher
     vision = probe.image_modules(cluster, "vision", vision_impls={"torchvision"})
     assert {"torchvision", "lmdb", "hpcllm.bench.vision_train"} <= set(vision)
+    assert "lm_eval" not in train
+    evaluated = probe.image_modules(cluster, "train", {"megatron"}, evaluate=True)
+    assert {"lm_eval", "hpcllm.evaluation.run"} <= set(evaluated)  # evaluate_tasks' imports
     lumi = load_cluster("lumi", root=ROOT)  # ROCm: Megatron's own layers, no TE
     assert "transformer_engine" not in probe.image_modules(lumi, "train", {"megatron"})
 
@@ -149,3 +153,28 @@ def test_a_record_made_again_is_said(tmp_path):
     os.utime(image, (record.stat().st_mtime + 10,) * 2)
     assert "newer than its record" in rerun_warning(str(record), "k1", str(image))
     assert "run the same command again" in rerun_warning(str(record), "k1", str(image))
+
+
+def test_every_module_the_probe_checks_is_installed_in_the_images():
+    """What the jobs import in an image (the probe's list, every purpose, with evaluation)
+    is the base image's or a line of envs/requirements.txt, the pip list of every image:
+    an evaluation job must not die at start-up for a package no image installs."""
+    import re
+    from importlib.metadata import packages_distributions
+
+    # the base images' (PyTorch, Transformer Engine, TensorBoard: tests/slurm/standins/
+    # image/base), Megatron-LM's checkout, the launcher's module, the bound checkout
+    base = {"torch", "torchvision", "transformer_engine", "tensorboard", "megatron", "hpcllm"}
+    lines = (Path(ROOT).parents[1] / "envs" / "requirements.txt").read_text().splitlines()
+    required = {
+        re.split(r"[\[<>=!~; ]", line.strip())[0].lower().replace("_", "-")
+        for line in lines
+        if line.strip() and not line.startswith("#")
+    }
+    distributions = packages_distributions()
+    for cluster in (juwels(), load_cluster("lumi", root=ROOT)):
+        modules = probe.image_modules(cluster, "train", {"megatron", "torch"}, evaluate=True)
+        modules += probe.image_modules(cluster, "vision", vision_impls={"torchvision"})
+        for top in {m.split(".")[0] for m in modules} - base:
+            names = {d.lower().replace("_", "-") for d in distributions.get(top, [top])}
+            assert names & required, f"{top} ({names}) is in no line of envs/requirements.txt"

@@ -171,9 +171,11 @@ def probe_modules(wildcards):
     impls = {
         p.get("model_impl") for p in BENCH_POINTS.values() if p["benchmark"] == "vision"
     }
+    # evaluation jobs (evaluate.smk) of the experiments the plan trains
+    evaluate = any(name in EVALUATED for name in _planned_experiments())
     modules = []
     for purpose in purposes:
-        modules += _probe.image_modules(CLUSTER, purpose, engines, impls)
+        modules += _probe.image_modules(CLUSTER, purpose, engines, impls, evaluate)
     return list(dict.fromkeys(modules))
 
 

@@ -41,10 +41,15 @@ def check(name: str, ok: bool, detail: str) -> dict[str, Any]:
 
 
 def image_modules(
-    cluster, purpose: str, engines: set[str] = frozenset(), vision_impls: set[str] = frozenset()
+    cluster,
+    purpose: str,
+    engines: set[str] = frozenset(),
+    vision_impls: set[str] = frozenset(),
+    evaluate: bool = False,
 ) -> list[str]:
     """Every module the jobs of ``purpose`` ("train": training segments and language
-    points; "vision") import in the image, for the ``engines`` they run."""
+    points, and the evaluation jobs where the plan ``evaluate``s; "vision") import in the
+    image, for the ``engines`` they run."""
     from hpcllm.training.megatron_args import transformer_impl_for
 
     modules = ["torch", LAUNCHER_MODULE[cluster.launcher]]
@@ -69,6 +74,8 @@ def image_modules(
             modules.append("transformer_engine")
     if "torch" in engines:  # hpcllm's own engine, from the checkout's src/
         modules += ["tensorboard", "tokenizers", "hpcllm.training.torch_engine"]
+    if evaluate:  # evaluate_tasks and evaluate_perplexity run in the training image
+        modules += ["lm_eval", "transformers", "hpcllm.evaluation.run"]
     return list(dict.fromkeys(modules))
 
 
