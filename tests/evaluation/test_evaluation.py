@@ -160,6 +160,7 @@ def test_a_cluster_job_evaluates_in_the_training_image(
     )
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SCRATCH", str(tmp_path / "scratch"))  # as jutil env activate sets it
     monkeypatch.chdir(tmp_path)
     prefix, _ = tokenized
     kwargs = dict(export_record=str(export_record), prefixes={"sample": prefix}, split="80,20,0",
@@ -177,5 +178,13 @@ def test_a_cluster_job_evaluates_in_the_training_image(
         and src in seen["argv"][seen["argv"].index("--bind") + 1]
     )
     assert seen["env"]["PYTHONPATH"] == src and seen["env"]["HF_HUB_OFFLINE"] == "1"
+    # started as the jobs and the site probe start the image (config/clusters/juwels.yaml):
+    # the site's binds and job environment expanded, PMIx's variable kept outside
+    binds = seen["argv"][seen["argv"].index("--bind") + 1].split(",")
+    assert binds == [str(tmp_path / "scratch"), src]
+    assert seen["env"]["HF_HOME"] == f"{tmp_path}/scratch/hpcllm-cache/huggingface"
+    assert seen["env"]["PMIX_SECURITY_MODE"] == "native"
+    sif = seen["argv"].index("containers/megatron-nvidia.sif")
+    assert seen["argv"][sif + 1 : sif + 4] == ["env", "-u", "PMIX_SECURITY_MODE"]
     record = json.loads((tmp_path / "perplexity.json").read_text())
     assert record["perplexity"]["all"]["tokens"] == 32 and record["iteration"] == 30

@@ -40,6 +40,7 @@ LANGUAGE = "rehearsal_language.tiny.strong.bf16.n0002"
 VISION = "rehearsal_vision.resnet_tiny.weak.fp32.n0002"
 TARGETS = (
     f"results/train/{EXPERIMENT}/seg1.json",
+    f"results/eval/{EXPERIMENT}/scores.csv",  # its export and evaluation after it
     "results/bench/summary.csv",
     "results/bench/plots/efficiency.png",
     "results/bench/plots/throughput.png",
@@ -88,8 +89,8 @@ def rehearsal(slurm_cluster, image, tmp_path_factory):
         HPCLLM_REHEARSAL_RECORD=str(work / "apptainer.jsonl"),
         SCRATCH=str(work / "scratch"),  # as `jutil env activate` sets it on JUWELS
     )
-    # quiet: the run ~80 s, the report ~10 s (timeouts are hang guards, tests/support.py)
-    proc = snakemake(work, slurm_cluster, env, "--", *TARGETS, timeout=hang_guard(80))
+    # quiet: the run ~120 s, the report ~10 s (timeouts are hang guards, tests/support.py)
+    proc = snakemake(work, slurm_cluster, env, "--", *TARGETS, timeout=hang_guard(120))
     snakemake(
         work, slurm_cluster, env, "--report", "report.html", "--", *TARGETS, timeout=hang_guard(10)
     )
@@ -170,7 +171,9 @@ def test_binds_and_environment_are_the_facts_files(rehearsal, image):
         assert e["gpu_flags"] == ["--nv"], e  # gpu.vendor: nvidia
         # The benchmark points, their canaries and the site probe run `python -m
         # hpcllm...` in the image: the checkout's src/.
-        with_src = rule.startswith("bench_") or rule == "site_probe"
+        # So do the evaluation jobs, one process each without the launcher, as the probe.
+        alone = rule in ("site_probe", "evaluate_tasks", "evaluate_perplexity")
+        with_src = rule.startswith("bench_") or alone
         with_src |= rule == "canary" and not kinds[e["job"]].startswith("train_")
         extra = [SRC] if with_src else []
         binds = [expand(b, work / "scratch") for b in cluster.container_binds]
@@ -179,15 +182,16 @@ def test_binds_and_environment_are_the_facts_files(rehearsal, image):
             assert e["env"]["PYTHONPATH"] == SRC
         assert e["image"].endswith(".sif")
         for name, value in expected.items():
-            if rule == "site_probe" and "SLURM_" in cluster.env[name]:
+            if alone and "SLURM_" in cluster.env[name]:
                 continue  # read back from the job's record only for a launch over srun
             assert e["env"].get(name) == value, (rule, name)
         # env_outside_container: set for srun, removed for the program in the image.
         for name, value in cluster.env_outside_container.items():
             assert e["env"][name] == value
             assert e["command"][:3] == ["env", "-u", name], e["command"]
-        # The probe starts the image's Python itself; every job the launcher.
-        assert e["command"][3] == ("python" if rule == "site_probe" else cluster.launcher)
+        # The probe and the evaluation start the image's Python themselves; every other
+        # job the launcher.
+        assert e["command"][3] == ("python" if alone else cluster.launcher)
         # The image's own Python runs the program, never the host's environment.
         assert e["env"]["PATH"].split(os.pathsep)[0] == str(image / "bin")
         assert str(slurmruns.REPO / ".venv") not in e["env"]["PATH"]
@@ -233,6 +237,32 @@ def test_the_segment_wrote_megatrons_checkpoint_layout(rehearsal):
     # A benchmark point measures; it saves no checkpoint.
     language = work / f"results/bench/language/{LANGUAGE}"
     assert not list(language.rglob("latest_checkpointed_iteration.txt"))
+
+
+def test_the_last_checkpoint_is_exported_and_evaluated_through_sbatch(rehearsal, slurm_cluster):
+    """The campaign's end (workflow/rules/export.smk, evaluate.smk) as the profile submits
+    it: the export of the segment's Megatron checkpoint (TP 2, merged) as a Slurm job, then
+    the tasks and the perplexity each as a 1-node job in the training image, the table on
+    the login node."""
+    work, _, execs = rehearsal
+    jobs = jobs_of(work)
+    states = {j["id"]: j for j in slurm_cluster.jobs()}
+    for rule in ("export_model", "evaluate_tasks", "evaluate_perplexity"):
+        (job,) = [j for j, r in jobs.items() if r == rule]
+        assert states[job]["state"] == "COMPLETED" and states[job]["nodes"] in ("n1", "n2")
+    record = json.loads(
+        (work / f"results/export/{EXPERIMENT}/iter_0000004/export.json").read_text()
+    )
+    folder = work / f"results/export/{EXPERIMENT}/iter_0000004"
+    assert record["iteration"] == 4 and (folder / "config.json").is_file(), record
+    assert list(folder.glob("*.safetensors")) and (folder / "tokenizer.json").is_file()
+    for rule in ("evaluate_tasks", "evaluate_perplexity"):
+        (job,) = [j for j, r in jobs.items() if r == rule]
+        (e,) = [e for e in execs if e["job"] == job]
+        assert e["command"][3:7] == ["python", "-m", "hpcllm.evaluation.run", rule], e
+    scores = (work / f"results/eval/{EXPERIMENT}/scores.csv").read_text()
+    assert f"{EXPERIMENT},4,module_purpose,acc," in scores, scores
+    assert "validation perplexity (all)" in scores, scores
 
 
 def preflight(work: Path, what: str) -> dict:

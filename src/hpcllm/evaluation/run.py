@@ -92,12 +92,23 @@ def in_container(cluster, container: str, job: str, kwargs: dict) -> None:
     training image (the GPU build of PyTorch is there), this checkout's package bound."""
     import subprocess
 
-    from hpcllm.launch import OFFLINE_ENV, container_exec, package_in_container
+    from hpcllm.launch import OFFLINE_ENV, Launch, container_exec, package_in_container
 
+    # Started as the site probe starts the image (hpcllm.preflight.probe.inside_launch):
+    # the site's modules, the job environment, the variables kept outside the container.
     binds, env = package_in_container(container)
-    command = container_exec(cluster, container, binds)
+    unset = tuple(cluster.env_outside_container)
+    command = container_exec(cluster, container, binds, unset)
     command += ["python", "-m", "hpcllm.evaluation.run", job, json.dumps(kwargs)]
-    subprocess.run(command, check=True, env={**os.environ, **OFFLINE_ENV, **env})
+    launch = Launch(
+        argv=command,
+        env={**cluster.env, **cluster.env_outside_container, **OFFLINE_ENV, **env},
+        modules=cluster.modules,
+        source=cluster.path or cluster.name,
+        unset_in_container=unset,
+        globs=cluster.env_globs,
+    )
+    subprocess.run(["bash", "-c", launch.shell()], check=True, env=dict(os.environ))
 
 
 def main(argv: list[str] | None = None) -> None:

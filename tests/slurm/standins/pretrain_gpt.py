@@ -16,7 +16,9 @@ of the pinned commit checks and what the workflow reads back, nothing more:
   each prints its node; the last rank prints Megatron's per-iteration log line;
 - ``--load``/``--save``/``--save-interval``/``--exit-interval``/``--exit-signal-handler``/
   ``--exit-duration-in-mins``: resumes from and writes checkpoints in Megatron's layout
-  (``iter_0000004/mp_rank_00[_000]/model_optim_rng.pt``, the tracker file last).
+  (``iter_0000004/mp_rank_00[_000]/model_optim_rng.pt``, the tracker file last), each
+  with its rank's weights of the model's names and shapes in the legacy layout (a fixed
+  draw, not trained), so that the export and the evaluation after it have a model.
 """
 
 import os
@@ -143,6 +145,66 @@ def main() -> int:
     if "--exit-signal-handler" in opts:
         signal.signal(signal.SIGTERM, lambda *_: stopped.append("signal"))
 
+    layers, hidden = value("--num-layers", 1, int), value("--hidden-size", 1, int)
+
+    def model_shard(tp_rank: int, pp_rank: int) -> dict:
+        """This rank's weights of Megatron's GPT model (local layers, tied embeddings) in
+        the legacy layout: the export's merge reads them as Megatron's. Not trained
+        (the stand-in runs no model): a fixed draw of the right names and shapes."""
+        heads = value("--num-attention-heads", 1, int)
+        ffn = value("--ffn-hidden-size", 4 * hidden, int)
+        gen = torch.Generator().manual_seed(1000 * pp_rank + tp_rank)
+
+        def draw(*shape):
+            return torch.randn(*shape, generator=gen) * 0.02
+
+        if hidden % heads or hidden % tp or ffn % tp:
+            die(f"hidden {hidden} / heads {heads} / FFN {ffn} do not split over TP {tp}")
+        state = {}
+        if pp_rank == 0:
+            state["embedding.word_embeddings.weight"] = draw(padded_vocab() // tp, hidden)
+            if value("--position-embedding-type", "learned_absolute") == "learned_absolute":
+                positions = value("--max-position-embeddings", seq, int)
+                state["embedding.position_embeddings.weight"] = (
+                    torch.randn(positions, hidden, generator=torch.Generator().manual_seed(7))
+                    * 0.02
+                )  # replicated over TP: the same draw on every rank
+        for i in range(layers // pp):
+            p = f"decoder.layers.{i}."
+            for norm in ("input_layernorm", "pre_mlp_layernorm"):
+                state[p + f"{norm}.weight"] = torch.ones(hidden)
+                state[p + f"{norm}.bias"] = torch.zeros(hidden)
+            state[p + "self_attention.linear_qkv.weight"] = draw(3 * hidden // tp, hidden)
+            state[p + "self_attention.linear_qkv.bias"] = torch.zeros(3 * hidden // tp)
+            state[p + "self_attention.linear_proj.weight"] = draw(hidden, hidden // tp)
+            state[p + "self_attention.linear_proj.bias"] = torch.zeros(hidden)
+            state[p + "mlp.linear_fc1.weight"] = draw(ffn // tp, hidden)
+            state[p + "mlp.linear_fc1.bias"] = torch.zeros(ffn // tp)
+            state[p + "mlp.linear_fc2.weight"] = draw(hidden, ffn // tp)
+            state[p + "mlp.linear_fc2.bias"] = torch.zeros(hidden)
+        if pp_rank == pp - 1:
+            state["decoder.final_layernorm.weight"] = torch.ones(hidden)
+            state["decoder.final_layernorm.bias"] = torch.zeros(hidden)
+        return state
+
+    def padded_vocab() -> int:
+        """The tokenizer's vocabulary padded as Megatron pads it (a multiple of
+        --make-vocab-size-divisible-by x TP)."""
+        kind = value("--tokenizer-type")
+        if kind == "HuggingFaceTokenizer":
+            from tokenizers import Tokenizer
+
+            path = os.path.join(value("--tokenizer-model"), "tokenizer.json")
+            vocab = Tokenizer.from_file(path).get_vocab_size()
+        elif kind == "GPT2BPETokenizer":
+            import json
+
+            vocab = len(json.loads(Path(value("--vocab-file")).read_text()))
+        else:
+            vocab = value("--vocab-size", 1, int)
+        multiple = value("--make-vocab-size-divisible-by", 128, int) * tp
+        return -(-vocab // multiple) * multiple
+
     def save_checkpoint(it: int) -> None:
         if not save:
             return
@@ -153,10 +215,9 @@ def main() -> int:
             shard = f"mp_rank_{tp_rank:02d}" + (f"_{pp_rank:03d}" if pp > 1 else "")
             folder = Path(save, f"iter_{it:07d}", shard)
             folder.mkdir(parents=True, exist_ok=True)
-            torch.save(
-                {"iteration": it, "checkpoint_version": 3.0, "args": opts},
-                folder / "model_optim_rng.pt",
-            )
+            state = {"iteration": it, "checkpoint_version": 3.0, "args": opts}
+            state["model"] = model_shard(tp_rank, pp_rank)
+            torch.save(state, folder / "model_optim_rng.pt")
         dist.barrier()
         if rank == 0:
             Path(save, tracker + ".tmp").write_text(str(it))
@@ -164,7 +225,6 @@ def main() -> int:
             print(f"  successfully saved checkpoint from iteration {it:7d} to {save}", flush=True)
 
     interval = value("--save-interval", None, int)
-    layers, hidden = value("--num-layers", 1, int), value("--hidden-size", 1, int)
     flops = 72 * global_batch * seq * layers * hidden**2 * (1 + seq / (6 * hidden))
     last = time.time()
     while iteration < stop:
