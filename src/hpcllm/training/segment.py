@@ -556,6 +556,12 @@ def _log_takeover(stale: lease.Holder) -> None:
     log.warning("took over the stale lease of %s (no longer running)", stale.describe())
 
 
+def shutdown_timeout(experiment: dict[str, Any]) -> int:
+    """Seconds torchrun lets the workers save and exit after forwarding SIGTERM: the
+    signal's lead (time.signal_seconds), at least torchrun's own 30."""
+    return max(30, int((experiment.get("time") or {}).get("signal_seconds") or 0))
+
+
 def segment_launch(experiment: dict[str, Any], command: list[str], cluster, container: str | None):
     """The launch of a segment's engine ``command`` on the experiment's nodes."""
     from hpcllm.launch import build_launch, package_in_container
@@ -565,6 +571,11 @@ def segment_launch(experiment: dict[str, Any], command: list[str], cluster, cont
         binds, env = [], dict(MEGATRON_ENV)
     else:  # the torch engine is hpcllm: in an image it needs the checkout's src/
         binds, env = package_in_container(container)
+    # On Slurm's SIGTERM (time.signal_seconds before the limit) torchrun forwards it and
+    # SIGKILLs the workers after TORCH_ELASTIC_SHUTDOWN_TIMEOUT, 30 s by default: less
+    # than a large model's save. The whole lead is theirs (torchrun's --shutdown-timeout,
+    # pytorch/pytorch PR 172596; an older torch ignores the variable and keeps 30 s).
+    env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(shutdown_timeout(experiment))
     lay = experiment["layout"]
     return build_launch(
         cluster,
