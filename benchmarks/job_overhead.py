@@ -15,9 +15,12 @@ measures the CPU time (user + system, the process and its children) of:
 - the workflow's tokenize job as a whole (its script on a one-document shard);
 - each job script's imports alone (tokenize, merge_tokenized, pack_lmdb), in a fresh Python.
 
-Prints medians, the ratio of the whole job to the bare one, and the load average.
+Prints medians, the ratio of the whole job to the bare one, and the load average. With
+``--compare REF`` (a git revision), the job process of that revision's workflow (its
+files exported beside the case) runs in the same rounds, for a before/after ratio measured
+under the same load.
 
-Usage: python benchmarks/job_overhead.py [--repeat 5] [--workdir DIR]
+Usage: python benchmarks/job_overhead.py [--repeat 5] [--workdir DIR] [--compare REF]
 """
 
 from __future__ import annotations
@@ -53,14 +56,14 @@ rule tokenize:
 # path after site-packages, as Snakemake puts it: workflow/scripts/tokenize.py must not
 # shadow the standard library's tokenize).
 IMPORTS = {
-    "tokenize": "from hpcllm.launch import go_offline\nfrom hpcllm import logs\n"
+    "tokenize": "from hpcllm.offline import go_offline\nfrom hpcllm import logs\n"
     "from hpcllm.text.shards import source_policy, tokenize_source_shard\n"
     "from hpcllm.text.tokenizers_config import tokenizer_for",
-    "merge_tokenized": "from hpcllm.launch import go_offline\nfrom hpcllm import logs\n"
+    "merge_tokenized": "from hpcllm.offline import go_offline\nfrom hpcllm import logs\n"
     "from hpcllm.text.indexed_dataset import merge_datasets\n"
     "from hpcllm.text.shard_pool import check_batch_outputs\n"
     "from hpcllm.text.shards import check_source_size",
-    "pack_lmdb": "from hpcllm.launch import go_offline\nfrom hpcllm import logs\n"
+    "pack_lmdb": "from hpcllm.offline import go_offline\nfrom hpcllm import logs\n"
     "from hpcllm.vision.datasets_config import pack_dataset_split",
 }
 SCRIPT_PATH = (
@@ -129,22 +132,40 @@ def cpu(cmd: list[str], cwd: Path) -> float:
     return result["cpu"]
 
 
-def commands() -> dict[str, list[str]]:
+def export_revision(ref: str, work: Path) -> Path:
+    """The workflow's files at git revision ``ref``, in a folder of the case (its
+    Snakefile puts its own src first on the path, so its package is the one imported)."""
+    folder = work / f"rev-{ref.replace('/', '_')}"
+    if not folder.exists():
+        folder.mkdir()
+        archive = subprocess.run(
+            ["git", "-C", str(REPO), "archive", ref], check=True, capture_output=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    return folder
+
+
+COMPARED = "the same, workflow at {ref} (-n)"
+
+
+def commands(compare: Path | None = None, ref: str = "") -> dict[str, list[str]]:
     snakefile = str(REPO / "Snakefile")
     cmds = {
         "python -c pass": [sys.executable, "-c", "pass"],
         "bare Snakemake job (shell: touch)": job_command("Snakefile.bare", dry=False),
         "workflow job process, no script (-n)": job_command(snakefile, dry=True),
-        "workflow tokenize job, whole": job_command(snakefile, dry=False),
     }
+    if compare is not None:  # right after its counterpart, for the rounds' pairs
+        cmds[COMPARED.format(ref=ref)] = job_command(str(compare / "Snakefile"), dry=True)
+    cmds["workflow tokenize job, whole"] = job_command(snakefile, dry=False)
     for name, code in IMPORTS.items():
         cmds[f"{name} script's imports"] = [sys.executable, "-c", SCRIPT_PATH + code]
     return cmds
 
 
-def run(work: Path, repeat: int) -> dict[str, float]:
+def run(work: Path, repeat: int, ref: str | None = None) -> dict[str, float]:
     make_case(work)
-    cmds = commands()
+    cmds = commands(export_revision(ref, work), ref) if ref else commands()
     runs: dict[str, list[float]] = {name: [] for name in cmds}
     for _ in range(repeat):  # interleaved, so load changes hit all alike
         for name, cmd in cmds.items():
@@ -159,6 +180,20 @@ def run(work: Path, repeat: int) -> dict[str, float]:
     print(f"Snakefile parse and checks in a job, over bare Snakemake: {parse - bare:.2f} s CPU")
     print(f"script (fresh Python, imports, tokenizer, one document): {whole - parse:.2f} s CPU")
     print(f"ratio workflow tokenize job / bare Snakemake job: {whole / bare:.2f}")
+    if ref:
+        before = medians[COMPARED.format(ref=ref)]
+        # The ratio of each round's pair, then their median: the pair ran back to back.
+        paired = statistics.median(
+            a / b
+            for a, b in zip(
+                runs["workflow job process, no script (-n)"], runs[COMPARED.format(ref=ref)]
+            )
+        )
+        print(
+            f"job process (-n) over bare Snakemake: {parse - bare:.2f} s CPU here, "
+            f"{before - bare:.2f} s at {ref}; job process here / at {ref}: "
+            f"{parse / before:.2f} (medians), {paired:.2f} (median of the rounds' ratios)"
+        )
     print(f"load: {os.getloadavg()[0]:.1f} (1 min)")
     return medians
 
@@ -167,12 +202,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5, help="rounds (medians)")
     ap.add_argument("--workdir", type=Path, help="working folder (default: a temporary one)")
+    ap.add_argument(
+        "--compare", metavar="REF", help="also time the job process of git revision REF"
+    )
     args = ap.parse_args(argv)
     print(f"load: {os.getloadavg()[0]:.1f} (1 min)")
     if args.workdir:
-        return run(args.workdir, args.repeat)
+        return run(args.workdir, args.repeat, args.compare)
     with tempfile.TemporaryDirectory() as d:
-        return run(Path(d) / "case", args.repeat)
+        return run(Path(d) / "case", args.repeat, args.compare)
 
 
 if __name__ == "__main__":

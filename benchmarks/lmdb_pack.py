@@ -54,7 +54,7 @@ JOB = """
 import sys
 sys.path.append(sys.argv[1])
 import hpcllm_checkout
-from hpcllm.launch import go_offline
+from hpcllm.offline import go_offline
 go_offline()
 from hpcllm import logs
 from hpcllm.vision.datasets_config import pack_dataset_split

@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from hpcllm.offline import OFFLINE_ENV  # part of every cluster's job environment
+
 DEFAULT_ROOT = "config/clusters"
 
 # A whole value that names an environment variable: "$NAME" or "${NAME}".
@@ -43,12 +45,6 @@ CACHE_DIRS = {
 #   containers/<image>.sif, where the workflow takes it as it is.
 BUILD_METHODS = ("definition", "cotainr", "copy")
 
-# Every compute job runs without the Hugging Face hub: a stray lookup (a tokenizer's
-# configuration, a dataset script) then fails at once with a clear error instead of after
-# minutes of network timeouts on nodes without internet. Only the login-node download
-# rules reach the hub. Part of every cluster's job environment (a cluster file's `env`
-# may override one); CPU jobs set them with ``hpcllm.launch.go_offline``.
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 _STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
 _STRING_LIST = {"type": "array", "items": {"type": "string"}}
@@ -323,8 +319,8 @@ def load_cluster(
             f"{path}: a key given twice (YAML keeps only the last, so a fact would be "
             "silently lost); keep one of each:\n" + "\n".join(f"  {t}" for t in twice)
         )
-    # Imported here: jsonschema costs 0.3-0.6 s, and every compute job's script imports
-    # this module (through hpcllm.launch.go_offline) without validating a cluster file.
+    # Imported here: jsonschema costs 0.3-0.6 s, and many job scripts import this module
+    # without validating a cluster file.
     import jsonschema
 
     errors = sorted(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,19 @@ SECTIONS = ("text", "vision", "containers", "training", "benchmarks")
 
 class ConfigError(ValueError):
     """A config value that does not match its schema; names every offending key."""
+
+
+@cache
+def _load_schema(path: str) -> Any:
+    # libyaml's loader where PyYAML has it: about 10x the pure-Python one on these files,
+    # which every job process parses again with the Snakefile (issue 33 item 11).
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load(Path(path).read_text(), Loader=loader)
+
+
+def load_schema(path: str | Path) -> Any:
+    """A schema file's content, parsed once per process (callers must not change it)."""
+    return _load_schema(str(Path(path).resolve()))
 
 
 def key_path(section: str, path) -> str:
@@ -27,7 +41,7 @@ def unset_nulls(section: str, data: Any, schema_path: str | Path) -> list[str]:
 
     if not isinstance(data, dict):
         return []
-    validator = jsonschema.Draft202012Validator(yaml.safe_load(Path(schema_path).read_text()))
+    validator = jsonschema.Draft202012Validator(load_schema(schema_path))
     removed: list[str] = []
     while True:
         paths = {
@@ -51,8 +65,7 @@ def check_section(section: str, data: Any, schema_path: str | Path) -> None:
     of ['fail', 'skip']`` for each error (Snakemake's own message names no section)."""
     import jsonschema
 
-    schema = yaml.safe_load(Path(schema_path).read_text())
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = jsonschema.Draft202012Validator(load_schema(schema_path))
     errors = sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
         lines = [
@@ -92,7 +105,7 @@ def _describe(name: str, schema: dict[str, Any], defs: dict[str, Any], depth: in
 def config_reference(schema_dir: str | Path) -> str:
     """A Markdown reference of every config key, from the schemas' descriptions."""
     schema_dir = Path(schema_dir)
-    top = yaml.safe_load((schema_dir / "config.schema.yaml").read_text())
+    top = load_schema(schema_dir / "config.schema.yaml")
     out = [
         "# Configuration reference",
         "",
@@ -108,7 +121,7 @@ def config_reference(schema_dir: str | Path) -> str:
         if key not in SECTIONS:
             _describe(key, sub, {}, 0, out)
     for section in SECTIONS:
-        schema = yaml.safe_load((schema_dir / f"{section}.schema.yaml").read_text())
+        schema = load_schema(schema_dir / f"{section}.schema.yaml")
         out += ["", f"## `{section}`", "", " ".join(str(schema.get("description", "")).split()), ""]
         defs = schema.get("$defs", {})
         for key, sub in schema.get("properties", {}).items():

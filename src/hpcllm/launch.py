@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpcllm.clusters import OFFLINE_ENV, Cluster
 from hpcllm.clusters import VARIABLE as _VARIABLE
+from hpcllm.clusters import Cluster
 
 # Set by Slurm or by the script itself: never checked for being set before use.
 _RUNTIME_VARIABLE = re.compile(r"^(SLURM_\w*|SRUN_\w*|MASTER_ADDR|MASTER_PORT)$")
@@ -41,14 +41,6 @@ JOB_PORT_SHELL = f"$(( {JOB_PORT_BASE} + SLURM_JOB_ID % {JOB_PORT_SPAN} ))"
 
 RUNTIME_EXEC = {"apptainer": "apptainer", "singularity": "singularity"}
 GPU_FLAG = {"nvidia": "--nv", "amd": "--rocm"}
-
-
-def go_offline(environ: dict | None = None) -> None:
-    """Set the Hugging Face offline variables (``OFFLINE_ENV``) in this process: the first
-    thing a compute job's script does (never a login-node download rule's)."""
-    import os
-
-    (os.environ if environ is None else environ).update(OFFLINE_ENV)
 
 
 def shell_word(text: str) -> str:

@@ -548,7 +548,7 @@ def test_a_cluster_files_thread_count_wins(tmp_path):
 
 
 def test_go_offline_sets_the_hub_variables_in_this_process():
-    from hpcllm.launch import go_offline
+    from hpcllm.offline import go_offline
 
     environ = {"HF_HUB_OFFLINE": "0", "PATH": "/bin"}
     go_offline(environ)

@@ -25,6 +25,16 @@ def test_plan_scale_runs_on_a_tiny_plan(tmp_path, capsys):
     assert "ratio time" in capsys.readouterr().out
 
 
+@pytest.mark.workflow
+def test_job_overhead_runs_and_compares_a_revision(tmp_path, capsys):
+    medians = load("job_overhead").main(
+        ["--repeat", "1", "--workdir", str(tmp_path / "case"), "--compare", "HEAD"]
+    )
+    assert medians["workflow tokenize job, whole"] > medians["python -c pass"] > 0
+    assert medians["the same, workflow at HEAD (-n)"] > 0
+    assert "job process here / at HEAD" in capsys.readouterr().out
+
+
 def skip_without_test_cluster() -> None:
     sys.path.insert(0, str(REPO / "tests" / "slurm"))
     import testcluster

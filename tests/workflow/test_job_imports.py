@@ -39,11 +39,64 @@ def imported_by(script: str) -> set[str]:
         ("tokenize.py", set()),
         ("merge_tokenized.py", set()),
         # numpy only generates the sample images (hpcllm.vision.sample_data), no pack;
-        # subprocess came with ctypes.util, which ran ldconfig to find the C library
-        ("pack_lmdb.py", {"numpy", "subprocess"}),
+        # subprocess came with ctypes.util, which ran ldconfig to find the C library;
+        # yaml with go_offline from hpcllm.launch (hpcllm.clusters): now hpcllm.offline
+        ("pack_lmdb.py", {"numpy", "subprocess", "yaml"}),
     ],
 )
 def test_a_job_script_imports_only_what_it_uses(script, also_unused):
     modules = imported_by(script)
     assert "hpcllm" in modules  # the imports ran
     assert not (HEAVY | also_unused) & modules
+
+
+# Snakemake in this process, with check_section and the schema loads counted (the
+# Snakefile imports hpcllm from the checkout, the module already loaded here).
+COUNTED = """
+import atexit, json, runpy, sys
+import hpcllm.configuration as c
+checked = []
+original = c.check_section
+def counted(section, *args, **kwargs):
+    checked.append(section)
+    return original(section, *args, **kwargs)
+c.check_section = counted
+atexit.register(lambda: print("COUNTS " + json.dumps(
+    {"checked": checked, "parsed": c._load_schema.cache_info().misses}), file=sys.stderr))
+sys.argv = ["snakemake", *sys.argv[1:]]
+runpy.run_module("snakemake", run_name="__main__")
+"""
+
+
+def test_a_job_process_parses_each_schema_once_and_leaves_the_checks_to_the_controller(
+    tmp_path,
+):
+    """Every Slurm job parses the Snakefile again (issue 33 item 11): its config is the
+    controller's, already checked by key, so a job skips check_section, and each schema
+    file is parsed once per process (it was 13 pure-Python parses of 6 files)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from job_overhead import job_command, make_case
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    work = make_case(tmp_path / "case")
+    schemas = len(list((REPO / "workflow" / "schemas").glob("*.schema.yaml")))
+
+    def counts(cmd):
+        proc = subprocess.run(
+            [sys.executable, "-c", COUNTED, *cmd[3:]],
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        line = [x for x in proc.stderr.splitlines() if x.startswith("COUNTS ")][-1]
+        return json.loads(line.removeprefix("COUNTS "))
+
+    job = counts(job_command(str(REPO / "Snakefile"), dry=True))
+    assert job["checked"] == []
+    assert 0 < job["parsed"] <= schemas
+    plan = counts([*job_command(str(REPO / "Snakefile"), dry=True)[:5], "-n", "--cores", "1"])
+    assert plan["checked"] == ["", "text", "vision", "containers", "training", "benchmarks"]
+    assert 0 < plan["parsed"] <= schemas

@@ -1,9 +1,9 @@
 # The benchmarks stage's globals, plan-time checks and input/params functions (its rules:
 # benchmarks.smk, which includes this file first).
-import yaml as _yaml
 from snakemake.exceptions import WorkflowError
 
 from hpcllm.bench.sweeps import SweepError, expand_all, facts_of, point_time_limit
+from hpcllm.configuration import load_schema
 from hpcllm.containers import image_for
 
 BENCH = config["benchmarks"]
@@ -14,8 +14,8 @@ try:
         for p in expand_all(
             BENCH["experiments"],
             facts_of(CLUSTER),
-            schema=_yaml.safe_load(
-                open(f"{HPCLLM_ROOT}/workflow/schemas/benchmarks.schema.yaml")
+            schema=load_schema(
+                f"{HPCLLM_ROOT}/workflow/schemas/benchmarks.schema.yaml"
             ),
             dropped=_dropped,
         )

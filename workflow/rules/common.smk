@@ -22,18 +22,21 @@ for _section in SECTIONS:
     )
 if _unset and workflow.is_main_process:
     logger.info(f"Unset by null in a config file: {', '.join(_unset)}")
-check_section("", config, f"{HPCLLM_ROOT}/workflow/schemas/config.schema.yaml")
+# check_section reports every error by its key, in the controller: a job's config is the
+# controller's, already checked (a job's parse is part of every job's fixed cost).
+if workflow.is_main_process:
+    check_section("", config, f"{HPCLLM_ROOT}/workflow/schemas/config.schema.yaml")
 validate(config, "../schemas/config.schema.yaml")
-# Each section has its own schema file. check_section reports every error by its key;
-# validate then fills in the defaults (one file at a time: snakemake's validate does not
-# fill defaults behind a $ref to another file).
+# Each section has its own schema file; validate fills in the defaults (one file at a
+# time: snakemake's validate does not fill defaults behind a $ref to another file).
 for _section in SECTIONS:
     config.setdefault(_section, {})
-    check_section(
-        _section,
-        config[_section],
-        f"{HPCLLM_ROOT}/workflow/schemas/{_section}.schema.yaml",
-    )
+    if workflow.is_main_process:
+        check_section(
+            _section,
+            config[_section],
+            f"{HPCLLM_ROOT}/workflow/schemas/{_section}.schema.yaml",
+        )
     validate(config[_section], f"../schemas/{_section}.schema.yaml")
 
 TEXT = config["text"]

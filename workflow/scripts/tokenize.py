@@ -2,7 +2,7 @@ import os
 
 import hpcllm_checkout  # noqa: F401  (hpcllm from the checkout that planned the run)
 
-from hpcllm.launch import go_offline
+from hpcllm.offline import go_offline
 
 go_offline()  # a compute job: no Hugging Face hub lookups (docs/clusters.md)
 

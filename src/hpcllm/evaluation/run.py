@@ -92,7 +92,8 @@ def in_container(cluster, container: str, job: str, kwargs: dict) -> None:
     training image (the GPU build of PyTorch is there), this checkout's package bound."""
     import subprocess
 
-    from hpcllm.launch import OFFLINE_ENV, Launch, container_exec, package_in_container
+    from hpcllm.launch import Launch, container_exec, package_in_container
+    from hpcllm.offline import OFFLINE_ENV
 
     # Started as the site probe starts the image (hpcllm.preflight.probe.inside_launch):
     # the site's modules, the job environment, the variables kept outside the container.

@@ -308,18 +308,16 @@ def run_vision_canary(
 
 def bench_point(config: dict, cluster, point_id: str, schema: str) -> dict[str, Any]:
     """The benchmark point ``point_id`` as the plan expands it (hpcllm.bench.sweeps)."""
-    import yaml
-
     from hpcllm.bench.sweeps import expand_all
     from hpcllm.bench.sweeps import facts_of as sweep_facts
+    from hpcllm.configuration import load_schema
 
-    with open(schema) as f:
-        points = expand_all(
-            config["benchmarks"]["experiments"],
-            sweep_facts(cluster),
-            schema=yaml.safe_load(f),
-            dropped=[],
-        )
+    points = expand_all(
+        config["benchmarks"]["experiments"],
+        sweep_facts(cluster),
+        schema=load_schema(schema),
+        dropped=[],
+    )
     for point in points:
         if point.id == point_id:
             return point.row()

@@ -755,7 +755,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     if args.command == "step":
-        from hpcllm.launch import go_offline
+        from hpcllm.offline import go_offline
 
         go_offline()  # a compute job: no Hugging Face hub lookups (docs/clusters.md)
         return step(args.campaign)

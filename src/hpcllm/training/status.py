@@ -598,7 +598,9 @@ def campaign_status(
     bench = config["benchmarks"]
     points = {}
     if bench.get("experiments"):
-        schema = yaml.safe_load((repo / "workflow/schemas/benchmarks.schema.yaml").read_text())
+        from hpcllm.configuration import load_schema
+
+        schema = load_schema(repo / "workflow/schemas/benchmarks.schema.yaml")
         points = {
             p.id: p.row()
             for p in expand_all(bench["experiments"], facts_of(cluster), workdir, schema)
