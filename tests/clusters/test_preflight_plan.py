@@ -4,6 +4,7 @@ partition and in the cost lines; on the laptop profile there is neither."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -39,3 +40,20 @@ def test_the_laptop_plan_has_no_preflight(tmp_path):
     text = out.stdout + out.stderr
     assert "train_segment" in text
     assert "site_probe" not in text and "canary" not in text and "preflight" not in text
+
+
+def test_the_plan_warns_where_the_probed_torchrun_cuts_the_signal_lead(tmp_path, no_slurm):  # noqa: F811
+    """The probe found the image's torchrun without --shutdown-timeout: the plan says that
+    the 800M segments' 600 s lead after SIGTERM is cut to 30 s there."""
+    workdir = make_workdir(tmp_path / "work")
+    record = workdir / "results/preflight/juwels/probe/megatron-nvidia.json"
+    record.parent.mkdir(parents=True)
+    inside = {"torch": "2.6.0", "torchrun_shutdown_timeout": False}
+    record.write_text(json.dumps({"image": "megatron-nvidia", "job_id": "7", "inside": inside}))
+    out = run_snakemake(
+        workdir, "-n", "--profile", "profiles/juwels", "--configfile", *OPT_IN,
+        env={**no_slurm, **USER_ENV},
+    )  # fmt: skip
+    text = " ".join((out.stdout + out.stderr).split())
+    assert "the site probe found torch 2.6.0 in megatron-nvidia" in text, text[-3000:]
+    assert "opengptx_800m (600 s)" in text  # its time.signal_seconds

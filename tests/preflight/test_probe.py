@@ -37,6 +37,62 @@ def test_inside_reports_each_modules_import_error(tmp_path):
     assert modules["hpcllm_no_such_module"].startswith("ModuleNotFoundError")
 
 
+def inside_report(tmp_path, *modules, sys_path=None):
+    out = subprocess.run(
+        [sys.executable, "-m", "hpcllm.preflight.inside",
+         *(["--sys-path", str(sys_path)] if sys_path else []), *modules],
+        capture_output=True, text=True, check=True, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )  # fmt: skip
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+OLD_TORCH = {
+    "torch/__init__.py": '__version__ = "2.6.0"\n',
+    "torch/distributed/__init__.py": "",
+    # torchrun's parser before PyTorch PR 172596: no --shutdown-timeout
+    "torch/distributed/run.py": "import argparse\n"
+    "def get_args_parser():\n"
+    "    p = argparse.ArgumentParser()\n"
+    "    p.add_argument('--nproc-per-node')\n"
+    "    return p\n",
+}
+
+
+def test_inside_reports_torch_and_whether_torchrun_has_the_shutdown_timeout(tmp_path):
+    import torch
+
+    report = inside_report(tmp_path, "torch", "torch.distributed.run")
+    assert report["torch"] == torch.__version__
+    assert report["torchrun_shutdown_timeout"] is True  # this venv's torch has it
+    old = tmp_path / "old"
+    for name, text in OLD_TORCH.items():
+        (old / name).parent.mkdir(parents=True, exist_ok=True)
+        (old / name).write_text(text)
+    report = inside_report(tmp_path, "torch", "torch.distributed.run", sys_path=old)
+    assert report["torch"] == "2.6.0" and report["torchrun_shutdown_timeout"] is False
+    report = inside_report(tmp_path, "json")
+    assert report["torch"] is None and report["torchrun_shutdown_timeout"] is None
+
+
+def test_plan_warns_where_the_images_torchrun_cuts_the_signal_lead(tmp_path):
+    record = tmp_path / "probe.json"
+    leads = {"opengptx_800m": 300, "tiny": 30}
+    assert probe.signal_lead_warning(record, leads) is None  # no probe yet
+    inside = {"torch": "2.6.0", "torchrun_shutdown_timeout": False}
+    record.write_text(json.dumps({"image": "megatron-rocm", "job_id": "42", "inside": inside}))
+    warning = probe.signal_lead_warning(record, leads)
+    assert "torch 2.6.0 in megatron-rocm" in warning and "job 42" in warning
+    assert "opengptx_800m (300 s)" in warning and "tiny" not in warning
+    assert "30 s" in warning and "PR 172596" in warning
+    assert probe.signal_lead_warning(record, {"tiny": 30}) is None  # 30 s is all it asks
+    inside["torchrun_shutdown_timeout"] = True
+    record.write_text(json.dumps({"image": "megatron-rocm", "job_id": "42", "inside": inside}))
+    assert probe.signal_lead_warning(record, leads) is None
+    record.write_text(json.dumps({"image": "megatron-rocm", "job_id": "42"}))  # older record
+    assert probe.signal_lead_warning(record, leads) is None
+
+
 def fake_nvidia_smi(tmp_path, monkeypatch, names):
     tool = tmp_path / "nvidia-smi"
     lines = "".join(f"echo 'GPU {i}: {n} (UUID: GPU-{i})'\n" for i, n in enumerate(names))

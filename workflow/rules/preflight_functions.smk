@@ -62,7 +62,24 @@ def preflight_of(kind):
         )
         if _warning:
             logger.warning(f"Warning: {_warning}")
+        if kind.startswith("train_"):
+            _warning = _probe.signal_lead_warning(
+                probe_record(image), _signal_leads(kind.removeprefix("train_"))
+            )
+            if _warning:
+                logger.warning(f"Warning: {_warning}")
     return [ancient(canary_record(kind))]
+
+
+def _signal_leads(engine):
+    """Seconds each planned experiment of ``engine`` gives its workers after SIGTERM."""
+    from hpcllm.training.segment import shutdown_timeout
+
+    return {
+        name: shutdown_timeout(EXPERIMENTS[name].experiment)
+        for name in _planned_experiments()
+        if EXPERIMENTS[name].experiment["engine"] == engine
+    }
 
 
 _CHECKED = set()  # canary kinds whose record was compared with the plan

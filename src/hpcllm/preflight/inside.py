@@ -1,8 +1,9 @@
 """The probe's checks that run inside the image: ``python -m hpcllm.preflight.inside``.
 
 Prints one JSON line: the image's Python, each module's import error (None: it imports),
-and the NCCL/RCCL network plugin libraries found on the image's library path. Only the
-standard library here: the image's Python has no hpcllm dependencies beyond it.
+the NCCL/RCCL network plugin libraries found on the image's library path, and the torch
+version with whether its torchrun has --shutdown-timeout. Only the standard library here:
+the image's Python has no hpcllm dependencies beyond it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,20 @@ def net_plugins() -> list[str]:
     return found
 
 
+def torchrun_shutdown_option() -> bool | None:
+    """Whether the torchrun the modules imported (``torch.distributed.run``, also under
+    torchrun_jsc) has ``--shutdown-timeout``, i.e. honours TORCH_ELASTIC_SHUTDOWN_TIMEOUT
+    (pytorch/pytorch PR 172596; before it, workers are killed 30 s after SIGTERM). None:
+    no torchrun imported."""
+    run = sys.modules.get("torch.distributed.run")
+    if run is None:
+        return None
+    try:
+        return "--shutdown-timeout" in run.get_args_parser()._option_string_actions
+    except Exception:  # noqa: BLE001  (a parser of another shape: unknown)
+        return None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("modules", nargs="*")
@@ -56,6 +71,8 @@ def main(argv: list[str] | None = None) -> None:
                 "modules": import_errors(args.modules),
                 "net_plugins": net_plugins(),
                 "ibverbs": ctypes.util.find_library("ibverbs"),
+                "torch": getattr(sys.modules.get("torch"), "__version__", None),
+                "torchrun_shutdown_timeout": torchrun_shutdown_option(),
             }
         ),
         flush=True,

@@ -399,6 +399,7 @@ def run_probe(
         "host": socket.gethostname(),
         "ok": all(c["ok"] for c in checks),
         "checks": checks,
+        "inside": inside,  # what the image reported (torch version, ...), read by plans
     }
     text = json.dumps(record, indent=1) + "\n"
     Path(answers_path).parent.mkdir(parents=True, exist_ok=True)
@@ -416,3 +417,29 @@ def run_probe(
     with atomic_path(record_path) as tmp:
         Path(tmp).write_text(text)
     return record
+
+
+def signal_lead_warning(record_path: str | os.PathLike, leads: dict[str, int]) -> str | None:
+    """A warning where the probe found the image's torchrun without --shutdown-timeout and
+    an experiment gives its workers more than torchrun's fixed 30 s after Slurm's SIGTERM
+    (``leads``: experiment -> seconds, segment.shutdown_timeout): there a save that takes
+    longer is killed. None where the record is missing or older than the question."""
+    longer = {name: s for name, s in leads.items() if s > 30}
+    if not longer or not Path(record_path).is_file():
+        return None
+    try:
+        record = json.loads(Path(record_path).read_text())
+    except ValueError:
+        return None
+    inside = record.get("inside") or {}
+    if inside.get("torchrun_shutdown_timeout") is not False:
+        return None
+    named = ", ".join(f"{name} ({s} s)" for name, s in sorted(longer.items()))
+    return (
+        f"the site probe found torch {inside.get('torch')} in {record.get('image')} "
+        f"({record_path}, job {record.get('job_id')}): its torchrun has no "
+        "--shutdown-timeout, so it kills the workers 30 s after forwarding Slurm's SIGTERM, "
+        f"whatever time.signal_seconds gives them: {named}. A checkpoint save that takes "
+        "longer than 30 s is lost at the end of a segment; build the image with a torch "
+        "that has the option (pytorch/pytorch PR 172596), or make the save fit in 30 s"
+    )
