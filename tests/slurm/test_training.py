@@ -708,20 +708,23 @@ def test_a_requeued_chain_job_submits_no_second_successor(
     assert (entry["job_id"], entry["failure"]) == (first, None)
 
     # Two heads of the chain all the same (e.g. a job killed between sbatch and its entry
-    # in jobs.jsonl): submitted held, the later one released first waits for the earlier.
-    campaign.environment["SBATCH_HOLD"] = "1"
+    # in jobs.jsonl): submitted to begin in ten minutes, the later one let begin first
+    # waits for the earlier. (Not SBATCH_HOLD: in one CI run of 3 the first of the two
+    # submissions was not held and had ended before the test could release it.)
+    campaign.sbatch = [*campaign.sbatch, "--begin=now+600"]
     one, two = chain.submit(campaign), chain.submit(campaign)
-    cluster.run("scontrol", "release", two)
+    cluster.run("scontrol", "update", f"JobId={two}", "StartTime=now")
     deadline = time.monotonic() + hang_guard(30)  # until Slurm decided about it
     while (now := cluster.run("squeue", "-h", "-t", "all", "-j", two, "-o", "%T|%r").strip()) in (
         "PENDING|None",
         "PENDING|Priority",
-        "PENDING|JobHeldUser",
+        "PENDING|BeginTime",
     ):
         assert time.monotonic() < deadline, now
         time.sleep(0.3)
     assert now == "PENDING|Dependency", now  # singleton: not beside job `one`
-    cluster.run("scontrol", "release", one)
+    assert cluster.run("squeue", "-h", "-j", one, "-o", "%T").strip() == "PENDING"
+    cluster.run("scontrol", "update", f"JobId={one}", "StartTime=now")
     deadline = time.monotonic() + hang_guard(60)  # both find the campaign complete
     while chain.chain_jobs(campaign.job_name()):
         assert time.monotonic() < deadline, cluster.jobs()
