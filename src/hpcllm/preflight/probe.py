@@ -323,8 +323,11 @@ def check_slurm_from_node(chain: bool) -> dict[str, Any]:
     from hpcllm.training.chain import _clean_environment
 
     env = _clean_environment(os.environ)
-    argv = ["sbatch", "--hold", "--parsable", "--job-name", "hpcllm-probe-submit",
-            "--time", "1", "--nodes", "1", "--output", "/dev/null"]  # fmt: skip
+    # Held, and to begin in an hour besides: it must stay pending until it is cancelled
+    # (a test cluster once ran a job submitted with SBATCH_HOLD at once).
+    argv = ["sbatch", "--hold", "--begin", "now+3600", "--parsable", "--job-name",
+            "hpcllm-probe-submit", "--time", "1", "--nodes", "1",
+            "--output", "/dev/null"]  # fmt: skip
     job = os.environ.get("SLURM_JOB_ID")
     if job:  # the probe's own partition and account
         for field, flag in (("Partition", "--partition"), ("Account", "--account")):
