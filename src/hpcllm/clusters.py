@@ -109,6 +109,9 @@ SCHEMA: dict[str, Any] = {
             "required": ["gpu_hours_per_node_hour"],
             "properties": {"gpu_hours_per_node_hour": {"type": "number", "exclusiveMinimum": 0}},
         },
+        # Whether compute nodes may call sbatch, scontrol requeue and scancel, where it was
+        # checked by hand (the site probe's answer wins: hpcllm.training.chain_site).
+        "slurm_from_compute_nodes": {"type": "boolean"},
         "container_runtime": {"enum": ["apptainer", "singularity", "none"]},
         "container_build": {
             "type": "object",
@@ -232,6 +235,9 @@ class Cluster:
     # The site's GPU-hours billed per whole-node hour where its unit is not one GPU as
     # gpus_per_node counts them (LUMI bills an MI250X module, 2 GCDs: 4 per node-hour).
     billing_gpu_hours_per_node_hour: float | None = None
+    # May compute nodes call sbatch/scontrol requeue/scancel? None: not known (no site
+    # document we have says; the site probe answers it).
+    slurm_from_compute_nodes: bool | None = None
 
     @property
     def uses_slurm(self) -> bool:
@@ -404,6 +410,7 @@ def load_cluster(
         gpu_cpu_masks=masks,
         env_globs=globs,
         billing_gpu_hours_per_node_hour=raw.get("billing", {}).get("gpu_hours_per_node_hour"),
+        slurm_from_compute_nodes=raw.get("slurm_from_compute_nodes"),
     )
 
 

@@ -57,3 +57,36 @@ def test_the_plan_warns_where_the_probed_torchrun_cuts_the_signal_lead(tmp_path,
     text = " ".join((out.stdout + out.stderr).split())
     assert "the site probe found torch 2.6.0 in megatron-nvidia" in text, text[-3000:]
     assert "opengptx_800m (600 s)" in text  # its time.signal_seconds
+
+
+@pytest.mark.parametrize(
+    "allowed,chain,words",
+    [
+        (True, None, "a chain of Slurm jobs by default, each submitting its successor "
+                           "(compute nodes may call sbatch: the site probe, job 7"),
+        (False, None, "one Slurm job per segment (training.chain unset; compute nodes "
+                             "may not call sbatch: the site probe, job 7"),
+        (False, True, "submitted up front from the login node (compute nodes may not "
+                            "call sbatch: the site probe, job 7"),
+    ],
+)  # fmt: skip
+def test_the_probes_answer_decides_the_chain(tmp_path, no_slurm, allowed, chain, words):  # noqa: F811
+    """training.chain unset: the chain where the probe found that compute nodes may call
+    sbatch, one plugin job per segment where not; set, up front where not."""
+    workdir = make_workdir(tmp_path / "work")
+    record = workdir / "results/preflight/juwels/probe/megatron-nvidia.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"image": "megatron-nvidia", "job_id": "7",
+                                  "slurm_from_compute_node": allowed}))  # fmt: skip
+    configs = list(OPT_IN)
+    if chain is not None:
+        (workdir / "chain.yaml").write_text(f"training: {{chain: {str(chain).lower()}}}\n")
+        configs.append(str(workdir / "chain.yaml"))
+    out = run_snakemake(
+        workdir, "-n", "-F", "--profile", "profiles/juwels", "--configfile", *configs,
+        env={**no_slurm, **USER_ENV},
+    )  # fmt: skip
+    text = out.stdout + out.stderr
+    # (the dry run lists train_segment either way: the chain's rule runs on the login node)
+    assert words in " ".join(text.split()), text[-3000:]
+    assert text.count("rule train_segment:") == 10

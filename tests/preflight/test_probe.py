@@ -169,12 +169,12 @@ def test_modules_of_each_image():
 
 def test_probe_key_changes_with_what_it_checks():
     cluster = juwels()
-    key = probe.probe_key(cluster, "containers/a.sif", ["torch"], False)
-    assert key == probe.probe_key(cluster, "containers/a.sif", ["torch"], False)
-    assert key != probe.probe_key(cluster, "containers/b.sif", ["torch"], False)
-    assert key != probe.probe_key(cluster, "containers/a.sif", ["torch", "lmdb"], False)
+    key = probe.probe_key(cluster, "containers/a.sif", ["torch"])
+    assert key == probe.probe_key(cluster, "containers/a.sif", ["torch"])
+    assert key != probe.probe_key(cluster, "containers/b.sif", ["torch"])
+    assert key != probe.probe_key(cluster, "containers/a.sif", ["torch", "lmdb"])
     assert key != probe.probe_key(load_cluster("jureca", root=ROOT), "containers/a.sif",
-                                  ["torch"], False)  # fmt: skip
+                                  ["torch"])  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -234,3 +234,23 @@ def test_every_module_the_probe_checks_is_installed_in_the_images():
         for top in {m.split(".")[0] for m in modules} - base:
             names = {d.lower().replace("_", "-") for d in distributions.get(top, [top])}
             assert names & required, f"{top} ({names}) is in no line of envs/requirements.txt"
+
+
+@pytest.mark.parametrize("refused", [None, "sbatch", "scancel"])
+def test_slurm_from_the_node_is_an_answer_not_a_failure(tmp_path, monkeypatch, refused):
+    """A node that refuses sbatch or scancel passes the check: the record's answer makes
+    a chain submitted up front (hpcllm.training.chain_site), not a failed probe."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, answer in (("sbatch", "echo 81"), ("scontrol", "echo 'pending execution'"),
+                         ("scancel", "true")):  # fmt: skip
+        body = "echo 'Access/permission denied' >&2; exit 1" if name == refused else answer
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    result = probe.check_slurm_from_node()
+    assert result["ok"] and result["allowed"] is (refused is None), result
+    if refused:
+        assert f"{refused} refused (Access/permission denied)" in result["detail"], result
+        assert "submitted up front from the login node" in result["detail"], result

@@ -78,14 +78,20 @@ def run(
 
 
 def start(
-    workdir: Path, cluster: TestCluster, *args: str, log: Path, profile: str = "testcluster"
+    workdir: Path,
+    cluster: TestCluster,
+    *args: str,
+    log: Path,
+    profile: str = "testcluster",
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen:
-    """Start Snakemake in the background; stdout and stderr go to ``log``."""
+    """Start Snakemake in the background; stdout and stderr go to ``log``. ``env``: set
+    over the cluster's environment."""
     out = open(log, "w")  # noqa: SIM115  (closed with the process by the caller's wait)
     return subprocess.Popen(
         command(workdir, profile, *args),
         cwd=workdir,
-        env=environment(cluster),
+        env={**environment(cluster), **(env or {})},
         stdout=out,
         stderr=subprocess.STDOUT,
         text=True,

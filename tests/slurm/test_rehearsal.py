@@ -287,6 +287,7 @@ def test_the_probe_and_a_canary_per_job_type_ran_before_the_gpu_jobs(rehearsal, 
         assert checks["slurm_from_compute_node"]["detail"].endswith(
             "scontrol requeue: allowed; scancel: allowed"
         )
+        assert record["slurm_from_compute_node"] is True  # the chain's default here
         for name in ("container_runtime", "image_start", "local_storage", "scratch", "internet"):
             assert name in checks
     modules = {c["check"] for c in preflight(work, "probe/megatron-nvidia")["checks"]}

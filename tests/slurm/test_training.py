@@ -850,3 +850,100 @@ def test_a_chained_campaign_outlives_its_controller_and_the_rerun_reattaches(
     reference = final_weights(uninterrupted_three)
     chained_weights = final_weights(work)
     assert all(torch.equal(chained_weights[k], reference[k]) for k in reference)
+
+
+def refusing_slurm(work: Path, cluster) -> tuple[Path, Path]:
+    """sbatch, scancel and scontrol (but its `show`) that refuse inside a Slurm job, as a
+    site whose compute nodes may not submit: each refusal is logged. Outside a job (the
+    login node) they are the test cluster's. The folder to put first on PATH, the log."""
+    folder, log = work / "refusing-bin", work / "refused.log"
+    folder.mkdir()
+    path = slurmruns.environment(cluster)["PATH"]
+    for name in ("sbatch", "scancel", "scontrol"):
+        real = shutil.which(name, path=path)
+        allowed = '[ "$1" = show ] || ' if name == "scontrol" else ""
+        (folder / name).write_text(
+            "#!/bin/sh\n"
+            f'if [ -n "$SLURM_JOB_ID" ] && ! {{ {allowed}false; }}; then\n'
+            f'  echo "{name} $* (in job $SLURM_JOB_ID)" >> {log}\n'
+            f'  echo "{name}: error: Access/permission denied" >&2\n'
+            "  exit 1\n"
+            "fi\n"
+            f'exec {real} "$@"\n'
+        )
+        (folder / name).chmod(0o755)
+    return folder, log
+
+
+def test_where_compute_nodes_may_not_submit_the_chain_is_submitted_up_front(
+    uninterrupted_three, cluster, text_data, tmp_path, monkeypatch
+):
+    """A site that refuses sbatch, scancel and scontrol requeue in jobs (its cluster file
+    says so; elsewhere the site probe's record does), training.chain on, 3 segments,
+    max_attempts 3: the login node submits the whole chain at once, 5 jobs (3 segments, 2
+    retries), each after the one before. The controller SIGKILLed once segment 1 trains:
+    Slurm trains segments 2 and 3, no job calls what the site refuses, and the two spare
+    jobs end within seconds. The same command run again submits nothing, writes the
+    records and draws the loss curve. Bitwise equal to the campaign without a chain."""
+    from hpcllm.training import chain
+
+    work = training_workdir(text_data, tmp_path / "work")
+    # the site's own facts: compute nodes may not call sbatch
+    (work / "config").unlink()
+    shutil.copytree(slurmruns.REPO / "config", work / "config")
+    facts = work / "config/clusters/testcluster.yaml"
+    facts.write_text(facts.read_text() + "slurm_from_compute_nodes: false\n")
+    refusing, refused = refusing_slurm(work, cluster)
+    env = {"PATH": f"{refusing}{os.pathsep}{slurmruns.environment(cluster)['PATH']}"}
+    chained = work / "chained.yaml"
+    chained.write_text("training: {chain: true, max_attempts: 3}\n")
+    configs = (str(CONFIG), str(three_segments(work)), str(chained))
+    args = ("--configfile", *configs, "--", FINAL3, CURVE)
+    proc = slurmruns.start(work, cluster, *args, log=work / "snakemake.out", env=env)
+    engine_log = work / f"logs/train_segment/{EXPERIMENT}/seg1.engine.log"
+    deadline = time.monotonic() + hang_guard(90)  # data cache, then segment 1: ~60 s quiet
+    while not (engine_log.exists() and f"iteration {1:8d}/" in engine_log.read_text()):
+        assert proc.poll() is None, (work / "snakemake.out").read_text()[-4000:]
+        assert time.monotonic() < deadline, cluster.jobs()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)  # the controller dies, its waiting script with it
+    proc.wait(timeout=hang_guard(1))
+    for pid in cluster.processes():
+        with contextlib.suppress(OSError):
+            if b"train_segment_chain" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)
+    said = (work / f"logs/train_segment/{EXPERIMENT}/seg1.log").read_text()
+    submitted = chain.submitted_jobs(work / SAVE)
+    ids = [s["job"] for s in submitted]
+    assert len(ids) == 5, submitted
+    assert f"submitted the chain of tiny_2n: jobs {ids[0]}-{ids[-1]} up front" in said, said
+    assert [s["after"] for s in submitted] == [None, *ids[:4]]
+    name = chain.job_name_of(work, EXPERIMENT)
+    monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])  # for chain_jobs here
+    deadline = time.monotonic() + hang_guard(180)  # 2 segments, 2 spares: ~60 s quiet
+    while chain.chain_jobs(name):
+        assert time.monotonic() < deadline, cluster.jobs()
+        time.sleep(0.5)
+    assert chain.committed_iteration(work / SAVE) == 12  # with no controller alive
+    assert not refused.exists(), refused.read_text()  # no job asked what the site refuses
+    jobs = {j["id"]: j for j in cluster.jobs() if j["name"] == name}
+    assert [jobs[i]["state"] for i in ids] == ["COMPLETED"] * 5, jobs
+    for spare in ids[3:]:
+        log = (work / f"logs/train_segment/{EXPERIMENT}/chain/{spare}.log").read_text()
+        assert "every segment is committed; nothing to train" in log, log
+        assert "run_segment" not in log and "successor" not in log, log
+
+    slurmruns.run(work, cluster, "--configfile", *configs, "--unlock")
+    rerun = slurmruns.start(work, cluster, *args, log=work / "rerun.out", env=env)
+    rerun.wait(timeout=hang_guard(90))  # 3 local jobs and the loss curve: ~20 s quiet
+    out = (work / "rerun.out").read_text()
+    assert rerun.returncode == 0, out[-4000:]
+    remote, local = slurmruns.rule_headers(out)
+    assert "train_segment" not in remote and local.get("plot_training") == 1, out[-4000:]
+    assert chain.submitted_jobs(work / SAVE) == submitted  # nothing submitted
+    for k in (1, 2, 3):
+        record = json.loads((work / f"results/train/{EXPERIMENT}/seg{k}.json").read_text())
+        assert record["last_iteration"] == 4 * k
+    reference = final_weights(uninterrupted_three)
+    weights = final_weights(work)
+    assert all(torch.equal(weights[k], reference[k]) for k in reference)

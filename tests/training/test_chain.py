@@ -324,3 +324,71 @@ def test_a_held_lease_does_not_stop_the_chain_for_good(tmp_path, monkeypatch, ho
         assert not chain.needs_a_fix(stop)
         assert calls.read_text().splitlines()[-1] == "scancel 62"
     assert json.loads((save / lease.LEASE).read_text())["job_id"] == "57"  # untouched
+
+
+def counting_slurm(tmp_path, monkeypatch, squeue_lines: str = "") -> Path:
+    """sbatch answering jobs 71, 72, ... in turn; squeue printing ``squeue_lines``;
+    scancel; all log their calls."""
+    calls = tmp_path / "calls"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(
+        f'#!/bin/sh\necho sbatch "$@" >> {calls}\necho $((70 + $(grep -c ^sbatch {calls})))\n'
+    )
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\nprintf '{squeue_lines}'\n")
+    (bin_dir / "scancel").write_text(f'#!/bin/sh\necho scancel "$@" >> {calls}\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    return calls
+
+
+def test_a_chain_submitted_up_front_has_a_job_per_segment_left_and_the_retries(
+    tmp_path, monkeypatch
+):
+    """Where compute nodes may not call sbatch: segments 2 and 3 to train and 2 retries
+    (max_attempts 3), each job after the one before and singleton; a job of it submits
+    nothing, and one that finds the chain stopped ends at once without failing."""
+    calls = counting_slurm(tmp_path, monkeypatch)
+    campaign = three_segments(tmp_path, reached=4)
+    campaign.up_front = True
+    state, jobs = chain.ensure(campaign)
+    assert state == "submitted" and [j["id"] for j in jobs] == ["71", "72", "73", "74"]
+    lines = calls.read_text().splitlines()
+    assert lines[0].endswith("--dependency=singleton --wrap " + lines[0].split("--wrap ")[1])
+    for k, line in enumerate(lines[1:], start=71):
+        assert f"--dependency=afterany:{k},singleton" in line, line
+    assert [e["after"] for e in chain.submitted_jobs(tmp_path / campaign.save)] == [
+        None, "71", "72", "73"
+    ]  # fmt: skip
+
+    saved = chain.load(campaign.file())
+    (saved.folder() / "stopped.json").write_text(
+        json.dumps({"chain": saved.chain_id, "segment": 2, "failure": "out_of_memory",
+                    "job_id": "72", "message": "CUDA out of memory", "time": 5})
+    )  # fmt: skip
+    assert chain.step(campaign.file(), environ={"SLURM_JOB_ID": "73"}) == 0
+    assert len(calls.read_text().splitlines()) == 4  # no sbatch, no scancel
+
+
+def test_the_controller_cancels_the_spares_of_a_chain_submitted_up_front(tmp_path, monkeypatch):
+    """A stop: the pending jobs are cancelled and the stop named. The campaign complete:
+    the pending spares are cancelled."""
+    calls = counting_slurm(tmp_path, monkeypatch, "74|PENDING|afterany:73|Dependency\\n")
+    campaign = three_segments(tmp_path, reached=4)
+    campaign.up_front, campaign.chain_id = True, "c1"
+    chain.save(campaign)
+    (campaign.folder() / "stopped.json").write_text(
+        json.dumps({"chain": "c1", "segment": 2, "failure": "out_of_memory", "job_id": "72",
+                    "message": "CUDA out of memory", "time": 5})
+    )  # fmt: skip
+    with pytest.raises(chain.ChainStopped, match="out_of_memory in Slurm job 72"):
+        chain.wait_for_segment(campaign, 2, poll_seconds=0)
+    assert calls.read_text().splitlines() == ["scancel 74"]
+
+    calls.unlink()
+    (tmp_path / campaign.save / "latest_checkpointed_iteration.txt").write_text("12")
+    said = []
+    chain._cancel_spares(campaign, say=said.append)
+    assert calls.read_text().splitlines() == ["scancel 74"]
+    assert said == ["tiny_local: the campaign is complete; cancelled its spare jobs 74"]

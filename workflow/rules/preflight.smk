@@ -37,7 +37,6 @@ rule site_probe:
         # Recorded by Snakemake: a change of what the probe checks runs it again.
         key=probe_key,
         modules=probe_modules,
-        chain=bool(config["training"].get("chain")),
         cluster=CLUSTER,
         answers=f"{PREFLIGHT_DIR}/probe/{{image}}.answers.json",
     script:

@@ -202,9 +202,7 @@ def probe_inputs(wildcards):
 
 
 def probe_key(wildcards):
-    return _probe.probe_key(
-        CLUSTER, wildcards.image, probe_modules(wildcards), bool(TRAINING["chain"])
-    )
+    return _probe.probe_key(CLUSTER, wildcards.image, probe_modules(wildcards))
 
 
 def canary_source_of(wildcards):

@@ -1,5 +1,6 @@
 # The training stage's globals, plan-time checks and input/params functions (its rules:
 # training.smk, which includes this file first).
+from hpcllm.training import chain_site as _chain_site
 from hpcllm.training.segment import prepare_experiment
 
 TRAINING = config["training"]
@@ -259,17 +260,20 @@ for _name in TRAINING.get("run") or []:
             f"({', '.join(EXPERIMENTS) or 'none defined'})"
         )
 
-# training.chain on a Slurm run: train_segment runs on the login node, submits the
-# experiment's self-continuing chain of Slurm jobs (or reattaches to it) and waits for its
-# segment (hpcllm.training.chain; docs/training.md). Elsewhere it trains in place.
-CHAINED = (
-    bool(TRAINING["chain"])
-    and CLUSTER.uses_slurm
-    and (
-        getattr(workflow.executor_plugin, "name", None)
-        not in ("local", "slurm-jobstep")
-    )
+# A chain on a Slurm run: train_segment runs on the login node, submits the experiment's
+# chain of Slurm jobs (or reattaches to it) and waits for its segment (hpcllm.training.chain;
+# docs/training.md). Elsewhere it trains in place. training.chain unset: a chain where the
+# site lets compute nodes call sbatch (the site probe's record, else the cluster fact).
+_SLURM_RUN = CLUSTER.uses_slurm and (
+    getattr(workflow.executor_plugin, "name", None) not in ("local", "slurm-jobstep")
 )
+_TRAIN_IMAGE = (container_image("train", check=False) or [None])[0]
+_CHAIN_ANSWER = _chain_site.site_answer(
+    CLUSTER, _chain_site.probe_record_path(CLUSTER, _TRAIN_IMAGE)
+)
+CHAINED = _SLURM_RUN and _chain_site.chained(TRAINING["chain"], _CHAIN_ANSWER)
+if _SLURM_RUN and EXPERIMENTS and workflow.is_main_process:
+    logger.info(_chain_site.plan_note(TRAINING["chain"], _CHAIN_ANSWER))
 # Only the controller retries (in a Slurm job a retry would run in the same allocation,
 # whose time is up); in a chain the chain's jobs make the attempts.
 SEGMENT_RETRIES = (

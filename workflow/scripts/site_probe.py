@@ -12,7 +12,6 @@ run_probe(
     snakemake.params.cluster,
     snakemake.input.image[0] if snakemake.input.image else None,
     snakemake.params.modules,
-    snakemake.params.chain,
     snakemake.params.key,
     snakemake.output.record,
     snakemake.params.answers,

@@ -12,20 +12,28 @@ import hpcllm_checkout  # noqa: F401  (hpcllm from the checkout that planned the
 
 import hpcllm
 from hpcllm import logs
+from hpcllm.training import chain_site
 from hpcllm.training.chain import Campaign, ChainStopped, sbatch_geometry, wait_for_segment
 
 logs.setup(snakemake.log.main)
 settings = SimpleNamespace(**json.loads(os.environ.get("HPCLLM_CHAIN_SLURM_SETTINGS", "{}")))
 resources = {k: v for k, v in dict(snakemake.resources).items() if not k.startswith("_")}
 source = str(Path(hpcllm.__file__).resolve().parents[1])  # the checkout's src/
+container = snakemake.input.container[0] if snakemake.input.container else None
+# Up front from here where the site probe (run before the segments) found that compute
+# nodes may not call sbatch (hpcllm.training.chain_site).
+answer = chain_site.site_answer(
+    snakemake.params.cluster, chain_site.probe_record_path(snakemake.params.cluster, container)
+)
 campaign = Campaign(
     name=snakemake.wildcards.experiment,
     prepared=snakemake.params.prepared,
     cluster=snakemake.params.cluster,
     workdir=os.getcwd(),
-    container=snakemake.input.container[0] if snakemake.input.container else None,
+    container=container,
     sbatch=sbatch_geometry(resources, snakemake.threads, settings),
     max_attempts=snakemake.config["training"]["max_attempts"],
+    up_front=chain_site.up_front(answer),
     python=sys.executable,
     environment={
         "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))

@@ -92,11 +92,10 @@ def key_of(what: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def probe_key(cluster, image: str, modules: list[str], chain: bool) -> str:
-    """What the probe checks: the site facts, the image, its modules, the Megatron-LM
-    commit and whether the chain needs compute nodes to submit. A param of the rule, so
-    that Snakemake reruns the probe exactly when one changes (the image file itself is
-    an input)."""
+def probe_key(cluster, image: str, modules: list[str]) -> str:
+    """What the probe checks: the site facts, the image, its modules and the Megatron-LM
+    commit. A param of the rule, so that Snakemake reruns the probe exactly when one
+    changes (the image file itself is an input)."""
     from hpcllm.training.megatron_args import MEGATRON_LM_COMMIT
 
     return key_of(
@@ -105,7 +104,6 @@ def probe_key(cluster, image: str, modules: list[str], chain: bool) -> str:
             "image": Path(image).name,
             "modules": modules,
             "megatron_commit": MEGATRON_LM_COMMIT,
-            "chain": chain,
         }
     )
 
@@ -315,11 +313,12 @@ def _job_field(job: str, field: str) -> str | None:
     return m.group(1) if m and m.group(1) != "(null)" else None
 
 
-def check_slurm_from_node(chain: bool) -> dict[str, Any]:
-    """Whether this compute node may call sbatch, scontrol requeue and scancel (the chain
-    submits its successors from its jobs): a held one-minute job submitted, requeued
-    (Slurm answers "pending execution" to an allowed requeue of a pending job) and
-    cancelled. ``chain``: the plan uses training.chain, so a refusal fails the check."""
+def check_slurm_from_node() -> dict[str, Any]:
+    """Whether this compute node may call sbatch, scontrol requeue and scancel (a chain's
+    jobs submit their successors where it may, hpcllm.training.chain_site): a held
+    one-minute job submitted, requeued (Slurm answers "pending execution" to an allowed
+    requeue of a pending job) and cancelled. An answer, not a failure: where the node may
+    not, a chain is submitted up front from the login node. ``allowed`` holds it."""
     from hpcllm.training.chain import _clean_environment
 
     env = _clean_environment(os.environ)
@@ -363,18 +362,16 @@ def check_slurm_from_node(chain: bool) -> dict[str, Any]:
     detail = "; ".join(answers)
     if not allowed:
         detail += (
-            "; training.chain needs them: set training.chain: false"
-            if chain
-            else " (training.chain is off: not needed)"
+            "; a chain of training jobs (training.chain) is submitted up front from the "
+            "login node here, and is not the default"
         )
-    return check("slurm_from_compute_node", allowed or not chain, detail)
+    return {**check("slurm_from_compute_node", True, detail), "allowed": allowed}
 
 
 def run_probe(
     cluster,
     image: str,
     modules: list[str],
-    chain: bool,
     key: str,
     record_path: str | os.PathLike,
     answers_path: str | os.PathLike,
@@ -392,7 +389,8 @@ def run_probe(
     checks.append(check_storage("local_storage", cluster.local_storage, cluster.path))
     checks.append(check_storage("scratch", cluster.scratch, cluster.path))
     checks.append(check_internet(cluster))
-    checks.append(check_slurm_from_node(chain))
+    slurm = check_slurm_from_node()
+    checks.append(slurm)
     record = {
         "cluster": cluster.name,
         "image": image,
@@ -403,6 +401,8 @@ def run_probe(
         "ok": all(c["ok"] for c in checks),
         "checks": checks,
         "inside": inside,  # what the image reported (torch version, ...), read by plans
+        # read by plans and the chain (hpcllm.training.chain_site)
+        "slurm_from_compute_node": slurm["allowed"],
     }
     text = json.dumps(record, indent=1) + "\n"
     Path(answers_path).parent.mkdir(parents=True, exist_ok=True)

@@ -27,11 +27,16 @@ issues 133 and 109, snakemake issue 4084), so a campaign that must outlive its c
   clears the stop (:func:`retry_training`, ``hpcllm retry-training``); after any other
   stop it submits a new chain and says why.
 
-Compute nodes must be allowed to call ``sbatch``. No site document of the clusters here
-says so either way (JSC's and LUMI's user docs describe job chains submitted from the
-login node only); where a node cannot, the successor's submission fails loudly: the job
-logs the error, finishes its segment and then fails (the chain stops there), and
-``ensure`` (the controller's rule, run again) submits the chain anew.
+Compute nodes must be allowed to call ``sbatch`` for that. No site document of the
+clusters here says so either way (JSC's and LUMI's user docs describe job chains submitted
+from the login node only); the site probe asks (hpcllm.training.chain_site). Where they
+may not, ``ensure`` submits the whole chain up front (``Campaign.up_front``: a job per
+segment left and ``max_attempts - 1`` spares, each ``afterany`` the one before and
+``singleton``); its jobs call no sbatch or scancel, a job that finds the campaign complete
+or stopped ends at once, and the controller, while alive, cancels the pending ones. Where
+a node refuses unexpectedly, the successor's submission fails loudly: the job logs the
+error, finishes its segment and then fails (the chain stops there), and ``ensure`` (the
+controller's rule, run again) submits the chain anew.
 """
 
 from __future__ import annotations
@@ -97,6 +102,9 @@ class Campaign:
     # node): a chain job passes on only these, not what its own job added (None: older
     # campaign files, which pass on all but Slurm's).
     exported: tuple[str, ...] | None = None
+    # Where compute nodes may not call sbatch (hpcllm.training.chain_site): every job of
+    # the chain is submitted at once from the login node, each after the one before.
+    up_front: bool = False
 
     @property
     def save(self) -> str:
@@ -348,8 +356,24 @@ def ensure(campaign: Campaign) -> tuple[str, list[dict[str, str]]]:
         with contextlib.suppress(FileNotFoundError):
             (campaign.folder() / STOPPED).unlink()
         save(campaign)
-        job = submit(campaign)
-        return "submitted", [{"id": job, "state": "PENDING", "dependency": "", "reason": ""}]
+        if not campaign.up_front:
+            job = submit(campaign)
+            return "submitted", [{"id": job, "state": "PENDING", "dependency": "", "reason": ""}]
+        jobs, after = [], None
+        for _ in range(up_front_jobs(campaign)):
+            after = submit(campaign, after=after)
+            jobs.append({"id": after, "state": "PENDING", "dependency": "", "reason": ""})
+        return "submitted", jobs
+
+
+def up_front_jobs(campaign: Campaign) -> int:
+    """Jobs of a chain submitted up front: one per segment still to train, and the
+    segment's retries (``max_attempts - 1``) as spares for the whole campaign. Each job
+    that finds the campaign complete or stopped ends within seconds; the controller, where
+    it is alive, cancels them first."""
+    first = next_segment(campaign)
+    remaining = 0 if first is None else campaign.segments - first + 1
+    return remaining + campaign.max_attempts - 1
 
 
 def stopped(save: str | os.PathLike) -> dict[str, Any] | None:
@@ -438,11 +462,15 @@ def step(campaign_file: str | os.PathLike, environ: Mapping[str, str] = os.envir
         return 0
     done = stopped(campaign.save)
     if done and done.get("chain") == campaign.chain_id:
+        if campaign.up_front:  # a spare job of a chain submitted up front: expected
+            log.info("%s; this job trains nothing", describe_stop(campaign.name, done))
+            return 0
         log.error("the chain of %s stopped before (%s); not training", campaign.name, done)
         return 1
     successor, successor_error = None, None
     try:
-        successor = _successor(campaign, me, environ) if me else None
+        # (up front: the next job is in Slurm already; this node may not call sbatch)
+        successor = _successor(campaign, me, environ) if me and not campaign.up_front else None
     except ChainError as e:
         # Loud: the chain ends with this job; the controller run again submits it anew.
         successor_error = str(e)
@@ -674,6 +702,7 @@ def wait_for_segment(
     a new one: :func:`ensure`)."""
     if commit_record(campaign, segment):
         say(f"{campaign.name}: segment {segment} is done, {progress(campaign)} by the chain")
+        _cancel_spares(campaign, say)
         return
     previous = stopped(Path(campaign.workdir) / campaign.save)
     state, jobs = ensure(campaign)
@@ -684,9 +713,14 @@ def wait_for_segment(
         why = (
             f" ({describe_stop(campaign.name, previous)}; a new attempt budget)" if previous else ""
         )
-        say(
-            f"submitted the chain of {campaign.name}{why}: job {jobs[0]['id']}; {progress(campaign)}"
-        )
+        what = f"job {jobs[0]['id']}"
+        if campaign.up_front:
+            what = (
+                f"jobs {jobs[0]['id']}-{jobs[-1]['id']} up front, each after the one before "
+                f"({campaign.segments} segments, {len(jobs)} jobs with the retries; compute "
+                "nodes here may not call sbatch)"
+            )
+        say(f"submitted the chain of {campaign.name}{why}: {what}; {progress(campaign)}")
     elif state == "running":
         # A controller reattaching: nothing is submitted, it waits for the chain.
         say(
@@ -698,8 +732,14 @@ def wait_for_segment(
     while True:
         if commit_record(campaign, segment):
             say(f"{campaign.name}: segment {segment} is done, {progress(campaign)}")
+            _cancel_spares(campaign, say)
             return
         jobs = chain_jobs(campaign.job_name())
+        stop = stopped(Path(campaign.workdir) / campaign.save)
+        if jobs and stop and stop.get("chain") == campaign.chain_id:
+            # Up front, the jobs after a stop would only start to end at once.
+            cancel([j["id"] for j in jobs if j["state"] == "PENDING"])
+            jobs = [j for j in jobs if j["state"] != "PENDING"]
         if not jobs:
             time.sleep(min(poll_seconds, 5.0))  # the last job may be writing the record
             if commit_record(campaign, segment, settled=True):
@@ -728,6 +768,19 @@ def wait_for_segment(
             )
             seen = now
         time.sleep(poll_seconds)
+
+
+def _cancel_spares(campaign: Campaign, say=log.info) -> None:
+    """Once every segment is committed, cancel the chain's jobs still pending (the spares
+    of a chain submitted up front; they would start only to end at once)."""
+    if next_segment(campaign) is not None:
+        return
+    with contextlib.suppress(ChainError):
+        pending = [j["id"] for j in chain_jobs(campaign.job_name()) if j["state"] == "PENDING"]
+        if pending:
+            cancel(pending)
+            spares = " ".join(pending)
+            say(f"{campaign.name}: the campaign is complete; cancelled its spare jobs {spares}")
 
 
 def chain_status(workdir: str | os.PathLike, name: str) -> dict[str, Any]:
