@@ -761,6 +761,34 @@ def hpcllm_status(work: Path, cluster, *configfiles: str) -> str:
     )
 
 
+def assert_three_segments_as_without_a_chain(work: Path, reference: Path) -> None:
+    """Each segment's record of its 4 iterations, the weights bitwise those of
+    ``reference`` (the same campaign, one plugin job per segment)."""
+    for k in (1, 2, 3):
+        record = json.loads((work / f"results/train/{EXPERIMENT}/seg{k}.json").read_text())
+        assert record["last_iteration"] == 4 * k
+    expected, weights = final_weights(reference), final_weights(work)
+    assert all(torch.equal(weights[k], expected[k]) for k in expected)
+
+
+def kill_the_controller_in_segment_1(work: Path, cluster, args, env=None) -> None:
+    """Start the workflow with ``args``; once segment 1 has trained its first iteration,
+    SIGKILL the controller and its waiting script (as at a logout)."""
+    proc = slurmruns.start(work, cluster, *args, log=work / "snakemake.out", env=env)
+    engine_log = work / f"logs/train_segment/{EXPERIMENT}/seg1.engine.log"
+    deadline = time.monotonic() + hang_guard(90)  # data cache, then segment 1: ~60 s quiet
+    while not (engine_log.exists() and f"iteration {1:8d}/" in engine_log.read_text()):
+        assert proc.poll() is None, (work / "snakemake.out").read_text()[-4000:]
+        assert time.monotonic() < deadline, cluster.jobs()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=hang_guard(1))
+    for pid in cluster.processes():
+        with contextlib.suppress(OSError):
+            if b"train_segment_chain" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_a_chained_campaign_outlives_its_controller_and_the_rerun_reattaches(
     uninterrupted_three, cluster, text_data, tmp_path
 ):
@@ -777,19 +805,7 @@ def test_a_chained_campaign_outlives_its_controller_and_the_rerun_reattaches(
     chained.write_text("training: {chain: true}\n")
     configs = (str(CONFIG), str(three_segments(work)), str(chained))
     args = ("--configfile", *configs, "--", FINAL3, CURVE)
-    proc = slurmruns.start(work, cluster, *args, log=work / "snakemake.out")
-    engine_log = work / f"logs/train_segment/{EXPERIMENT}/seg1.engine.log"
-    deadline = time.monotonic() + hang_guard(90)  # data cache, then segment 1: ~60 s quiet
-    while not (engine_log.exists() and f"iteration {1:8d}/" in engine_log.read_text()):
-        assert proc.poll() is None, (work / "snakemake.out").read_text()[-4000:]
-        assert time.monotonic() < deadline, cluster.jobs()
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGKILL)  # the controller dies ...
-    proc.wait(timeout=hang_guard(1))
-    for pid in cluster.processes():  # ... and its waiting script (as at a logout)
-        with contextlib.suppress(OSError):
-            if b"train_segment_chain" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                os.kill(pid, signal.SIGKILL)
+    kill_the_controller_in_segment_1(work, cluster, args)
     output = (work / "snakemake.out").read_text()
     assert (
         "submitted the chain of tiny_2n"
@@ -844,12 +860,7 @@ def test_a_chained_campaign_outlives_its_controller_and_the_rerun_reattaches(
     assert chain.stopped(work / SAVE) is None
     assert [j["state"] for j in chain_jobs()] == ["COMPLETED"] * 3 + ["CANCELLED"]
     assert (work / CURVE).stat().st_size > 10_000
-    for k in (1, 2, 3):
-        record = json.loads((work / f"results/train/{EXPERIMENT}/seg{k}.json").read_text())
-        assert record["last_iteration"] == 4 * k
-    reference = final_weights(uninterrupted_three)
-    chained_weights = final_weights(work)
-    assert all(torch.equal(chained_weights[k], reference[k]) for k in reference)
+    assert_three_segments_as_without_a_chain(work, uninterrupted_three)
 
 
 def refusing_slurm(work: Path, cluster) -> tuple[Path, Path]:
@@ -899,19 +910,7 @@ def test_where_compute_nodes_may_not_submit_the_chain_is_submitted_up_front(
     chained.write_text("training: {chain: true, max_attempts: 3}\n")
     configs = (str(CONFIG), str(three_segments(work)), str(chained))
     args = ("--configfile", *configs, "--", FINAL3, CURVE)
-    proc = slurmruns.start(work, cluster, *args, log=work / "snakemake.out", env=env)
-    engine_log = work / f"logs/train_segment/{EXPERIMENT}/seg1.engine.log"
-    deadline = time.monotonic() + hang_guard(90)  # data cache, then segment 1: ~60 s quiet
-    while not (engine_log.exists() and f"iteration {1:8d}/" in engine_log.read_text()):
-        assert proc.poll() is None, (work / "snakemake.out").read_text()[-4000:]
-        assert time.monotonic() < deadline, cluster.jobs()
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGKILL)  # the controller dies, its waiting script with it
-    proc.wait(timeout=hang_guard(1))
-    for pid in cluster.processes():
-        with contextlib.suppress(OSError):
-            if b"train_segment_chain" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                os.kill(pid, signal.SIGKILL)
+    kill_the_controller_in_segment_1(work, cluster, args, env=env)
     said = (work / f"logs/train_segment/{EXPERIMENT}/seg1.log").read_text()
     submitted = chain.submitted_jobs(work / SAVE)
     ids = [s["job"] for s in submitted]
@@ -941,9 +940,4 @@ def test_where_compute_nodes_may_not_submit_the_chain_is_submitted_up_front(
     remote, local = slurmruns.rule_headers(out)
     assert "train_segment" not in remote and local.get("plot_training") == 1, out[-4000:]
     assert chain.submitted_jobs(work / SAVE) == submitted  # nothing submitted
-    for k in (1, 2, 3):
-        record = json.loads((work / f"results/train/{EXPERIMENT}/seg{k}.json").read_text())
-        assert record["last_iteration"] == 4 * k
-    reference = final_weights(uninterrupted_three)
-    weights = final_weights(work)
-    assert all(torch.equal(weights[k], reference[k]) for k in reference)
+    assert_three_segments_as_without_a_chain(work, uninterrupted_three)

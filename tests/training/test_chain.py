@@ -119,14 +119,24 @@ def test_a_save_in_progress_is_not_committed(tmp_path, tracker, expected):
 def stand_in_slurm(tmp_path, monkeypatch, squeue_lines: str = "") -> tuple:
     """squeue printing ``squeue_lines``; sbatch answering job 61; both log their calls."""
     calls = tmp_path / "calls"
+    return fake_slurm(
+        tmp_path,
+        monkeypatch,
+        squeue=f"printf '{squeue_lines}'",
+        sbatch=f'echo sbatch "$@" >> {calls}\necho 61',
+    )
+
+
+def fake_slurm(tmp_path, monkeypatch, **bodies: str) -> Path:
+    """Stand-in commands (name: shell script body) first on PATH; the file
+    ``tmp_path/calls`` their bodies may log to."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "squeue").write_text(f"#!/bin/sh\nprintf '{squeue_lines}'\n")
-    (bin_dir / "sbatch").write_text(f'#!/bin/sh\necho sbatch "$@" >> {calls}\necho 61\n')
-    for f in bin_dir.iterdir():
-        f.chmod(0o755)
+    for name, body in bodies.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    return calls
+    return tmp_path / "calls"
 
 
 def three_segments(tmp_path, reached: int) -> chain.Campaign:
@@ -279,17 +289,13 @@ def lease_holder_slurm(tmp_path, monkeypatch, holder: str, chain_lines: str) -> 
     """squeue: job ``holder`` RUNNING when asked by id, ``chain_lines`` when asked by
     name; sbatch answering job 62; scancel logged."""
     calls = tmp_path / "calls"
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "squeue").write_text(
-        f"#!/bin/sh\ncase \"$*\" in *'-j {holder}'*) echo RUNNING;; *' -n '*) printf '{chain_lines}';; esac\n"
+    return fake_slurm(
+        tmp_path,
+        monkeypatch,
+        squeue=f"case \"$*\" in *'-j {holder}'*) echo RUNNING;; *' -n '*) printf '{chain_lines}';; esac",
+        sbatch=f'echo sbatch "$@" >> {calls}\necho 62',
+        scancel=f'echo scancel "$@" >> {calls}',
     )
-    (bin_dir / "sbatch").write_text(f'#!/bin/sh\necho sbatch "$@" >> {calls}\necho 62\n')
-    (bin_dir / "scancel").write_text(f'#!/bin/sh\necho scancel "$@" >> {calls}\n')
-    for f in bin_dir.iterdir():
-        f.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    return calls
 
 
 @pytest.mark.parametrize("holder_in_chain", [True, False])
@@ -330,17 +336,13 @@ def counting_slurm(tmp_path, monkeypatch, squeue_lines: str = "") -> Path:
     """sbatch answering jobs 71, 72, ... in turn; squeue printing ``squeue_lines``;
     scancel; all log their calls."""
     calls = tmp_path / "calls"
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "sbatch").write_text(
-        f'#!/bin/sh\necho sbatch "$@" >> {calls}\necho $((70 + $(grep -c ^sbatch {calls})))\n'
+    return fake_slurm(
+        tmp_path,
+        monkeypatch,
+        sbatch=f'echo sbatch "$@" >> {calls}\necho $((70 + $(grep -c ^sbatch {calls})))',
+        squeue=f"printf '{squeue_lines}'",
+        scancel=f'echo scancel "$@" >> {calls}',
     )
-    (bin_dir / "squeue").write_text(f"#!/bin/sh\nprintf '{squeue_lines}'\n")
-    (bin_dir / "scancel").write_text(f'#!/bin/sh\necho scancel "$@" >> {calls}\n')
-    for f in bin_dir.iterdir():
-        f.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    return calls
 
 
 def test_a_chain_submitted_up_front_has_a_job_per_segment_left_and_the_retries(
