@@ -264,15 +264,24 @@ for _name in TRAINING.get("run") or []:
 # chain of Slurm jobs (or reattaches to it) and waits for its segment (hpcllm.training.chain;
 # docs/training.md). Elsewhere it trains in place. training.chain unset: a chain where the
 # site lets compute nodes call sbatch (the site probe's record, else the cluster fact).
-_SLURM_RUN = CLUSTER.uses_slurm and (
-    getattr(workflow.executor_plugin, "name", None) not in ("local", "slurm-jobstep")
+# Decided by the controller alone: a chain's train_segment is its localrule, so a job
+# process never runs it; and a probe record written since the controller's parse must not
+# turn a plugin job's train_segment into the chain's waiting script (which would submit a
+# chain from inside the job, whose nodes the chain's job then waits for).
+_SLURM_RUN = (
+    workflow.is_main_process
+    and CLUSTER.uses_slurm
+    and (
+        getattr(workflow.executor_plugin, "name", None)
+        not in ("local", "slurm-jobstep")
+    )
 )
 _TRAIN_IMAGE = (container_image("train", check=False) or [None])[0]
 _CHAIN_ANSWER = _chain_site.site_answer(
     CLUSTER, _chain_site.probe_record_path(CLUSTER, _TRAIN_IMAGE)
 )
 CHAINED = _SLURM_RUN and _chain_site.chained(TRAINING["chain"], _CHAIN_ANSWER)
-if _SLURM_RUN and EXPERIMENTS and workflow.is_main_process:
+if _SLURM_RUN and EXPERIMENTS:
     logger.info(_chain_site.plan_note(TRAINING["chain"], _CHAIN_ANSWER))
 # Only the controller retries (in a Slurm job a retry would run in the same allocation,
 # whose time is up); in a chain the chain's jobs make the attempts.
