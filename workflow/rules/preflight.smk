@@ -12,7 +12,7 @@ rule site_probe:
     input:
         image=probe_inputs,
     output:
-        record=f"{PREFLIGHT_DIR}/probe/{{image}}.json",
+        record=probe_record("{image}"),
     log:
         "logs/site_probe/{image}.log",
     wildcard_constraints:

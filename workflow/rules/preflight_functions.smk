@@ -39,7 +39,7 @@ def _sif(image):
 
 
 def probe_record(image):
-    return f"{PREFLIGHT_DIR}/probe/{image}.json"
+    return _probe.record_path(CLUSTER.name, image)
 
 
 def canary_record(kind):

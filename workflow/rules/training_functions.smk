@@ -276,13 +276,17 @@ _SLURM_RUN = (
         not in ("local", "slurm-jobstep")
     )
 )
-_TRAIN_IMAGE = (container_image("train", check=False) or [None])[0]
-_CHAIN_ANSWER = _chain_site.site_answer(
-    CLUSTER, _chain_site.probe_record_path(CLUSTER, _TRAIN_IMAGE)
-)
-CHAINED = _SLURM_RUN and _chain_site.chained(TRAINING["chain"], _CHAIN_ANSWER)
-if _SLURM_RUN and EXPERIMENTS:
-    logger.info(_chain_site.plan_note(TRAINING["chain"], _CHAIN_ANSWER))
+CHAINED = False
+if _SLURM_RUN:  # (a job process reads no probe record)
+    _CHAIN_ANSWER = _chain_site.site_answer(
+        CLUSTER,
+        _chain_site.probe_record_path(
+            CLUSTER, (container_image("train", check=False) or [None])[0]
+        ),
+    )
+    CHAINED = _chain_site.chained(TRAINING["chain"], _CHAIN_ANSWER)
+    if EXPERIMENTS:
+        logger.info(_chain_site.plan_note(TRAINING["chain"], _CHAIN_ANSWER))
 # Only the controller retries (in a Slurm job a retry would run in the same allocation,
 # whose time is up); in a chain the chain's jobs make the attempts.
 SEGMENT_RETRIES = (

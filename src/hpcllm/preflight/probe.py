@@ -92,6 +92,12 @@ def key_of(what: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def record_path(cluster_name: str, image: str) -> str:
+    """Where the probe of ``image`` (``bare`` without a container) records its answers;
+    read by later plans and the chain (hpcllm.training.chain_site)."""
+    return f"results/preflight/{cluster_name}/probe/{image}.json"
+
+
 def probe_key(cluster, image: str, modules: list[str]) -> str:
     """What the probe checks: the site facts, the image, its modules and the Megatron-LM
     commit. A param of the rule, so that Snakemake reruns the probe exactly when one

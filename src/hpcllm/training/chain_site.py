@@ -32,9 +32,11 @@ class SiteAnswer:
 
 def probe_record_path(cluster: Any, container: str | None) -> str:
     """The site probe's record of the image ``containers/<image>.sif`` (``bare`` without
-    one), as workflow/rules/preflight.smk writes it; it exists only where the plan probes."""
+    one); it exists only where the plan probes."""
+    from hpcllm.preflight.probe import record_path
+
     image = Path(container).name.removesuffix(".sif") if container else "bare"
-    return f"results/preflight/{cluster.name}/probe/{image}.json"
+    return record_path(cluster.name, image)
 
 
 def site_answer(cluster: Any, record_path: str | os.PathLike | None = None) -> SiteAnswer:
