@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from pathlib import Path
 
@@ -49,6 +50,23 @@ def test_a_run_past_its_time_limit_is_stopped_with_everything_it_started(tmp_pat
     record, log = run(tmp_path, script, time_limit_s=2)
     assert record["status"] == "time_limit"
     assert "stopped after the run's time limit of 2 s" in log
+    assert processes_named(tag) == []
+
+
+def test_a_member_that_stops_slowly_is_waited_for_before_the_run_ends(tmp_path):
+    """The script ends at once on SIGTERM, a member of its group 2 s later (as torchrun
+    forwards the signal to workers that save): the run ends only when that member has.
+    Waiting for the script alone left it running (under load, even a plain sleep)."""
+    tag = f"hpcllm-test-{uuid.uuid4().hex}"
+    member = (
+        "import signal, sys, time; "
+        "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(2), sys.exit(0))); "
+        "print('ready', flush=True); time.sleep(600)"
+    )
+    script = f'(exec -a {tag} {sys.executable} -c "{member}") & wait'
+    record, log = run(tmp_path, script, time_limit_s=3)
+    assert record["status"] == "time_limit"
+    assert "ready" in log  # the handler was in place when the stop came
     assert processes_named(tag) == []
 
 

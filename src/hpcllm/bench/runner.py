@@ -59,12 +59,7 @@ def run_launch(
                 returncode = proc.wait(timeout=time_limit_s)
             except subprocess.TimeoutExpired:
                 timed_out = True
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    returncode = proc.wait(timeout=TERM_GRACE_S)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    returncode = proc.wait()
+                returncode = stop_process_group(proc, TERM_GRACE_S)
                 out.write(f"\nhpcllm: stopped after the run's time limit of {time_limit_s:.0f} s\n")
         if timed_out:
             status = "time_limit"
@@ -85,6 +80,52 @@ def run_launch(
         "%s: %s (exit code %s) in %.1f s", point["id"], status, returncode, record["wall_time_s"]
     )
     return record
+
+
+def stop_process_group(proc: subprocess.Popen, grace_s: float) -> int:
+    """SIGTERM to ``proc``'s process group, SIGKILL to whatever of it is left after
+    ``grace_s``; returns the leader's exit code once no member is left. Waiting for the
+    leader alone is not enough: a member that handles SIGTERM slowly (torchrun forwarding
+    it to workers that save) would outlive the run's time limit."""
+    pgid = proc.pid  # started with start_new_session: the group is the leader's pid
+    _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None and not _group_alive(pgid):
+            return proc.returncode
+        time.sleep(0.1)
+    _signal_group(pgid, signal.SIGKILL)
+    returncode = proc.wait()
+    # SIGKILL cannot be caught: the members are gone as soon as the kernel has run them
+    # (the bound only keeps an unreaped zombie from hanging the job).
+    deadline = time.monotonic() + 30
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return returncode
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass  # every member has ended already
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a member of the group still runs (a zombie, ended but not yet reaped by
+    its new parent, does not count)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # ended while we looked
+        if int(fields[2]) == pgid and fields[0] != "Z":  # state, ppid, pgrp
+            return True
+    return not Path("/proc/self/stat").exists()  # without /proc: killpg's answer
 
 
 def launch_for(point: dict, cluster, command: list[str], container: str | None) -> Launch:
