@@ -19,8 +19,12 @@ run: $(BIN)/.installed
 system-deps:
 	bash scripts/install-system-deps.sh
 
+# The suite mostly waits (Slurm jobs, Snakemake runs): it runs on TEST_WORKERS pytest-xdist
+# workers (tests/conftest.py keeps a shared fixture's tests on one worker and hands out the
+# long tests first) and prints its 15 slowest tests at the end.
+TEST_WORKERS ?= 4
 test: $(BIN)/.installed system-deps
-	$(BIN)/pytest -ra $(PYTEST_ARGS)
+	$(BIN)/pytest -ra -n $(TEST_WORKERS) --dist loadgroup --durations=15 $(PYTEST_ARGS)
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check src tests benchmarks workflow/scripts

@@ -48,3 +48,30 @@ def _no_process_group_left_behind(request) -> Iterator[None]:
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
         pytest.fail(f"{request.node.nodeid} left a torch.distributed process group behind")
+
+
+# The suite runs on several pytest-xdist workers (`make test`: --dist loadgroup), since it
+# mostly waits (Slurm jobs, Snakemake runs). Two rules keep that cheap and balanced:
+# - the tests that use a module-scoped fixture run on one worker, so it is made once (a
+#   module that shares a session fixture of its own marks its tests with xdist_group);
+# - the long tests (Slurm, then Snakemake runs) are handed out first, so that none of
+#   them starts last and alone.
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        if uses_a_module_fixture(item) and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+    items.sort(
+        key=lambda item: (
+            not item.get_closest_marker("slurm"),
+            not item.get_closest_marker("workflow"),
+        )
+    )
+
+
+def uses_a_module_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(
+        fixturedef.scope == "module"
+        for name in info.names_closure
+        for fixturedef in info.name2fixturedefs.get(name, ())
+    )

@@ -4,7 +4,8 @@ One experiment, ``tiny_2n`` (tests/slurm/training.yaml): 2 segments of 40 iterat
 2 nodes, one process each (srun -> torchrun per node -> the torch engine, DDP over gloo).
 The uninterrupted run is the reference the fault tests must reproduce bit for bit. The
 fault tests interrupt a segment once it has trained its first iteration: far from its
-end, wherever the interruption lands on a loaded machine.
+end, wherever the interruption lands on a loaded machine. The tests that compare with a
+reference run share it: each reference's tests form one xdist group (one worker makes it).
 """
 
 from __future__ import annotations
@@ -123,6 +124,7 @@ def uninterrupted_three(slurm_cluster, text_data, tmp_path_factory) -> Path:
     return work
 
 
+@pytest.mark.xdist_group("tiny_2n")
 def test_two_node_segment_runs_a_rank_on_each_node_and_saves_once(uninterrupted, slurm_cluster):
     work, ranks, output = uninterrupted
     # One rank per node (the c10d rendezvous, not the node order, numbers them).
@@ -154,6 +156,7 @@ def test_two_node_segment_runs_a_rank_on_each_node_and_saves_once(uninterrupted,
     ]
 
 
+@pytest.mark.xdist_group("tiny_2n")
 def test_index_cache_is_built_by_a_cpu_job_and_segments_only_load_it(uninterrupted):
     """prepare_data_cache ran as its own Slurm job; no segment log shows an index build."""
     work, _, output = uninterrupted
@@ -170,6 +173,7 @@ def test_index_cache_is_built_by_a_cpu_job_and_segments_only_load_it(uninterrupt
     assert cache["samples"] == {"train": 80 * 8, "valid": (80 // 20 + 1) * 8, "test": 0}
 
 
+@pytest.mark.xdist_group("tiny_2n")
 def test_validation_lines_tensorboard_scalars_and_loss_curve(uninterrupted):
     work, _, _ = uninterrupted
     text = "".join(
@@ -195,6 +199,7 @@ def test_validation_lines_tensorboard_scalars_and_loss_curve(uninterrupted):
     assert (work / f"results/train/{EXPERIMENT}/loss.png").stat().st_size > 10_000
 
 
+@pytest.mark.xdist_group("tiny_2n")
 def test_two_nodes_train_like_one_process_with_the_same_global_batch(
     uninterrupted, text_data, tmp_path
 ):
@@ -243,6 +248,7 @@ def assert_reported(output: str, job_id: str, segment: int) -> None:
     assert f"slurm_logs/rule_train_segment/{EXPERIMENT}_{segment}/{job_id}.log" in output
 
 
+@pytest.mark.xdist_group("tiny_2n")
 def test_scancel_of_a_running_segment_is_reported_and_the_rerun_resumes(
     uninterrupted, cluster, text_data, tmp_path
 ):
@@ -271,6 +277,7 @@ def test_scancel_of_a_running_segment_is_reported_and_the_rerun_resumes(
     assert all(torch.equal(resumed[k], reference[k]) for k in reference)
 
 
+@pytest.mark.xdist_group("tiny_2n")
 def test_a_node_dying_mid_segment_fails_the_job_and_the_rerun_completes(
     uninterrupted, cluster, text_data, tmp_path
 ):
@@ -297,6 +304,7 @@ def test_a_node_dying_mid_segment_fails_the_job_and_the_rerun_completes(
     assert all(torch.equal(rerun[k], reference[k]) for k in reference)
 
 
+@pytest.mark.xdist_group("tiny_2n")
 def test_a_signalled_segment_continues_by_itself_to_the_end(
     uninterrupted, cluster, text_data, tmp_path
 ):
@@ -339,6 +347,7 @@ def test_a_signalled_segment_continues_by_itself_to_the_end(
     assert all(torch.equal(resumed[k], reference[k]) for k in reference)
 
 
+@pytest.mark.xdist_group("tiny_2n")
 def test_a_restarted_controller_starts_no_second_writer(
     uninterrupted, cluster, text_data, tmp_path
 ):
@@ -500,6 +509,7 @@ def chain_jobs_of(cluster, campaign) -> list[dict[str, str]]:
     return [j for j in cluster.jobs() if j["name"] == campaign.job_name()]
 
 
+@pytest.mark.xdist_group("tiny_2n_three")
 def test_a_chain_trains_every_segment_with_no_controller_alive(
     uninterrupted_three, cluster, text_data, tmp_path, monkeypatch
 ):
@@ -789,6 +799,7 @@ def kill_the_controller_in_segment_1(work: Path, cluster, args, env=None) -> Non
                 os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.xdist_group("tiny_2n_three")
 def test_a_chained_campaign_outlives_its_controller_and_the_rerun_reattaches(
     uninterrupted_three, cluster, text_data, tmp_path
 ):
@@ -886,6 +897,7 @@ def refusing_slurm(work: Path, cluster) -> tuple[Path, Path]:
     return folder, log
 
 
+@pytest.mark.xdist_group("tiny_2n_three")
 def test_where_compute_nodes_may_not_submit_the_chain_is_submitted_up_front(
     uninterrupted_three, cluster, text_data, tmp_path, monkeypatch
 ):

@@ -126,9 +126,13 @@ def gres_conf(root: Path) -> str:
 
 
 def first_job_id(ctld_port: int) -> int:
-    """One of 14 blocks of 1000 job ids, picked by the (free, so random) controller port:
-    below the 15000 ids after which hpcllm.launch's job ports repeat."""
-    return 1000 * (1 + ctld_port % 14)
+    """One of 14 blocks of 1000 job ids, below the 15000 ids after which hpcllm.launch's
+    job ports repeat. The clusters of a parallel test run (pytest-xdist's workers gw0,
+    gw1, ...) each take their worker's block, so no two share one; a cluster started by
+    hand takes the block its (free, so random) controller port picks."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    block = int(worker[2:]) if worker[2:].isdigit() else ctld_port
+    return 1000 * (1 + block % 14)
 
 
 def slurm_conf(root: Path, name: str, ctld_port: int, node_ports: dict[str, int]) -> str:
