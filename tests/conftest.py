@@ -56,6 +56,7 @@ def _no_process_group_left_behind(request) -> Iterator[None]:
 #   module that shares a session fixture of its own marks its tests with xdist_group);
 # - the long tests (Slurm, then Snakemake runs) are handed out first, so that none of
 #   them starts last and alone.
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if uses_a_module_fixture(item) and not item.get_closest_marker("xdist_group"):
@@ -75,3 +76,17 @@ def uses_a_module_fixture(item) -> bool:
         for name in info.names_closure
         for fixturedef in info.name2fixturedefs.get(name, ())
     )
+
+
+def pytest_collection_finish(session) -> None:
+    """xdist sends a group's tests to one worker by a suffix of their node ids; a pytest
+    or xdist release that drops it would spread them silently (pytest-xdist issue 1386)."""
+    if not session.config.getoption("loadgroup", False):
+        return  # not an xdist worker of a --dist loadgroup run
+    lost = [i.nodeid for i in session.items if i.get_closest_marker("xdist_group")]
+    lost = [nodeid for nodeid in lost if "@" not in nodeid]
+    if lost:
+        raise pytest.UsageError(
+            f"--dist loadgroup did not group {lost[0]} (and {len(lost) - 1} more): this "
+            "pytest-xdist does not work with this pytest (see pyproject.toml's pins)"
+        )
