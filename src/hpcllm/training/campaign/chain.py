@@ -148,9 +148,24 @@ def job_name_of(workdir: str | os.PathLike, name: str) -> str:
     return f"hpcllm-chain-{name}-{digest.hexdigest()[:8]}"
 
 
+# Campaign files written before training's rooms name these classes at their old paths;
+# a chain already queued in Slurm reads its file with the code of now.
+_MOVED = {
+    "hpcllm.training.chain": "hpcllm.training.campaign.chain",
+    "hpcllm.training.segment": "hpcllm.training.plan.experiment",
+    "hpcllm.training.planner": "hpcllm.models.planner",
+    "hpcllm.training.data": "hpcllm.training.plan.data",
+}
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        return super().find_class(_MOVED.get(module, module), name)
+
+
 def load(path: str | os.PathLike) -> Campaign:
     with open(path, "rb") as f:
-        return pickle.load(f)
+        return _Unpickler(f).load()
 
 
 def save(campaign: Campaign) -> None:
