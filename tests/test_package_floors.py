@@ -157,7 +157,8 @@ def test_every_module_has_a_floor():
 
 
 def test_no_module_imports_from_a_higher_floor():
-    assert not upward(graph(), FLOORS)
+    wrong = upward(graph(), FLOORS)
+    assert not wrong, "\n".join(wrong)
 
 
 def test_no_training_room_imports_from_a_higher_room():
@@ -166,11 +167,13 @@ def test_no_training_room_imports_from_a_higher_room():
         for name, targets in graph().items()
         if name.startswith("hpcllm.training")
     }
-    assert not upward(edges, TRAINING_ROOMS)
+    wrong = upward(edges, TRAINING_ROOMS)
+    assert not wrong, "\n".join(wrong)
 
 
 def test_no_import_circle_between_modules():
-    assert not circles(graph())
+    found = circles(graph())
+    assert not found, found
 
 
 def test_no_import_circle_between_training_rooms():
@@ -185,7 +188,8 @@ def test_no_import_circle_between_training_rooms():
                 for t in targets
                 if t.startswith("hpcllm.training.") and room(t) != room(name)
             )
-    assert not circles(edges)
+    found = circles(edges)
+    assert not found, found
 
 
 def test_the_checks_see_an_upward_import_and_a_circle(tmp_path):
