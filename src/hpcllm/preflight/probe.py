@@ -431,7 +431,7 @@ def run_probe(
 def signal_lead_warning(record_path: str | os.PathLike, leads: dict[str, int]) -> str | None:
     """A warning where the probe found the image's torchrun without --shutdown-timeout and
     an experiment gives its workers more than torchrun's fixed 30 s after Slurm's SIGTERM
-    (``leads``: experiment -> seconds, segment.shutdown_timeout): there a save that takes
+    (``leads``: experiment -> seconds, engine_process.shutdown_timeout): there a save that takes
     longer is killed. None where the record is missing or older than the question."""
     longer = {name: s for name, s in leads.items() if s > 30}
     if not longer or not Path(record_path).is_file():

@@ -51,7 +51,7 @@ class MegatronTokenizerKey:
 
     ``tokenizer_model``: the folder given as ``--tokenizer-model`` to
     ``HuggingFaceTokenizer``; None for ``GPT2BPETokenizer`` with ``--vocab-file`` and
-    ``--merge-file`` (see ``segment.megatron_tokenizer_model``)."""
+    ``--merge-file`` (see ``command.megatron_tokenizer_model``)."""
 
     def __init__(
         self,
