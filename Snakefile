@@ -57,7 +57,7 @@ rule all:
 # After a failed run: each failed job's reason line, its log, and the rerun that fixes a
 # damaged workflow file (Snakemake itself prints only "message: None ... check log").
 onerror:
-    from hpcllm.failures import failure_summary
+    from hpcllm.failures.summary import failure_summary
 
     for _line in failure_summary(log):
         logger.error(_line)

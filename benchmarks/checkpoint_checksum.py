@@ -3,7 +3,7 @@
 Writes a torch engine checkpoint (``torch.save`` of model weights and AdamW's two
 moment tensors, as ``save_checkpoint`` writes it) into a temporary ``iter_*`` folder,
 then hashes the folder as the engine does before its commit
-(``hpcllm.training.checksums.write_manifest``, XXH3-128) and verifies it as a resume
+(``hpcllm.training.checkpoints.checksums.write_manifest``, XXH3-128) and verifies it as a resume
 does (``checksums.problem``). Prints the medians over the rounds: seconds, MB/s and the
 hashing time as a share of the save. ``--compare`` adds hashlib's SHA-256 and BLAKE2b
 on the same file, for the choice of hash.
@@ -27,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-from hpcllm.training import checkpoints, checksums
+from hpcllm.training.checkpoints import checksums
+from hpcllm.training.checkpoints import tracker as checkpoints
 
 
 def state_dict(params_m: float, tensor_m: float = 4.0) -> dict:

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcllm.text.indexed_dataset import write_index
-from hpcllm.training.data import Blend, build_datasets, sample_counts
+from hpcllm.training.plan.data import Blend, build_datasets, sample_counts
 
 VOCAB = 8192
 EOD = VOCAB - 1
@@ -62,7 +62,7 @@ def engine_start(
     vocab = work / "vocab.json"
     vocab.write_text(json.dumps({**{f"t{i}": i for i in range(EOD)}, "<|endoftext|>": EOD}))
     argv = [
-        sys.executable, "-m", "hpcllm.training.torch_engine",
+        sys.executable, "-m", "hpcllm.training.engines.torch_engine",
         "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
         "--seq-length", str(args.seq), "--micro-batch-size", "1",
         "--global-batch-size", str(args.global_batch), "--train-iters", str(train_iters),

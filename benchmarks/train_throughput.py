@@ -1,6 +1,6 @@
 """Throughput of the torch engine: tokens/s, TFLOP/s per GPU and MFU.
 
-Runs ``python -m hpcllm.training.torch_engine`` on Megatron's mock data with log interval
+Runs ``python -m hpcllm.training.engines.torch_engine`` on Megatron's mock data with log interval
 1, drops the warm-up iterations and prints the medians of the rest, computed from the
 engine's own Megatron-format log lines (the same FLOP count as Megatron-LM).
 
@@ -20,9 +20,9 @@ import statistics
 import subprocess
 import sys
 
-from hpcllm.training.planner import pad_vocab
-from hpcllm.training.segment import parse_log_lines
-from hpcllm.training.torch_engine import flops_per_iteration
+from hpcllm.models.planner import pad_vocab
+from hpcllm.training.engines.log_lines import parse_log_lines
+from hpcllm.training.engines.torch_engine import flops_per_iteration
 
 # Dense bf16 tensor-core peaks (TFLOP/s) of the SXM parts.
 PEAKS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "GH200": 989.0}
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     device, peak = gpu_peak()
     peak = args.peak_tflops or peak
     cmd = [
-        sys.executable, "-m", "hpcllm.training.torch_engine",
+        sys.executable, "-m", "hpcllm.training.engines.torch_engine",
         "--num-layers", str(args.layers), "--hidden-size", str(args.hidden),
         "--num-attention-heads", str(args.heads), "--seq-length", str(args.seq),
         "--micro-batch-size", str(args.micro_batch),

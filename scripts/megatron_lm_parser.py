@@ -35,7 +35,7 @@ unpack it with ``git archive <commit> | tar -x -C DIR``):
   model:  read {"without": [module, ...], "cases": [...]} from stdin. For each case:
           ``parse_args``/``validate_args`` of the full command line at its world size
           and its ``core_transformer_config_from_args`` (the config checks at the real
-          sizes); then the command line scaled down (hpcllm.training.megatron_model's
+          sizes); then the command line scaled down (hpcllm.training.engines.megatron_model's
           ``TINY``: 2 layers, hidden size 64, 32 tokens, one process, TP = PP = 1,
           ``--use-cpu-initialization``, gloo; every other flag as generated) through
           the same, its tokenizer, ``gpt_config_from_args`` and ``GPTModelBuilder``
@@ -48,7 +48,7 @@ unpack it with ``git archive <commit> | tar -x -C DIR``):
           counts as present, as in the NVIDIA image). Prints per case the error or
           "model": "built" with the parameter count and loss, the TransformerConfig
           fields that differ from the dataclass's defaults, and "differ": the fields
-          where hpcllm.training.megatron_model's derivation (what the CPU test builds
+          where hpcllm.training.engines.megatron_model's derivation (what the CPU test builds
           without Megatron-LM) differs from Megatron-LM's.
 
 Stubbed, because they cannot exist here (and for ``model``, the forward pass's CUDA
@@ -294,7 +294,7 @@ def build_tiny_model(args, sequence_parallel: bool, argv: list[str]) -> dict:
     from megatron.training import global_vars
     from megatron.training.arguments import core_transformer_config_from_args
 
-    from hpcllm.training.megatron_model import materialize, transformer_config_kwargs
+    from hpcllm.training.engines.megatron_model import materialize, transformer_config_kwargs
 
     global_vars._build_tokenizer(args)  # sets padded_vocab_size
     config = core_transformer_config_from_args(args)
@@ -322,7 +322,7 @@ def _tiny_model_forward_backward(args, config) -> dict:
     from megatron.training.argument_utils import gpt_config_from_args
     from megatron.training.models.gpt import GPTModelBuilder
 
-    from hpcllm.training.megatron_model import cuda_is_the_cpu
+    from hpcllm.training.engines.megatron_model import cuda_is_the_cpu
 
     model_config = gpt_config_from_args(args, config)
     model_config.finalize()
@@ -358,7 +358,7 @@ def model(request: dict) -> list[dict]:
     """The scaled-down model of each case (see the module's docstring)."""
     import torch.distributed as dist
 
-    from hpcllm.training.megatron_model import block_imports, tiny_argv
+    from hpcllm.training.engines.megatron_model import block_imports, tiny_argv
 
     block_imports(request.get("without", []))
     arguments = megatron_arguments()

@@ -85,7 +85,7 @@ def test_a_segment_reports_its_iterations_from_the_engine_log(tmp_path, monkeypa
     """While the engine runs, the segment reads the iterations it logged since its
     start (a half-written last line waits) and reports them of the segment's total."""
     import hpcllm.progress
-    from hpcllm.training.segment import iteration_progress
+    from hpcllm.training.campaign.segment import iteration_progress
 
     def line(i):
         return f" iteration {i:8d}/{90:8d} | consumed samples: {8 * i:12d} | lm loss: 5.0E+00 |\n"

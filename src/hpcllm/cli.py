@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-d", "--directory", default=".", help="the workflow's working directory")
     args = parser.parse_args(argv)
     if args.command == "retry-training":
-        from hpcllm.training.chain import describe_stop, retry_training
+        from hpcllm.training.campaign.chain import describe_stop, retry_training
 
         stop = retry_training(args.directory, args.experiment)
         if stop is None:
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         return 0
     if args.command == "cancel-training":
-        from hpcllm.training.chain import ChainError, cancel_training
+        from hpcllm.training.campaign.chain import ChainError, cancel_training
 
         try:
             cancelled = cancel_training(args.directory, args.experiment)
@@ -95,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.experiment}: no job of its chain is in Slurm; nothing to cancel")
         return 0
     if args.command == "restart-training":
-        from hpcllm.training.lease import LeaseHeld
-        from hpcllm.training.restart import restart_training
+        from hpcllm.training.campaign.restart import restart_training
+        from hpcllm.training.checkpoints.lease import LeaseHeld
 
         try:
             moved = restart_training(args.directory, args.experiment)
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         return 0
     if args.command == "status":
-        from hpcllm.training.status import RunFileMissing, campaign_status
+        from hpcllm.training.campaign.status import RunFileMissing, campaign_status
 
         try:
             print(campaign_status(args.directory, args.configfile, args.profile))

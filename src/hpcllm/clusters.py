@@ -110,7 +110,7 @@ SCHEMA: dict[str, Any] = {
             "properties": {"gpu_hours_per_node_hour": {"type": "number", "exclusiveMinimum": 0}},
         },
         # Whether compute nodes may call sbatch, scontrol requeue and scancel, where it was
-        # checked by hand (the site probe's answer wins: hpcllm.training.chain_site).
+        # checked by hand (the site probe's answer wins: hpcllm.training.campaign.chain_site).
         "slurm_from_compute_nodes": {"type": "boolean"},
         "container_runtime": {"enum": ["apptainer", "singularity", "none"]},
         "container_build": {
@@ -707,4 +707,22 @@ def check_configfile_cluster(
         f"`config: cluster:` wins over a --configfile: the plan would be made for "
         f"{found.cluster}. Use --profile profiles/{cluster} to run on {cluster}, or remove "
         f"`cluster: {cluster}` from {file} to run on {found.cluster}."
+    )
+
+
+def variable_in_path(key: str, value: str | None) -> str | None:
+    """Why a path that names an environment variable cannot be used, or None.
+
+    Snakemake takes such a path literally (a file named ``$SCRATCH/...`` that never
+    exists), while the job's launch script would expand it: the two would disagree.
+    """
+    if not isinstance(value, str):
+        return None
+    match = VARIABLE.search(value)
+    if match is None:
+        return None
+    return (
+        f"{key}: '{value}' names the environment variable {match.group(0)}, which the "
+        "workflow does not expand (only the job's launch script would): write the path "
+        "out, e.g. with the variable's value"
     )

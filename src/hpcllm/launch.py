@@ -344,3 +344,13 @@ def bind_rank_to_gpu_cores(cluster: Cluster, command: Sequence[str]) -> list[str
     first = Path(command[0]).name
     python = command[0] if first.startswith("python") else "python3"
     return [python, "-c", _BIND_CODE, ",".join(cluster.gpu_cpu_masks), *command]
+
+
+def clean_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The submitter's environment without the SLURM_*/SBATCH_* of a job it runs in (sbatch
+    and srun read some of them as options); SLURM_CONF stays."""
+    return {
+        k: v
+        for k, v in environ.items()
+        if not (k.startswith(("SLURM_", "SBATCH_", "SRUN_")) and k != "SLURM_CONF")
+    }

@@ -3,7 +3,7 @@
 An uncaught error is logged with its traceback. On the terminal (Snakemake's, or a Slurm
 job's output) the package's own errors (bad input, a refused segment) and a full disk
 show their message only: they are not bugs, and the summary at the end of a failed run
-repeats the message (``hpcllm.failures``); any other error keeps its traceback there.
+repeats the message (``hpcllm.failures.summary``); any other error keeps its traceback there.
 """
 
 from __future__ import annotations

@@ -254,7 +254,7 @@ def write_page(path: str | Path, text: str) -> None:
 
 def experiment_view(workdir: Path, name: str, prepared, loss_png: Path | None) -> ExperimentView:
     """The status of an experiment as ``hpcllm status`` computes it (no Slurm query)."""
-    from hpcllm.training.status import experiment_status
+    from hpcllm.training.campaign.status import experiment_status
 
     s = experiment_status(workdir, name, prepared, jobs=[])
     status = {

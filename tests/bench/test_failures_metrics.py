@@ -4,8 +4,8 @@ from pathlib import Path
 import pytest
 
 from hpcllm.bench import metrics
-from hpcllm.bench.failures import classify_log, classify_text
 from hpcllm.bench.logparse import Iteration, parse_megatron_log
+from hpcllm.failures.classify import classify_log, classify_text
 
 DATA = Path(__file__).parent / "data"
 

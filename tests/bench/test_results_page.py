@@ -110,8 +110,8 @@ def test_the_experiment_view_knows_whether_it_trained(workdir):
 
     from hpcllm.clusters import load_cluster
     from hpcllm.results_page import experiment_view
-    from hpcllm.training.segment import prepare_experiment
-    from hpcllm.training.status import load_config
+    from hpcllm.training.campaign.status import load_config
+    from hpcllm.training.plan.experiment import prepare_experiment
 
     config = load_config(workdir, [str(EXAMPLES)], "profiles/local")
     prepared = prepare_experiment(

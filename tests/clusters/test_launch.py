@@ -397,7 +397,8 @@ def test_megatron_command_of_a_language_benchmark_point_is_pinned():
 def test_megatron_command_of_a_training_segment_is_pinned():
     import yaml
 
-    from hpcllm.training.segment import Paths, engine_command, prepare_experiment
+    from hpcllm.training.engines.command import engine_command
+    from hpcllm.training.plan.experiment import Paths, prepare_experiment
 
     spec = yaml.safe_load((REPO / "config/experiments/opengptx_800m.yaml").read_text())
     # over the examples' tokenizer, as tests/data/opengptx_on_samples.yaml plans it
@@ -463,7 +464,8 @@ def test_torch_engine_segment_in_a_container_runs_the_images_python_on_the_check
     from snakemake.utils import validate
 
     from hpcllm.launch import package_in_container, python_for
-    from hpcllm.training.segment import Paths, engine_command, prepare_experiment
+    from hpcllm.training.engines.command import engine_command
+    from hpcllm.training.plan.experiment import Paths, prepare_experiment
 
     config = yaml.safe_load((REPO / "config/examples/local.yaml").read_text())
     for section in ("text", "training"):  # the schema's defaults, as the workflow fills them
@@ -485,10 +487,12 @@ def test_torch_engine_segment_in_a_container_runs_the_images_python_on_the_check
         None,
         python=python_for(image),
     )
-    assert command[:3] == ["python", "-m", "hpcllm.training.torch_engine"]
+    assert command[:3] == ["python", "-m", "hpcllm.training.engines.torch_engine"]
     binds, env = package_in_container(image)
     assert binds == [env["PYTHONPATH"]]
-    assert (Path(env["PYTHONPATH"]) / "hpcllm" / "training" / "torch_engine.py").is_file()
+    assert (
+        Path(env["PYTHONPATH"]) / "hpcllm" / "training" / "engines" / "torch_engine.py"
+    ).is_file()
     launch = build_launch(
         load_cluster("juwels", ROOT),
         nodes=1,

@@ -405,7 +405,7 @@ def submit_command(rule: str, resources: dict) -> str:
 def test_sbatch_line_of_the_gpu_rules(name, dry_runs):
     """The Slurm plugin's own submit string for every GPU job the dry run plans, from the
     resources the workflow and the profile give it (nothing copied into this test)."""
-    from hpcllm.training.chain import sbatch_geometry
+    from hpcllm.training.campaign.chain import sbatch_geometry
 
     cfg = profile(name)
     cluster = load_cluster(name, REPO / "config" / "clusters", environ=USER_ENV)
@@ -500,13 +500,10 @@ def the_jobs_launch(rule: str, fields: dict[str, str], cluster, tmp_path):
     from hpcllm.bench.runner import vision_launch
     from hpcllm.bench.sweeps import expand_all, facts_of
     from hpcllm.launch import python_for
-    from hpcllm.training.megatron_args import transformer_impl_for
-    from hpcllm.training.segment import (
-        Paths,
-        engine_command,
-        prepare_experiment,
-        segment_launch,
-    )
+    from hpcllm.models.megatron_args import transformer_impl_for
+    from hpcllm.training.campaign.engine_process import segment_launch
+    from hpcllm.training.engines.command import engine_command
+    from hpcllm.training.plan.experiment import Paths, prepare_experiment
 
     wildcards = dict(item.split("=", 1) for item in fields["wildcards"].split(", "))
     (container,) = [f for f in fields["input"].split(", ") if f.endswith(".sif")]
@@ -557,7 +554,7 @@ def test_site_geometry_of_every_gpu_job(name, dry_runs, tmp_path):
     binding, OMP_NUM_THREADS = cores per GPU, the Hugging Face offline variables, and
     Megatron without the fusions that need Transformer Engine where it is missing."""
     from hpcllm.clusters import OFFLINE_ENV
-    from hpcllm.training.megatron_args import transformer_impl_for
+    from hpcllm.models.megatron_args import transformer_impl_for
 
     cluster = load_cluster(name, REPO / "config" / "clusters", environ=USER_ENV)
     gpus = cluster.gpus_per_node

@@ -28,7 +28,7 @@ from hpcllm.containers import (
     missing_index,
     requirement_lines,
 )
-from hpcllm.training.megatron_args import MEGATRON_LM_COMMIT
+from hpcllm.models.megatron_args import MEGATRON_LM_COMMIT
 
 ROOT = REPO / "config" / "clusters"
 MN5_ENV = {

@@ -12,9 +12,9 @@ import pytest
 
 from hpcllm.bench.energy import log_energy, wh_per_million_tokens
 from hpcllm.bench.logparse import parse_iteration_line
-from hpcllm.training import status
-from hpcllm.training.segment import parse_log_lines
-from hpcllm.training.torch_engine import log_line
+from hpcllm.training.campaign import status
+from hpcllm.training.engines.log_lines import parse_log_lines
+from hpcllm.training.engines.torch_engine import log_line
 
 ARGS = argparse.Namespace(train_iters=30, global_batch_size=8)
 

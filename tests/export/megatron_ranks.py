@@ -30,7 +30,7 @@ def main() -> None:
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    from hpcllm.training.megatron_model import cuda_is_the_cpu, materialize
+    from hpcllm.training.engines.megatron_model import cuda_is_the_cpu, materialize
 
     tp, pp = request["tp"], request["pp"]
     parallel_state.initialize_model_parallel(tp, pp)

@@ -31,9 +31,9 @@ from test_export_torch import EOD, gpt2_tokenizer
 from training.megatron_cases import training_cases, transformer_impl
 
 from hpcllm.export.folder import export
-from hpcllm.training.megatron_model import transformer_config_kwargs
-from hpcllm.training.presets import PRESETS
-from hpcllm.training.settings import write_settings
+from hpcllm.models.presets import PRESETS
+from hpcllm.training.engines.megatron_model import transformer_config_kwargs
+from hpcllm.training.plan.settings import write_settings
 
 TOLERANCE = 1e-5
 TP, PP = 2, 2

@@ -15,16 +15,16 @@ import torch
 
 from hpcllm.export.convert import ExportError
 from hpcllm.export.folder import export, settings_hash
-from hpcllm.training import checkpoints
-from hpcllm.training.planner import pad_vocab
-from hpcllm.training.settings import write_settings
-from hpcllm.training.torch_engine import (
+from hpcllm.models.planner import pad_vocab
+from hpcllm.training.checkpoints import tracker as checkpoints
+from hpcllm.training.engines.torch_engine import (
     build_model,
     init_distributed,
     load_checkpoint,
     parser,
     train,
 )
+from hpcllm.training.plan.settings import write_settings
 
 TOLERANCE = 1e-5
 EOD = "<|endoftext|>"
@@ -93,7 +93,7 @@ def test_torch_engine_export_gives_the_engines_logits(tmp_path, position):
                   tokenizer, EOD, out)  # fmt: skip
 
     # The source: the engine's model, resumed by the engine's own loader.
-    from hpcllm.training.torch_engine import vocabulary
+    from hpcllm.training.engines.torch_engine import vocabulary
 
     source = build_model(args, pad_vocab(vocabulary(args)[0], 1, args.make_vocab_size_divisible_by))
     params = list(source.parameters())  # the engine's two groups: with and without decay

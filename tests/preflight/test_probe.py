@@ -239,7 +239,7 @@ def test_every_module_the_probe_checks_is_installed_in_the_images():
 @pytest.mark.parametrize("refused", [None, "sbatch", "scancel"])
 def test_slurm_from_the_node_is_an_answer_not_a_failure(tmp_path, monkeypatch, refused):
     """A node that refuses sbatch or scancel passes the check: the record's answer makes
-    a chain submitted up front (hpcllm.training.chain_site), not a failed probe."""
+    a chain submitted up front (hpcllm.training.campaign.chain_site), not a failed probe."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, answer in (("sbatch", "echo 81"), ("scontrol", "echo 'pending execution'"),

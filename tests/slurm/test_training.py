@@ -84,7 +84,7 @@ def engine_processes(cluster) -> dict[str, str]:
         except OSError:  # gone meanwhile
             continue
         # torchrun's workers carry their RANK; torchrun itself (same argv tail) does not.
-        if b"hpcllm.training.torch_engine" in cmdline and "RANK" in env:
+        if b"hpcllm.training.engines.torch_engine" in cmdline and "RANK" in env:
             found[env.get("SLURMD_NODENAME", "?")] = env["RANK"]
     return found
 
@@ -445,7 +445,7 @@ def test_a_signal_during_start_up_or_training_ends_cleanly_and_attempts_follow(
         )
 
 
-# ---- the chain: a campaign Slurm carries without a controller (hpcllm.training.chain)
+# ---- the chain: a campaign Slurm carries without a controller (hpcllm.training.campaign.chain)
 
 
 def chain_campaign(work: Path, cluster, monkeypatch, *configs: Path, requeue: bool = False):
@@ -456,9 +456,9 @@ def chain_campaign(work: Path, cluster, monkeypatch, *configs: Path, requeue: bo
     from types import SimpleNamespace
 
     from hpcllm.clusters import load_cluster
-    from hpcllm.training.chain import Campaign, sbatch_geometry
-    from hpcllm.training.segment import prepare_experiment
-    from hpcllm.training.status import load_config
+    from hpcllm.training.campaign.chain import Campaign, sbatch_geometry
+    from hpcllm.training.campaign.status import load_config
+    from hpcllm.training.plan.experiment import prepare_experiment
 
     monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
     monkeypatch.chdir(work)
@@ -518,7 +518,7 @@ def test_a_chain_trains_every_segment_with_no_controller_alive(
     Never more than two jobs of the chain in Slurm; bitwise equal to the same campaign
     trained without a chain. The workflow run afterwards (a controller started again once
     the campaign finished) submits no training job and draws the loss curve."""
-    from hpcllm.training import chain
+    from hpcllm.training.campaign import chain
 
     work = training_workdir(text_data, tmp_path / "work")
     three = three_segments(work)
@@ -579,7 +579,7 @@ def test_a_deterministic_failure_in_segment_2_stops_the_chain(
     """Three segments; segment 2's data file is removed after segment 1 committed (its job
     held until then): segment 2 fails for good (the data check's class), its job cancels
     its successor, and segment 3 never starts; the stop names the class and the job id."""
-    from hpcllm.training import chain
+    from hpcllm.training.campaign import chain
 
     work = training_workdir(text_data, tmp_path / "work")
     short = three_segments(work)
@@ -624,7 +624,7 @@ def test_a_deterministic_failure_in_segment_2_stops_the_chain(
     assert states[third]["state"] == "CANCELLED" and not states[third]["nodes"], states
     assert not (work / f"logs/train_segment/{EXPERIMENT}/seg3.attempts.json").exists()
     assert not (work / f"results/train/{EXPERIMENT}/seg2.json").exists()
-    from hpcllm.training.status import campaign_status
+    from hpcllm.training.campaign.status import campaign_status
 
     shown = campaign_status(work, [str(EXAMPLES), str(CONFIG), str(short)], "profiles/testcluster")
     failure = stop["failure"]
@@ -673,7 +673,7 @@ def test_a_requeued_chain_job_submits_no_second_successor(
     submitted is in Slurm) and trains segment 2; the successor, released as soon as job 1
     is requeued, waits for it (`singleton`) instead of running beside it into the lease,
     and is cancelled once the campaign is complete: no fork, no stop."""
-    from hpcllm.training import chain
+    from hpcllm.training.campaign import chain
 
     work = training_workdir(text_data, tmp_path / "work")
     two = work / "two.yaml"
@@ -809,7 +809,7 @@ def test_a_chained_campaign_outlives_its_controller_and_the_rerun_reattaches(
     slow machine), the same command submits no training job: it says what it found
     (segments 1-2 committed, segment 3's job pending), waits for segment 3 and draws the
     loss curve. Bitwise equal to the same campaign trained without a chain."""
-    from hpcllm.training import chain
+    from hpcllm.training.campaign import chain
 
     work = training_workdir(text_data, tmp_path / "work")
     chained = work / "chained.yaml"
@@ -908,7 +908,7 @@ def test_where_compute_nodes_may_not_submit_the_chain_is_submitted_up_front(
     Slurm trains segments 2 and 3, no job calls what the site refuses, and the two spare
     jobs end within seconds. The same command run again submits nothing, writes the
     records and draws the loss curve. Bitwise equal to the campaign without a chain."""
-    from hpcllm.training import chain
+    from hpcllm.training.campaign import chain
 
     work = training_workdir(text_data, tmp_path / "work")
     # the site's own facts: compute nodes may not call sbatch

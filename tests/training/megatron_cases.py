@@ -14,13 +14,13 @@ from support import REPO
 from hpcllm.bench.language import PRETRAIN_GPT, language_launch
 from hpcllm.bench.sweeps import expand_all, facts_of
 from hpcllm.clusters import known_clusters, load_cluster
+from hpcllm.models.megatron_args import MEGATRON_ENV, transformer_impl_for
+from hpcllm.models.planner import PlanError, check_layout
+from hpcllm.models.presets import PRESETS, resolve_experiment
 from hpcllm.text.tokenizer_train import hf_tokenizer_config
-from hpcllm.training.data import Blend
-from hpcllm.training.megatron_args import MEGATRON_ENV, transformer_impl_for
-from hpcllm.training.planner import PlanError, check_layout
-from hpcllm.training.presets import PRESETS, resolve_experiment
-from hpcllm.training.segment import Paths
-from hpcllm.training.segment import engine_command as segment_command
+from hpcllm.training.engines.command import engine_command as segment_command
+from hpcllm.training.plan.data import Blend
+from hpcllm.training.plan.experiment import Paths
 
 CLUSTERS = REPO / "config" / "clusters"
 # What an experiment adds to its preset (the schema's required keys and defaults).

@@ -12,16 +12,17 @@ import time
 import pytest
 from support import hang_guard
 
-from hpcllm.bench.failures import classify_text, is_transient
-from hpcllm.training import attempts, lease
-from hpcllm.training.megatron_args import MegatronArgsError
-from hpcllm.training.segment import (
+from hpcllm.failures.classify import classify_text, is_transient
+from hpcllm.models.megatron_args import MegatronArgsError
+from hpcllm.training.campaign import attempts
+from hpcllm.training.campaign.segment import (
     exit_duration,
     parse_slurm_time,
     remaining_job_seconds,
     segment_failure,
     warn_early_signal,
 )
+from hpcllm.training.checkpoints import lease
 
 # ---------------------------------------------------------------- failure classes
 

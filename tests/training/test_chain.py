@@ -14,7 +14,7 @@ import pytest
 from support import EXAMPLES
 
 from hpcllm import cli
-from hpcllm.training import chain, status
+from hpcllm.training.campaign import chain, status
 
 
 def test_the_segment_jobs_sbatch_options_are_the_plugins_for_the_rules_resources():
@@ -304,7 +304,7 @@ def test_a_held_lease_does_not_stop_the_chain_for_good(tmp_path, monkeypatch, ho
     after a requeue): it trains nothing, writes no stop, and its successor waits for 57.
     Outside the chain (a plugin job): the chain stops with ``lease_held``, which the next
     run submits anew; never ``error``, which would need `hpcllm retry-training`."""
-    from hpcllm.training import lease
+    from hpcllm.training.checkpoints import lease
 
     monkeypatch.chdir(tmp_path)
     lines = "57|RUNNING|(null)|None\\n61|RUNNING|(null)|None\\n" if holder_in_chain else ""

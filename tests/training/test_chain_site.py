@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from hpcllm.clusters import load_cluster
-from hpcllm.training.chain_site import (
+from hpcllm.training.campaign.chain_site import (
     SiteAnswer,
     chained,
     plan_note,

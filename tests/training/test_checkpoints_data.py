@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcllm.training import checkpoints
-from hpcllm.training.checkpoints import CheckpointError
-from hpcllm.training.data import Blend, DataError, check_splits, split_document_counts
+from hpcllm.training.checkpoints import tracker as checkpoints
+from hpcllm.training.checkpoints.tracker import CheckpointError
+from hpcllm.training.plan.data import Blend, DataError, check_splits, split_document_counts
 
 
 def test_fresh_directory_starts_from_scratch(tmp_path):
@@ -106,7 +106,7 @@ def test_megatron_samples_span_documents(data_prefixes, vocab_file, tmp_path):
     """seq_length + 1 tokens per sample, labels shifted by one, from the real files."""
     import torch.distributed as dist
 
-    from hpcllm.training.data import build_datasets
+    from hpcllm.training.plan.data import build_datasets
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:

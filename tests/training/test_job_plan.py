@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from hpcllm.clusters import load_cluster
-from hpcllm.training.job_plan import segment_job
-from hpcllm.training.planner import PlanError, pad_vocab
-from hpcllm.training.segment import prepare_experiment
+from hpcllm.models.planner import PlanError, pad_vocab
+from hpcllm.training.plan.experiment import prepare_experiment
+from hpcllm.training.plan.job_plan import segment_job
 
 REPO = Path(__file__).resolve().parents[2]
 TEXT = {
@@ -168,8 +168,8 @@ def test_megatron_memory_is_planned_as_it_runs_without_transformer_engine():
 def test_a_layout_that_fits_only_with_transformer_engine_is_refused_without_it():
     """Micro batch 32 on LUMI: about 46 GB per GCD with sequence parallelism and flash
     attention (under 90% of 64), about 100 GB as Megatron runs it there."""
-    from hpcllm.training.planner import check_layout, estimate_memory
-    from hpcllm.training.presets import resolve_experiment
+    from hpcllm.models.planner import check_layout, estimate_memory
+    from hpcllm.models.presets import resolve_experiment
 
     exp = opengptx(procs_per_node=8)
     exp["batch"] = {"micro": 32, "global": 512}

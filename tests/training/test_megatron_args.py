@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 from support import REPO
 
-from hpcllm.training.megatron_args import (
+from hpcllm.models.megatron_args import (
     MEGATRON_LM_COMMIT,
     MegatronArgsError,
     exit_duration_minutes,
     pretrain_gpt_args,
 )
-from hpcllm.training.planner import check_layout
-from hpcllm.training.presets import PRESETS, resolve_experiment
+from hpcllm.models.planner import check_layout
+from hpcllm.models.presets import PRESETS, resolve_experiment
 
 GPUS = {"tiny": 1, "gpt3_860m": 1, "gpt3_175b": 1024, "gpt_13b6": 160}
 
@@ -135,7 +135,7 @@ def test_tokenizer_folder_is_read_offline_by_huggingface_tokenizer():
 def test_amd_gpus_run_without_transformer_engine():
     from types import SimpleNamespace
 
-    from hpcllm.training.megatron_args import transformer_impl_for
+    from hpcllm.models.megatron_args import transformer_impl_for
 
     amd = SimpleNamespace(gpu=SimpleNamespace(vendor="amd"))
     nvidia = SimpleNamespace(gpu=SimpleNamespace(vendor="nvidia"))
@@ -164,7 +164,7 @@ def test_unknown_commit_is_refused():
 
 
 def test_container_recipe_must_build_the_pinned_commit():
-    from hpcllm.training.megatron_args import container_commit_mismatch
+    from hpcllm.models.megatron_args import container_commit_mismatch
 
     label = f"%labels\n    org.hpcllm.megatron-commit {MEGATRON_LM_COMMIT}\n"
     ok = f"%post\n    MEGATRON_COMMIT={MEGATRON_LM_COMMIT}\n{label}"
@@ -177,7 +177,7 @@ def test_container_recipe_must_build_the_pinned_commit():
 
 
 def test_shipped_container_recipes_build_the_pinned_commit():
-    from hpcllm.training.megatron_args import container_commit_mismatch
+    from hpcllm.models.megatron_args import container_commit_mismatch
 
     for name in ("megatron-nvidia.def", "megatron-rocm.def"):
         path = REPO / "envs" / name

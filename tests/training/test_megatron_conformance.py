@@ -30,16 +30,16 @@ from megatron_cases import CLUSTERS, bench_cases, training_cases, transformer_im
 from support import REPO, hang_guard
 
 from hpcllm.clusters import load_cluster
-from hpcllm.training.megatron_args import (
+from hpcllm.models.megatron_args import (
     CPU_MEGATRON_CORE,
     MEGATRON_ENV,
     MEGATRON_LM_COMMIT,
     MEGATRON_LM_RELEASE,
 )
-from hpcllm.training.megatron_model import IMAGE_LACKS
-from hpcllm.training.presets import PRESETS
-from hpcllm.training.segment import Paths
-from hpcllm.training.segment import engine_command as segment_command
+from hpcllm.models.presets import PRESETS
+from hpcllm.training.engines.command import engine_command as segment_command
+from hpcllm.training.engines.megatron_model import IMAGE_LACKS
+from hpcllm.training.plan.experiment import Paths
 
 MEGATRON_LM_DIR = os.environ.get("MEGATRON_LM_DIR")
 pytestmark = pytest.mark.skipif(
@@ -115,8 +115,8 @@ def test_megatron_builds_every_command_lines_model_in_its_image(tmp_path, impl):
     failed = [f"{r['name']}: {r['error']}" for r in results if not r["ok"]]
     assert not failed, f"{len(failed)} of {len(results)} failed:\n" + "\n".join(failed[:20])
     differ = [f"{r['name']}: {r['differ']}" for r in results if r["differ"]]
-    assert not differ, "hpcllm.training.megatron_model derives another config:\n" + "\n".join(
-        differ[:20]
+    assert not differ, (
+        "hpcllm.training.engines.megatron_model derives another config:\n" + "\n".join(differ[:20])
     )
     built = sum(r["model"] == "built" for r in results)
     if impl == "local":  # Megatron's own layers: every model is built here
@@ -130,8 +130,8 @@ def test_megatron_loads_the_index_cache_that_the_cpu_rule_built(text_workdir, mo
     equals ours), so the GPU job only loads them."""
     from snakemake.utils import validate
 
-    from hpcllm.training.cache import build_index_cache
-    from hpcllm.training.segment import prepare_experiment
+    from hpcllm.training.engines.cache import build_index_cache
+    from hpcllm.training.plan.experiment import prepare_experiment
 
     config = yaml.safe_load((REPO / "config/examples/local.yaml").read_text())
     for section in ("text", "training"):  # the schema's defaults, as the workflow fills them
@@ -153,7 +153,7 @@ def test_megatron_loads_the_index_cache_that_the_cpu_rule_built(text_workdir, mo
     case = {"argv": argv[2:], "world_size": prepared.layout.gpus, "env": MEGATRON_ENV}
     result = run_parser("datasets", case)
     # across versions: the workflow's Megatron Core built it, the images' release loads it
-    # (hpcllm.training.megatron_args.CPU_MEGATRON_CORE says why they differ)
+    # (hpcllm.models.megatron_args.CPU_MEGATRON_CORE says why they differ)
     assert record["megatron_core"].startswith(f"{CPU_MEGATRON_CORE}.")
     assert result["megatron_core"].startswith(MEGATRON_LM_RELEASE.removeprefix("core_v")[:4])
     assert result["samples"] == [record["samples"][k] for k in ("train", "valid", "test")]
@@ -178,8 +178,8 @@ def test_megatron_reads_a_given_unigram_tokenizer_json_and_its_index_cache(tmp_p
     from hpcllm.text.indexed_dataset import IndexedDatasetWriter
     from hpcllm.text.tokenization import read_texts
     from hpcllm.text.tokenizers_config import write_hf_folder
-    from hpcllm.training.cache import build_index_cache
-    from hpcllm.training.segment import prepare_experiment
+    from hpcllm.training.engines.cache import build_index_cache
+    from hpcllm.training.plan.experiment import prepare_experiment
 
     texts = [t for b in read_texts(REPO / "resources/sample_text/en.jsonl.zst", 1 << 20) for t in b]
     tok = Tokenizer(models.Unigram())

@@ -3,7 +3,7 @@ CPU with Megatron Core from the package index, in an image without Transformer E
 and apex (LUMI's ROCm image): a fusion left on that needs them fails here, as it would
 at start-up on the cluster ("apply_rope_fusion is not available").
 
-hpcllm.training.megatron_model derives the TransformerConfig as the pinned Megatron-LM
+hpcllm.training.engines.megatron_model derives the TransformerConfig as the pinned Megatron-LM
 does (test_megatron_conformance.py checks that derivation against Megatron-LM's own
 where a Megatron-LM tree is at hand); the model is scaled down (2 layers, hidden size 64)
 and runs one micro-batch forward and backward, in a subprocess that cannot import what
@@ -20,8 +20,8 @@ import pytest
 from megatron_cases import bench_cases, training_cases, transformer_impl
 from support import hang_guard
 
-from hpcllm.training.megatron_args import FLAGS, MEGATRON_LM_COMMIT
-from hpcllm.training.megatron_model import (
+from hpcllm.models.megatron_args import FLAGS, MEGATRON_LM_COMMIT
+from hpcllm.training.engines.megatron_model import (
     CONFIG_EFFECT,
     IMAGE_LACKS,
     model_kwargs,
@@ -42,7 +42,7 @@ NEEDED = {
 def check_models(cases: list[dict]) -> list[dict]:
     request = {"without": list(IMAGE_LACKS["local"]), "cases": cases}
     done = subprocess.run(
-        [sys.executable, "-m", "hpcllm.training.megatron_model"],
+        [sys.executable, "-m", "hpcllm.training.engines.megatron_model"],
         input=json.dumps(request),
         capture_output=True,
         text=True,

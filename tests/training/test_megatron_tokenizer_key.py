@@ -17,8 +17,8 @@ import yaml
 from support import REPO, megatron_hf_tokenizer
 
 from hpcllm.text.tokenizer_train import train_bpe
-from hpcllm.training.cache import MegatronTokenizerKey
-from hpcllm.training.segment import megatron_tokenizer_model
+from hpcllm.training.engines.cache import MegatronTokenizerKey
+from hpcllm.training.engines.command import megatron_tokenizer_model
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def test_without_an_eos_token_megatron_gets_the_gpt2_tokenizer(trained, tmp_path
 
 
 def test_a_given_tokenizer_that_would_need_the_hub_is_named_at_plan_time(trained, tmp_path):
-    from hpcllm.training.segment import hub_tokenizer_warning
+    from hpcllm.training.engines.command import hub_tokenizer_warning
 
     for name in ("vocab.json", "merges.txt"):
         (tmp_path / name).write_bytes((trained / name).read_bytes())
@@ -81,20 +81,23 @@ def test_the_key_was_verified_at_the_pinned_megatron_lm():
     """Megatron-LM's tokenizer identity changes between commits (at its newest commit
     when this was written: another class name and a use_gigatoken entry): a pin moved
     without re-verifying the key would make every GPU job rebuild the index silently."""
-    from hpcllm.training.cache import MEGATRON_TOKENIZER_KEY_VERIFIED, tokenizer_key_format_digest
-    from hpcllm.training.megatron_args import MEGATRON_LM_COMMIT
+    from hpcllm.models.megatron_args import MEGATRON_LM_COMMIT
+    from hpcllm.training.engines.cache import (
+        MEGATRON_TOKENIZER_KEY_VERIFIED,
+        tokenizer_key_format_digest,
+    )
 
     verified, digest = MEGATRON_TOKENIZER_KEY_VERIFIED
     now = (MEGATRON_LM_COMMIT, tokenizer_key_format_digest())
     assert (verified, digest) == now, (
-        f"hpcllm.training.cache.MegatronTokenizerKey was verified at Megatron-LM "
+        f"hpcllm.training.engines.cache.MegatronTokenizerKey was verified at Megatron-LM "
         f"{verified[:12]} (key format {digest}); now the pin is {MEGATRON_LM_COMMIT[:12]} and "
         f"the key format {now[1]}. Re-verify the key against the pinned Megatron-LM: "
         f"git -C Megatron-LM archive {MEGATRON_LM_COMMIT} | tar -x -C DIR; then "
         "MEGATRON_LM_DIR=DIR pytest tests/training/test_megatron_conformance.py -k index_cache "
         "(scripts/megatron_lm_parser.py datasets loads the cache prepare_data_cache built and "
         "must build nothing); change MegatronTokenizerKey until it passes, then record "
-        f"MEGATRON_TOKENIZER_KEY_VERIFIED = {now!r} in hpcllm/training/cache.py"
+        f"MEGATRON_TOKENIZER_KEY_VERIFIED = {now!r} in hpcllm/training/engines/cache.py"
     )
 
 
@@ -107,13 +110,13 @@ def test_the_cpu_steps_megatron_core_differs_from_the_images_only_while_it_must(
     import tomllib
     from megatron.core import package_info
 
-    from hpcllm.training.cache import built_with
-    from hpcllm.training.megatron_args import (
+    from hpcllm.models.megatron_args import (
         CPU_MEGATRON_CORE,
         MEGATRON_CORE_NEEDS_PYTHON,
         MEGATRON_LM_COMMIT,
         MEGATRON_LM_RELEASE,
     )
+    from hpcllm.training.engines.cache import built_with
 
     major, minor = map(int, CPU_MEGATRON_CORE.split("."))
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]

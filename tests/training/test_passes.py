@@ -9,8 +9,8 @@ import pytest
 from support import REPO, make_workdir, run_snakemake
 
 from hpcllm.text.indexed_dataset import IndexedDatasetWriter
-from hpcllm.training.data import Blend
-from hpcllm.training.passes import (
+from hpcllm.training.plan.data import Blend
+from hpcllm.training.plan.passes import (
     SourceTokens,
     TooManyPasses,
     check_passes,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hpcllm.training.planner import GB, PlanError, check_layout, estimate_memory, pad_vocab, plan
-from hpcllm.training.presets import PRESETS, PresetError, resolve_experiment
+from hpcllm.models.planner import GB, PlanError, check_layout, estimate_memory, pad_vocab, plan
+from hpcllm.models.presets import PRESETS, PresetError, resolve_experiment
 
 
 def experiment(preset: str, **layout) -> dict:

@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hpcllm.training import checkpoints
-from hpcllm.training.checkpoints import (
+from hpcllm.training.checkpoints import tracker as checkpoints
+from hpcllm.training.checkpoints.tracker import (
     begin_iteration_dir,
     finish_iteration_dir,
     iteration_dirs,
@@ -51,7 +51,7 @@ def test_a_kill_during_a_save_leaves_the_committed_checkpoint(tmp_path):
         save_checkpoint(save, it)
     code = (
         "import os, sys, time\n"
-        "from hpcllm.training.checkpoints import begin_iteration_dir\n"
+        "from hpcllm.training.checkpoints.tracker import begin_iteration_dir\n"
         "tmp = begin_iteration_dir(sys.argv[1], 6)\n"
         "open(tmp / 'partial.pt', 'wb').write(os.urandom(1 << 20))\n"
         "print('writing', flush=True)\n"

@@ -23,17 +23,14 @@ import torch
 from support import hang_guard
 
 from hpcllm.clusters import load_cluster
-from hpcllm.training import attempts, checkpoints, checksums
-from hpcllm.training.checkpoints import CheckpointError
-from hpcllm.training.data import Blend
-from hpcllm.training.segment import (
-    Paths,
-    SegmentIncomplete,
-    check_checksums,
-    prepare_experiment,
-    record_checksums,
-    run_segment,
-)
+from hpcllm.training.campaign import attempts
+from hpcllm.training.campaign.segment import SegmentIncomplete, run_segment
+from hpcllm.training.checkpoints import checksums
+from hpcllm.training.checkpoints import tracker as checkpoints
+from hpcllm.training.checkpoints.checksums import check_checksums, record_checksums
+from hpcllm.training.checkpoints.tracker import CheckpointError
+from hpcllm.training.plan.data import Blend
+from hpcllm.training.plan.experiment import Paths, prepare_experiment
 
 NAME = "safety"
 PER_SEGMENT, SAVE_EVERY = 30, 15  # a kill after iteration 31 lands 13 iterations before a save
@@ -179,7 +176,7 @@ def engine_pids(save: Path) -> list[int]:
             cmd = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else []
         except OSError:
             continue
-        if b"hpcllm.training.torch_engine" in cmd and str(save).encode() in cmd:
+        if b"hpcllm.training.engines.torch_engine" in cmd and str(save).encode() in cmd:
             pids.append(int(entry.name))
     return pids
 
@@ -231,7 +228,7 @@ def test_ctrl_c_to_the_segment_leaves_no_engine_behind(setup, tmp_path):
     code = (
         "import pickle, sys\n"
         "from hpcllm import logs\n"
-        "from hpcllm.training.segment import run_segment\n"
+        "from hpcllm.training.campaign.segment import run_segment\n"
         "logs.setup()\n"
         "run_segment(*pickle.loads(open(sys.argv[1], 'rb').read()))\n"
     )

@@ -1,4 +1,4 @@
-"""Change tracking of an experiment (hpcllm.training.settings), the warm-up refusal, and the
+"""Change tracking of an experiment (hpcllm.training.plan.settings), the warm-up refusal, and the
 failure details of a killed engine and a corrupt checkpoint."""
 
 from __future__ import annotations
@@ -11,17 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from hpcllm.bench.failures import killed_by_sigkill, oom_kill_count
 from hpcllm.bench.logparse import parse_megatron_log
 from hpcllm.clusters import load_cluster
-from hpcllm.training import lease
-from hpcllm.training.segment import (
-    checkpoint_problem,
-    parse_log_lines,
-    prepare_experiment,
-    segment_failure,
-)
-from hpcllm.training.settings import (
+from hpcllm.failures.classify import killed_by_sigkill, oom_kill_count
+from hpcllm.training.campaign.segment import checkpoint_problem, segment_failure
+from hpcllm.training.checkpoints import lease
+from hpcllm.training.engines.log_lines import parse_log_lines
+from hpcllm.training.plan.experiment import prepare_experiment
+from hpcllm.training.plan.settings import (
     SettingsChanged,
     check_checkpoint_settings,
     continuation_settings,
@@ -196,7 +193,7 @@ def test_restart_moves_the_checkpoints_aside_and_respects_a_live_writer(tmp_path
     (save / "latest_checkpointed_iteration.txt").write_text("2\n")
     # a live writer (another process, outside Slurm): refused, nothing moved
     writer = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from hpcllm.training import lease\n"
+        [sys.executable, "-c", "import sys, time; from hpcllm.training.checkpoints import lease\n"
          "with lease.held(sys.argv[1]):\n    print('held', flush=True); time.sleep(600)",
          str(save)],
         stdout=subprocess.PIPE, text=True,
@@ -283,7 +280,7 @@ def test_the_kernels_oom_record_is_read_from_the_jobs_cgroup(tmp_path, version):
 def test_a_corrupt_checkpoint_is_named():
     text = (
         "Traceback (most recent call last):\n  File ...\n"
-        "hpcllm.training.checkpoints.CheckpointError: checkpoints/x/iter_0000008/mp_rank_00/"
+        "hpcllm.training.checkpoints.tracker.CheckpointError: checkpoints/x/iter_0000008/mp_rank_00/"
         "model_optim_rng.pt: cannot be loaded, the file is corrupt or incomplete (...)\n"
     )
     found = checkpoint_problem(text, "checkpoints/x")
@@ -319,7 +316,7 @@ def test_a_log_cut_mid_number_is_truncated_and_its_last_line_not_an_iteration(tm
 
 
 def test_a_killed_attempts_cut_line_stays_on_its_own(tmp_path):
-    from hpcllm.training.segment import run_launch
+    from hpcllm.training.campaign.engine_process import run_launch
 
     log = tmp_path / "seg1.engine.log"
     log.write_text(LINE.format(it=1) + "\n" + LINE.format(it=2)[:60])  # killed mid-line

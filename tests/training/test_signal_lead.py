@@ -15,7 +15,7 @@ import time
 from support import REPO, hang_guard
 
 from hpcllm.clusters import load_cluster
-from hpcllm.training.segment import segment_launch, shutdown_timeout
+from hpcllm.training.campaign.engine_process import segment_launch, shutdown_timeout
 
 SAVE_SECONDS = 33  # longer than torchrun's default 30 s
 

@@ -17,7 +17,7 @@ import pytest
 from support import EXAMPLES
 from test_workflow_changes import NAME, _other_experiments, configure, planned, snakemake
 
-from hpcllm.training import status
+from hpcllm.training.campaign import status
 
 
 def campaign(work, reached: int, segments_done: int) -> None:
@@ -218,7 +218,7 @@ def test_a_restart_is_refused_while_a_segment_writes_and_moves_nothing(tmp_path)
     campaign(tmp_path, reached=12, segments_done=1)
     save = tmp_path / "checkpoints" / "tiny_local"
     writer = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from hpcllm.training import lease\n"
+        [sys.executable, "-c", "import sys, time; from hpcllm.training.checkpoints import lease\n"
          "with lease.held(sys.argv[1]):\n    print('held', flush=True); time.sleep(600)",
          str(save)],
         stdout=subprocess.PIPE, text=True,

@@ -30,7 +30,7 @@ from hpcllm.text.tokenizers_config import (
     tokenizer_for,
     write_hf_folder,
 )
-from hpcllm.training.cache import MegatronTokenizerKey
+from hpcllm.training.engines.cache import MegatronTokenizerKey
 
 EDGE = [
     "Größe, Straße; été, où? Ελληνικά, Русский, 日本語の文章",
@@ -192,7 +192,7 @@ def test_gpt2_files_beside_a_tokenizer_json_must_agree_with_it(tmp_path, tokeniz
     )
     # Megatron gets HuggingFaceTokenizer with that folder: no hub warning at plan time,
     # before tokenizer_folder has written it
-    from hpcllm.training.segment import hub_tokenizer_warning, megatron_tokenizer_model
+    from hpcllm.training.engines.command import hub_tokenizer_warning, megatron_tokenizer_model
 
     files = engine_files("given", cfg)
     assert megatron_tokenizer_model(files) == "data/tokenizers/given/hf"
@@ -223,8 +223,9 @@ def test_a_unigram_tokenizer_json_goes_through_the_workflow_and_trains(
     from snakemake.utils import validate
 
     from hpcllm.clusters import load_cluster
-    from hpcllm.training.cache import build_index_cache
-    from hpcllm.training.segment import Paths, engine_command, prepare_experiment
+    from hpcllm.training.engines.cache import build_index_cache
+    from hpcllm.training.engines.command import engine_command
+    from hpcllm.training.plan.experiment import Paths, prepare_experiment
 
     work = make_workdir(tmp_path / "work")
     path, eod_token = tokenizers_made["unigram"]

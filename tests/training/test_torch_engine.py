@@ -16,10 +16,10 @@ import torch
 import torch.distributed as dist
 from support import hang_guard
 
-from hpcllm.training import checkpoints
-from hpcllm.training.checkpoints import CheckpointError
-from hpcllm.training.data import DataError
-from hpcllm.training.torch_engine import main, parser, train
+from hpcllm.training.checkpoints import tracker as checkpoints
+from hpcllm.training.checkpoints.tracker import CheckpointError
+from hpcllm.training.engines.torch_engine import main, parser, train
+from hpcllm.training.plan.data import DataError
 
 ITERS = 12
 
@@ -108,7 +108,7 @@ def test_a_kill_between_saves_resumes_bitwise(tmp_path, data_prefixes, vocab_fil
     optimizer and every generator's state, with dropout drawing all along."""
     save = tmp_path / "ckpt"
     log = tmp_path / "engine.log"
-    argv = [sys.executable, "-m", "hpcllm.training.torch_engine"] + engine_argv(
+    argv = [sys.executable, "-m", "hpcllm.training.engines.torch_engine"] + engine_argv(
         save, data_prefixes, vocab_file, "--save-interval", "2"
     )
     with open(log, "w") as out:
@@ -145,7 +145,7 @@ def test_signal_saves_and_resume_is_exact(tmp_path, data_prefixes, vocab_file, l
     ends bitwise equal to the uninterrupted one."""
     save = tmp_path / "ckpt"
     log = tmp_path / "engine.log"
-    argv = [sys.executable, "-m", "hpcllm.training.torch_engine"] + engine_argv(
+    argv = [sys.executable, "-m", "hpcllm.training.engines.torch_engine"] + engine_argv(
         save, data_prefixes, vocab_file, "--train-iters", str(LONG)
     )
     with open(log, "w") as out:
@@ -175,7 +175,7 @@ def test_signal_during_start_up_ends_cleanly(tmp_path, data_prefixes, vocab_file
     run_in_process(engine_argv(save, data_prefixes, vocab_file, "--exit-interval", "2"))
     before = sorted(p.name for p in save.rglob("*"))
     log = tmp_path / "engine.log"
-    argv = [sys.executable, "-m", "hpcllm.training.torch_engine"] + engine_argv(
+    argv = [sys.executable, "-m", "hpcllm.training.engines.torch_engine"] + engine_argv(
         save, data_prefixes, vocab_file
     )
     with open(log, "w") as out:
@@ -204,7 +204,7 @@ def test_sigterm_ends_the_engine_without_the_signal_handler(tmp_path, data_prefi
     argv.remove("--exit-signal-handler")
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "hpcllm.training.torch_engine", *argv],
+            [sys.executable, "-m", "hpcllm.training.engines.torch_engine", *argv],
             stdout=out,
             stderr=subprocess.STDOUT,
         )
@@ -306,7 +306,7 @@ def test_a_cpus_small_throughput_keeps_its_digits_in_the_log_line():
     from types import SimpleNamespace
 
     from hpcllm.bench.logparse import parse_iteration_line
-    from hpcllm.training.torch_engine import log_line
+    from hpcllm.training.engines.torch_engine import log_line
 
     args = SimpleNamespace(train_iters=10, global_batch_size=8)
     line = log_line(3, args, 24, 120.0, 0.004123, 1e-3, 5.0, 1.0, throughput=True)

@@ -17,7 +17,7 @@ import yaml
 from support import EXAMPLES, hang_guard
 from training_helpers import run_snakemake, snakemake_cmd
 
-from hpcllm.training.segment import parse_log_lines
+from hpcllm.training.engines.log_lines import parse_log_lines
 
 pytestmark = pytest.mark.workflow
 
@@ -53,7 +53,11 @@ def engine_pids(workdir: Path, save: str) -> list[int]:
             cwd = os.readlink(entry / "cwd")
         except OSError:
             continue
-        if b"hpcllm.training.torch_engine" in cmd and save.encode() in cmd and cwd == str(workdir):
+        if (
+            b"hpcllm.training.engines.torch_engine" in cmd
+            and save.encode() in cmd
+            and cwd == str(workdir)
+        ):
             pids.append(int(entry.name))
     return pids
 
@@ -87,7 +91,7 @@ def test_failed_segment_reruns_alone_and_resumes(text_workdir):
         os.kill(pid, signal.SIGKILL)
     out = proc.communicate(timeout=hang_guard(10))[0].decode()  # fails: ~10 s quiet
     assert proc.returncode != 0, out
-    from hpcllm.training.checkpoints import latest_iteration
+    from hpcllm.training.checkpoints.tracker import latest_iteration
 
     newest = latest_iteration(save)
     assert 32 <= newest < 60 and newest % 2 == 0, newest
@@ -156,7 +160,7 @@ def test_a_signalled_segment_is_resubmitted_and_continues_by_itself(text_workdir
     assert "Build and save" not in text and "Load the GPTDataset train indices" in text
     cache = json.loads((work / "data/index_cache/again.json").read_text())
     assert cache["samples"]["train"] == 60 * 8 and cache["files"]
-    from hpcllm.training.checkpoints import iteration_dirs
+    from hpcllm.training.checkpoints.tracker import iteration_dirs
 
     # kept: the newest 2 committed (58, 60) and every 20th; the rest deleted by the segment
     assert iteration_dirs(work / "checkpoints/again") == [20, 40, 58, 60]

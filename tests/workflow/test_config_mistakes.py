@@ -12,7 +12,7 @@ from support import REPO, run_snakemake
 
 from hpcllm.clusters import load_cluster
 from hpcllm.text.tokenizers_config import missing_file_problem
-from hpcllm.training.segment import engine_problem
+from hpcllm.training.engines.command import engine_problem
 
 CLUSTERS = REPO / "config" / "clusters"
 

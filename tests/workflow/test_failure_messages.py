@@ -11,7 +11,7 @@ import textwrap
 import pytest
 from support import REPO, hang_guard, run_snakemake
 
-from hpcllm.failures import failed_jobs, failure_summary, reason_line, workflow_fix
+from hpcllm.failures.summary import failed_jobs, failure_summary, reason_line, workflow_fix
 
 SHARD = "data/tokenized/sample_bpe/sample_en/0001_text_document.bin"
 MERGED = "data/tokenized/sample_bpe/sample_en_text_document.bin"

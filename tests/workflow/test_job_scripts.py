@@ -78,7 +78,7 @@ def test_compute_jobs_run_without_the_hub_and_login_node_rules_with_it():
     assert {"tokenize", "train_segment", "bench_language", "fetch_text"} <= set(rules)
     # train_segment with training.chain on Slurm (localrule: CHAINED) runs
     # train_segment_chain.py on the login node (it submits and waits; the chain's jobs go
-    # offline in hpcllm.training.chain), else train_segment.py as a compute job.
+    # offline in hpcllm.training.campaign.chain), else train_segment.py as a compute job.
     assert rules["train_segment"] == ("train_segment_chain.py", "CHAINED")
     rules["train_segment_chain"] = ("train_segment_chain.py", "True")
     rules["train_segment"] = ("train_segment.py", False)

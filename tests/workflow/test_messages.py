@@ -136,7 +136,7 @@ RAISE = """\
 import sys
 sys.path.insert(0, {src!r})
 from hpcllm import logs
-from hpcllm.training.segment import SegmentRefused
+from hpcllm.training.campaign.segment import SegmentRefused
 logs.setup({log!r})
 {statement}
 """

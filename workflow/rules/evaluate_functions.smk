@@ -1,7 +1,7 @@
 # The evaluation stage's globals and input/params functions (its rules: evaluate.smk,
 # which includes this file first). An experiment is evaluated when it has an `evaluate`
 # key: its last checkpoint, as the export stage wrote it for Hugging Face.
-from hpcllm.training.segment import total_iterations as _total_iterations
+from hpcllm.training.plan.experiment import total_iterations as _total_iterations
 
 # Experiments with an `evaluate` key, and the iteration of their last checkpoint.
 EVALUATED = {

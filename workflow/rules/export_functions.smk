@@ -1,6 +1,6 @@
 # The export stage's plan-time checks and input/params functions (its rules: export.smk,
 # which includes this file first). Needs the training stage's EXPERIMENTS.
-from hpcllm.training.segment import target_iteration as _target_iteration
+from hpcllm.training.plan.experiment import target_iteration as _target_iteration
 
 
 def export_segments(name):
@@ -58,7 +58,7 @@ def export_dtype(wildcards):
 
 
 def export_transformer_impl(wildcards):
-    from hpcllm.training.megatron_args import transformer_impl_for
+    from hpcllm.models.megatron_args import transformer_impl_for
 
     return transformer_impl_for(CLUSTER)
 

@@ -73,7 +73,7 @@ def preflight_of(kind):
 
 def _signal_leads(engine):
     """Seconds each planned experiment of ``engine`` gives its workers after SIGTERM."""
-    from hpcllm.training.segment import shutdown_timeout
+    from hpcllm.training.campaign.engine_process import shutdown_timeout
 
     return {
         name: shutdown_timeout(EXPERIMENTS[name].experiment)

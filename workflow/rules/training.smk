@@ -58,7 +58,7 @@ rule train_segment:
     # attempt itself refuses to train after a deterministic failure or no progress.
     # Only the controller retries: inside a Slurm job a retry would run in the same
     # allocation, whose time is up.
-    # In a chain the chain's jobs make the attempts (hpcllm.training.chain).
+    # In a chain the chain's jobs make the attempts (hpcllm.training.campaign.chain).
     retries: SEGMENT_RETRIES
     localrule: CHAINED
     conda:
@@ -76,7 +76,7 @@ rule train_segment:
         # `srun -n1` step), so that the script's own srun gets the whole allocation; its
         # empty value keeps the plugin's MPI task checks (tasks > 1) off single-node jobs.
         mpi="",
-        # Minutes: sized from the segment's work (hpcllm.training.job_plan), or the
+        # Minutes: sized from the segment's work (hpcllm.training.plan.job_plan), or the
         # experiment's time.limit_minutes.
         runtime=segment_runtime,
         mem_mb=4000,

@@ -1,7 +1,7 @@
 # The training stage's globals, plan-time checks and input/params functions (its rules:
 # training.smk, which includes this file first).
-from hpcllm.training import chain_site as _chain_site
-from hpcllm.training.segment import prepare_experiment
+from hpcllm.training.campaign import chain_site as _chain_site
+from hpcllm.training.plan.experiment import prepare_experiment
 
 TRAINING = config["training"]
 EXPERIMENTS = {}
@@ -10,7 +10,7 @@ for _name, _raw in TRAINING["experiments"].items():
         EXPERIMENTS[_name] = prepare_experiment(_name, _raw, TEXT, CLUSTER)
     except ValueError as e:
         raise _WorkflowError(str(e))
-from hpcllm.training.segment import engine_problem
+from hpcllm.training.engines.command import engine_problem
 
 # The experiments the plan trains, each on an engine this cluster has.
 for _name in TRAINING.get("run") or EXPERIMENTS:
@@ -19,7 +19,7 @@ for _name in TRAINING.get("run") or EXPERIMENTS:
     )
     if _problem:
         raise _WorkflowError(_problem)
-from hpcllm.training.job_plan import segment_job
+from hpcllm.training.plan.job_plan import segment_job
 
 # Each experiment's segment job on this cluster: its time limit (sized from its work) and
 # what cannot run here (refused here) or would waste GPU-hours (warned about with the
@@ -36,7 +36,7 @@ for _name, _prepared in EXPERIMENTS.items():
         SEGMENT_JOBS[_name] = segment_job(_name, _prepared, CLUSTER, _vocab, _tok)
     except ValueError as e:
         raise _WorkflowError(str(e))
-from hpcllm.training.segment import hub_tokenizer_warning
+from hpcllm.training.engines.command import hub_tokenizer_warning
 
 for _name, _prepared in EXPERIMENTS.items():
     _warning = hub_tokenizer_warning(
@@ -48,8 +48,11 @@ for _name, _prepared in EXPERIMENTS.items():
     )
     if _warning:
         logger.warning(f"Warning: {_warning}")
-from hpcllm.training.megatron_args import transformer_impl_for
-from hpcllm.training.settings import plan_warning, weight_settings as _weight_settings
+from hpcllm.models.megatron_args import transformer_impl_for
+from hpcllm.training.plan.settings import (
+    plan_warning,
+    weight_settings as _weight_settings,
+)
 
 for _name, _prepared in EXPERIMENTS.items():
     # Settings that differ from what the checkpoints were trained with: the reason the
@@ -104,7 +107,8 @@ def segment_attempt(wildcards, attempt):
 
 
 def segment_retry_refused(experiment, k, attempt):
-    from hpcllm.training import attempts, checkpoints
+    from hpcllm.training.campaign import attempts
+    from hpcllm.training.checkpoints import tracker as checkpoints
 
     try:
         latest = checkpoints.latest_iteration(f"checkpoints/{experiment}") or 0
@@ -115,8 +119,8 @@ def segment_retry_refused(experiment, k, attempt):
 
 
 def settings_refused(experiment):
-    from hpcllm.training.megatron_args import transformer_impl_for
-    from hpcllm.training.settings import plan_warning, weight_settings
+    from hpcllm.models.megatron_args import transformer_impl_for
+    from hpcllm.training.plan.settings import plan_warning, weight_settings
 
     settings = weight_settings(EXPERIMENTS[experiment], transformer_impl_for(CLUSTER))
     return plan_warning(experiment, f"checkpoints/{experiment}", settings) is not None
@@ -128,9 +132,9 @@ def prepared_experiment(wildcards):
 
 def weight_settings(wildcards):
     """The experiment's weight-determining settings, one key=value line each: a param, so
-    that changing one replans its segments (hpcllm.training.settings)."""
-    from hpcllm.training.megatron_args import transformer_impl_for
-    from hpcllm.training.settings import param_text, weight_settings
+    that changing one replans its segments (hpcllm.training.plan.settings)."""
+    from hpcllm.models.megatron_args import transformer_impl_for
+    from hpcllm.training.plan.settings import param_text, weight_settings
 
     prepared = EXPERIMENTS[wildcards.experiment]
     return param_text(weight_settings(prepared, transformer_impl_for(CLUSTER)))
@@ -138,7 +142,7 @@ def weight_settings(wildcards):
 
 def data_settings(wildcards):
     """What the index cache is built from (blend, split, sequence length, tokenizer, seed)."""
-    from hpcllm.training.settings import data_settings, param_text
+    from hpcllm.training.plan.settings import data_settings, param_text
 
     return param_text(data_settings(EXPERIMENTS[wildcards.experiment]))
 
@@ -198,8 +202,8 @@ def threads_per_core_flag():
     return " --threads-per-core=1" if CLUSTER.threads_per_core > 1 else ""
 
 
-from hpcllm.training.megatron_args import container_commit_mismatch
-from hpcllm.training.passes import dataset_tokens, files_tokens, passes_report
+from hpcllm.models.megatron_args import container_commit_mismatch
+from hpcllm.training.plan.passes import dataset_tokens, files_tokens, passes_report
 
 
 def source_tokens(source, tok):
@@ -261,9 +265,10 @@ for _name in TRAINING.get("run") or []:
         )
 
 # A chain on a Slurm run: train_segment runs on the login node, submits the experiment's
-# chain of Slurm jobs (or reattaches to it) and waits for its segment (hpcllm.training.chain;
-# docs/training.md). Elsewhere it trains in place. training.chain unset: a chain where the
-# site lets compute nodes call sbatch (the site probe's record, else the cluster fact).
+# chain of Slurm jobs (or reattaches to it) and waits for its segment
+# (hpcllm.training.campaign.chain; docs/training.md). Elsewhere it trains in place.
+# training.chain unset: a chain where the site lets compute nodes call sbatch (the site
+# probe's record, else the cluster fact).
 # Decided by the controller alone: a chain's train_segment is its localrule, so a job
 # process never runs it; and a probe record written since the controller's parse must not
 # turn a plugin job's train_segment into the chain's waiting script (which would submit a

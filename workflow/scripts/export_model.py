@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hpcllm import logs
 from hpcllm.export.folder import export
-from hpcllm.training.settings import weight_settings
+from hpcllm.training.plan.settings import weight_settings
 
 logs.setup(snakemake.log[0])
 prepared = snakemake.params.prepared

@@ -5,8 +5,8 @@ from hpcllm.offline import go_offline
 go_offline()  # a compute job: no Hugging Face hub lookups (docs/clusters.md)
 
 from hpcllm import logs
-from hpcllm.training.cache import build_index_cache
-from hpcllm.training.passes import check_passes
+from hpcllm.training.engines.cache import build_index_cache
+from hpcllm.training.plan.passes import check_passes
 
 logs.setup(snakemake.log[0])
 # The exact passes over each source, now that they are tokenized: stop before any

@@ -5,7 +5,8 @@ from hpcllm.offline import go_offline
 go_offline()  # a compute job: no Hugging Face hub lookups (docs/clusters.md)
 
 from hpcllm import logs
-from hpcllm.training.segment import Paths, run_segment
+from hpcllm.training.campaign.segment import run_segment
+from hpcllm.training.plan.experiment import Paths
 
 logs.setup(snakemake.log.main)
 experiment = snakemake.wildcards.experiment

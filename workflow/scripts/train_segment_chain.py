@@ -1,6 +1,6 @@
 # train_segment with training.chain on a Slurm run (a login-node job): submit the
 # experiment's chain of Slurm jobs, or reattach to the one in Slurm, and wait until this
-# segment is committed (hpcllm.training.chain, docs/training.md).
+# segment is committed (hpcllm.training.campaign.chain, docs/training.md).
 import json
 import logging
 import os
@@ -12,8 +12,8 @@ import hpcllm_checkout  # noqa: F401  (hpcllm from the checkout that planned the
 
 import hpcllm
 from hpcllm import logs
-from hpcllm.training import chain_site
-from hpcllm.training.chain import Campaign, ChainStopped, sbatch_geometry, wait_for_segment
+from hpcllm.training.campaign import chain_site
+from hpcllm.training.campaign.chain import Campaign, ChainStopped, sbatch_geometry, wait_for_segment
 
 logs.setup(snakemake.log.main)
 settings = SimpleNamespace(**json.loads(os.environ.get("HPCLLM_CHAIN_SLURM_SETTINGS", "{}")))
@@ -21,7 +21,7 @@ resources = {k: v for k, v in dict(snakemake.resources).items() if not k.startsw
 source = str(Path(hpcllm.__file__).resolve().parents[1])  # the checkout's src/
 container = snakemake.input.container[0] if snakemake.input.container else None
 # Up front from here where the site probe (run before the segments) found that compute
-# nodes may not call sbatch (hpcllm.training.chain_site).
+# nodes may not call sbatch (hpcllm.training.campaign.chain_site).
 answer = chain_site.site_answer(
     snakemake.params.cluster, chain_site.probe_record_path(snakemake.params.cluster, container)
 )

@@ -109,7 +109,7 @@ def log_energy(
     rows: list[dict], gpus: int, global_batch: int, seq_length: int, log_interval: int
 ) -> tuple[float, int] | None:
     """Joules and the tokens they trained, from a training log's iteration lines
-    (``hpcllm.training.segment.parse_log_lines``) that carry the energy field: each line's
+    (``hpcllm.training.engines.log_lines.parse_log_lines``) that carry the energy field: each line's
     energy per GPU per iteration times its iterations (since the line before, at most
     ``log_interval``: a resumed attempt starts again) times the GPUs. None: no line had it
     (no counter on the GPUs, a CPU run, Megatron without --log-energy)."""

@@ -1,8 +1,8 @@
 """The language benchmark: a training engine run with a sweep point's settings.
 
 ``megatron`` (clusters) runs Megatron-LM's ``pretrain_gpt.py`` (in the container, at
-/opt/Megatron-LM) with the arguments of ``hpcllm.training.megatron_args``; ``torch``
-(laptops, CI) runs ``hpcllm.training.torch_engine``. Both with ``--log-interval 1`` and
+/opt/Megatron-LM) with the arguments of ``hpcllm.models.megatron_args``; ``torch``
+(laptops, CI) runs ``hpcllm.training.engines.torch_engine``. Both with ``--log-interval 1`` and
 throughput logging, so every iteration is a Megatron-format line for the parser.
 """
 
@@ -14,9 +14,9 @@ from pathlib import Path
 
 from hpcllm.bench.runner import launch_for, run_launch
 from hpcllm.launch import python_for
+from hpcllm.models.planner import Layout
+from hpcllm.models.presets import resolve_experiment
 from hpcllm.text.tokenizer_train import hf_tokenizer_config
-from hpcllm.training.planner import Layout
-from hpcllm.training.presets import resolve_experiment
 
 PRETRAIN_GPT = "/opt/Megatron-LM/pretrain_gpt.py"
 EOD_TOKEN = "<|endoftext|>"  # both engines' default end-of-document token
@@ -91,7 +91,7 @@ def engine_command(
     mock = point["data"] == "mock"
     if point["engine"] == "torch":
         cmd = [
-            python, "-m", "hpcllm.training.torch_engine",
+            python, "-m", "hpcllm.training.engines.torch_engine",
             "--num-layers", str(model["num_layers"]),
             "--hidden-size", str(model["hidden_size"]),
             "--num-attention-heads", str(model["num_attention_heads"]),
@@ -118,7 +118,7 @@ def engine_command(
         if folder:
             cmd += ["--tokenizer-model", folder, "--eod-token", eod_token_of(point)]
         return cmd
-    from hpcllm.training.megatron_args import pretrain_gpt_args
+    from hpcllm.models.megatron_args import pretrain_gpt_args
 
     layout = Layout(
         gpus=point["gpus"],
@@ -149,7 +149,7 @@ def engine_command(
 
 def language_launch(point: dict, run_dir: str | Path, cluster, container: str | None):
     """The launch of the point's engine on its nodes, as its job runs it."""
-    from hpcllm.training.megatron_args import MEGATRON_ENV, transformer_impl_for
+    from hpcllm.models.megatron_args import MEGATRON_ENV, transformer_impl_for
 
     command = engine_command(
         point, run_dir, python_for(container), transformer_impl=transformer_impl_for(cluster)

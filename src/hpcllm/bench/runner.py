@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from hpcllm.atomic import atomic_paths
-from hpcllm.bench.failures import classify_log
+from hpcllm.failures.classify import classify_log
 from hpcllm.launch import Launch, package_in_container, python_for
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """One row per run: every parameter of its sweep point, every metric, and a status.
 
-Status: ``ok``; a failure class from :mod:`hpcllm.bench.failures` (``out_of_memory``,
+Status: ``ok``; a failure class from :mod:`hpcllm.failures.classify` (``out_of_memory``,
 ``node_failure``, ``time_limit``, ``nccl_error``, ``cancelled``, ``error``); ``truncated``
 (the log was cut off: metrics are from the complete lines); ``no_iterations`` (the log
 holds no training record); ``missing`` (neither record nor log exists).
@@ -17,8 +17,8 @@ import pandas as pd
 
 from hpcllm.atomic import atomic_path
 from hpcllm.bench import metrics
-from hpcllm.bench.failures import classify_log
 from hpcllm.bench.logparse import parse_megatron_log, parse_vision_log
+from hpcllm.failures.classify import classify_log
 
 log = logging.getLogger(__name__)
 GROUP = ["benchmark", "experiment", "model", "scaling", "precision"]

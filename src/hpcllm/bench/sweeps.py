@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from hpcllm.training.job_plan import variable_in_path
+from hpcllm.clusters import variable_in_path
 
 # Scaling modes as the EPICURE guide names them (docs/benchmarks.md). Language: strong
 # keeps the global batch, weak keeps the gradient-accumulation steps per replica (the global
@@ -87,7 +87,7 @@ class Point:
 
 def facts_of(cluster) -> ClusterFacts:
     """The sweep's view of a :class:`hpcllm.clusters.Cluster`."""
-    from hpcllm.training.megatron_args import transformer_impl_for
+    from hpcllm.models.megatron_args import transformer_impl_for
 
     gpu = cluster.gpu
     return ClusterFacts(
@@ -345,8 +345,8 @@ def language_plan_problem(point: Point, cluster: ClusterFacts) -> str | None:
     Checked at plan time, so that a point that would fail at start-up costs no job.
     """
     from hpcllm.bench.language import experiment_of
-    from hpcllm.training.megatron_args import as_run
-    from hpcllm.training.planner import PlanError, plan
+    from hpcllm.models.megatron_args import as_run
+    from hpcllm.models.planner import PlanError, plan
 
     row = point.row()
     exp = experiment_of(row)

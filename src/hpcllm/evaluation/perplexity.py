@@ -2,7 +2,7 @@
 
 The validation split is the one the engines train beside: Megatron's GPTDataset splits
 each dataset by sequence (document) index, the ``train,valid,test`` fractions rounded as
-in ``hpcllm.training.data.split_document_counts``. Its documents are read in order,
+in ``hpcllm.training.plan.data.split_document_counts``. Its documents are read in order,
 concatenated across document boundaries (as Megatron's samples are) and cut into windows
 of ``seq_length + 1`` tokens: the model reads ``seq_length`` tokens and is scored on each
 next one. Per source (dataset) and over all: exp(mean negative log-likelihood per token).
@@ -18,7 +18,7 @@ import numpy as np
 
 from hpcllm.evaluation.model import EvaluationError
 from hpcllm.text.indexed_dataset import check_dataset, data_paths
-from hpcllm.training.data import split_document_counts
+from hpcllm.training.plan.data import split_document_counts
 
 
 def validation_tokens(prefix: str, split: str, max_tokens: int | None) -> np.ndarray:

@@ -1,7 +1,7 @@
 """Checkpoints of either engine as Hugging Face ``transformers`` models.
 
 The torch engine's checkpoint holds a ``transformers`` model's own state dict (Llama or
-GPT-2, see ``hpcllm.training.torch_engine.build_model``): rebuilt with the engine's own
+GPT-2, see ``hpcllm.training.engines.torch_engine.build_model``): rebuilt with the engine's own
 code, it is the model. Megatron-LM at the pin saves ``--ckpt-format torch_dist`` (its
 default; the workflow passes no other): a PyTorch distributed checkpoint whose tensors are
 stored whole (TP shards concatenated, each layer's tensors stacked over the layers of
@@ -58,8 +58,8 @@ def torch_engine_model(model_file: str | Path):
     """The torch engine's model from its ``model_optim_rng.pt``, as it trained it."""
     import torch
 
-    from hpcllm.training.planner import pad_vocab
-    from hpcllm.training.torch_engine import build_model
+    from hpcllm.models.planner import pad_vocab
+    from hpcllm.training.engines.torch_engine import build_model
 
     state = torch.load(model_file, map_location="cpu", weights_only=False)
     args = argparse.Namespace(**state["args"])

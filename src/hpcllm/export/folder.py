@@ -18,8 +18,8 @@ from typing import Any
 
 from hpcllm.atomic import atomic_path
 from hpcllm.export.convert import ExportError, megatron_tensors, megatron_to_hf, torch_engine_model
-from hpcllm.training import checkpoints
-from hpcllm.training.settings import differences, load_recorded, param_text
+from hpcllm.training.checkpoints import tracker as checkpoints
+from hpcllm.training.plan.settings import differences, load_recorded, param_text
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ def export(
 ) -> dict[str, Any]:
     """Write the export folder ``out`` of the checkpoint segment ``record_file`` ended
     at (in ``save``), for ``experiment`` with weight-determining settings ``weights``
-    (hpcllm.training.settings.weight_settings). Returns export.json's content."""
+    (hpcllm.training.plan.settings.weight_settings). Returns export.json's content."""
     import torch
 
     from hpcllm.text.tokenizers_config import engine_vocabulary

@@ -3,7 +3,7 @@
 A canary takes a job the plan will run (a training experiment, a language or vision
 benchmark point) and scales it down to one node, a tiny model of the same parallel layout
 (as far as one node holds it) and a few iterations, then runs it through the very code
-the GPU job runs (:func:`hpcllm.training.segment.run_segment`,
+the GPU job runs (:func:`hpcllm.training.campaign.segment.run_segment`,
 :func:`hpcllm.bench.language.run_language_point`,
 :func:`hpcllm.bench.runner.run_vision_point`, all launched by :mod:`hpcllm.launch`):
 start-up, first iterations and, for training, a checkpoint save (segment 1) and a resume
@@ -66,7 +66,7 @@ def train_canary_experiment(raw: dict[str, Any], cluster) -> dict[str, Any]:
     exp = copy.deepcopy(raw)
     lay = exp.setdefault("layout", {})
     gpus = max(1, cluster.gpus_per_node)
-    from hpcllm.training.presets import resolve_experiment
+    from hpcllm.models.presets import resolve_experiment
 
     resolved = resolve_experiment("canary", copy.deepcopy(raw))
     tp, pp, dp = one_node_layout(
@@ -145,7 +145,7 @@ def vision_canary_point(point: dict[str, Any], cluster) -> dict[str, Any]:
 def canary_key(cluster, kind: str, image: str | None, geometry: dict[str, Any]) -> str:
     """What a canary checks: the site facts, the image, the Megatron-LM commit and the
     launch geometry (its layout and engine). A param of the rule: a change reruns it."""
-    from hpcllm.training.megatron_args import MEGATRON_LM_COMMIT
+    from hpcllm.models.megatron_args import MEGATRON_LM_COMMIT
 
     return key_of(
         {
@@ -218,9 +218,10 @@ def run_train_canary(
     container: str | None = None,
 ) -> dict:  # fmt: skip
     """Segment 1 (iterations 1-2, saved at 2) and segment 2 (resumed from 2, to 4)."""
-    from hpcllm.bench.failures import classify_text
-    from hpcllm.training import checkpoints
-    from hpcllm.training.segment import Paths, SegmentIncomplete, run_segment
+    from hpcllm.failures.classify import classify_text
+    from hpcllm.training.campaign.segment import SegmentIncomplete, run_segment
+    from hpcllm.training.checkpoints import tracker as checkpoints
+    from hpcllm.training.plan.experiment import Paths
 
     folder = _fresh(Path(work))
     save = folder / "checkpoints"
@@ -333,7 +334,7 @@ def run_canary(
     ``source`` (an experiment's name or a benchmark point's id) of the plan's config."""
     family = kind.partition("_")[0]
     if family == "train":
-        from hpcllm.training.segment import prepare_experiment
+        from hpcllm.training.plan.experiment import prepare_experiment
 
         raw = train_canary_experiment(config["training"]["experiments"][source], cluster)
         prepared = prepare_experiment(f"canary_{kind}", raw, config["text"], cluster)

@@ -50,7 +50,7 @@ def image_modules(
     """Every module the jobs of ``purpose`` ("train": training segments and language
     points, and the evaluation jobs where the plan ``evaluate``s; "vision") import in the
     image, for the ``engines`` they run."""
-    from hpcllm.training.megatron_args import transformer_impl_for
+    from hpcllm.models.megatron_args import transformer_impl_for
 
     modules = ["torch", LAUNCHER_MODULE[cluster.launcher]]
     if purpose == "vision":
@@ -73,7 +73,7 @@ def image_modules(
         if transformer_impl_for(cluster) == "transformer_engine":
             modules.append("transformer_engine")
     if "torch" in engines:  # hpcllm's own engine, from the checkout's src/
-        modules += ["tensorboard", "tokenizers", "hpcllm.training.torch_engine"]
+        modules += ["tensorboard", "tokenizers", "hpcllm.training.engines.torch_engine"]
     if evaluate:  # evaluate_tasks and evaluate_perplexity run in the training image
         modules += ["lm_eval", "transformers", "hpcllm.evaluation.run"]
     return list(dict.fromkeys(modules))
@@ -94,7 +94,7 @@ def key_of(what: dict[str, Any]) -> str:
 
 def record_path(cluster_name: str, image: str) -> str:
     """Where the probe of ``image`` (``bare`` without a container) records its answers;
-    read by later plans and the chain (hpcllm.training.chain_site)."""
+    read by later plans and the chain (hpcllm.training.campaign.chain_site)."""
     return f"results/preflight/{cluster_name}/probe/{image}.json"
 
 
@@ -102,7 +102,7 @@ def probe_key(cluster, image: str, modules: list[str]) -> str:
     """What the probe checks: the site facts, the image, its modules and the Megatron-LM
     commit. A param of the rule, so that Snakemake reruns the probe exactly when one
     changes (the image file itself is an input)."""
-    from hpcllm.training.megatron_args import MEGATRON_LM_COMMIT
+    from hpcllm.models.megatron_args import MEGATRON_LM_COMMIT
 
     return key_of(
         {
@@ -321,13 +321,13 @@ def _job_field(job: str, field: str) -> str | None:
 
 def check_slurm_from_node() -> dict[str, Any]:
     """Whether this compute node may call sbatch, scontrol requeue and scancel (a chain's
-    jobs submit their successors where it may, hpcllm.training.chain_site): a held
+    jobs submit their successors where it may, hpcllm.training.campaign.chain_site): a held
     one-minute job submitted, requeued (Slurm answers "pending execution" to an allowed
     requeue of a pending job) and cancelled. An answer, not a failure: where the node may
     not, a chain is submitted up front from the login node. ``allowed`` holds it."""
-    from hpcllm.training.chain import _clean_environment
+    from hpcllm.launch import clean_environment
 
-    env = _clean_environment(os.environ)
+    env = clean_environment(os.environ)
     # Held, and to begin in an hour besides: it must stay pending until it is cancelled
     # (a test cluster once ran a job submitted with SBATCH_HOLD at once).
     argv = ["sbatch", "--hold", "--begin", "now+3600", "--parsable", "--job-name",
@@ -407,7 +407,7 @@ def run_probe(
         "ok": all(c["ok"] for c in checks),
         "checks": checks,
         "inside": inside,  # what the image reported (torch version, ...), read by plans
-        # read by plans and the chain (hpcllm.training.chain_site)
+        # read by plans and the chain (hpcllm.training.campaign.chain_site)
         "slurm_from_compute_node": slurm["allowed"],
     }
     text = json.dumps(record, indent=1) + "\n"
@@ -431,7 +431,7 @@ def run_probe(
 def signal_lead_warning(record_path: str | os.PathLike, leads: dict[str, int]) -> str | None:
     """A warning where the probe found the image's torchrun without --shutdown-timeout and
     an experiment gives its workers more than torchrun's fixed 30 s after Slurm's SIGTERM
-    (``leads``: experiment -> seconds, segment.shutdown_timeout): there a save that takes
+    (``leads``: experiment -> seconds, engine_process.shutdown_timeout): there a save that takes
     longer is killed. None where the record is missing or older than the question."""
     longer = {name: s for name, s in leads.items() if s > 30}
     if not longer or not Path(record_path).is_file():

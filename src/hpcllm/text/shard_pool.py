@@ -155,7 +155,7 @@ class BatchResult:
 
 def _reason(task: ShardTask) -> str:
     """``: <the error>`` a failed shard logged (none for a killed process)."""
-    from hpcllm.failures import reason_line
+    from hpcllm.failures.summary import reason_line
 
     reason = reason_line(task.log) or ""
     prefix = f"shard {task.name} failed: "

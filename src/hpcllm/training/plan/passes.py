@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from hpcllm.text.indexed_dataset import read_index
-from hpcllm.training.data import parse_split
+from hpcllm.training.plan.data import parse_split
 
 COMPRESSED = (".zst", ".gz", ".parquet", ".bz2", ".xz")
 TOKENS_PER_COMPRESSED_BYTE = 4

@@ -1,4 +1,5 @@
-"""Whether a campaign runs as a chain (hpcllm.training.chain), and how its jobs are submitted.
+"""Whether a campaign runs as a chain (hpcllm.training.campaign.chain), and how its jobs are
+submitted.
 
 The chain's jobs submit their successors from the compute nodes, which a site may refuse;
 no site document we have states it for any cluster here. The answer comes from the site

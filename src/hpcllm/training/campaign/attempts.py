@@ -5,7 +5,7 @@ resubmits a failed segment job, and the new job resumes from the newest checkpoi
 attempt leaves an entry in ``logs/train_segment/<experiment>/seg<k>.attempts.json``
 (written when it starts, completed when it ends): its Slurm job id and host, the
 checkpoint iteration it started from and reached, and its failure class
-(:mod:`hpcllm.bench.failures`).
+(:mod:`hpcllm.failures.classify`).
 
 The next attempt runs only while attempts make progress and fail for a transient reason
 (time limit, node failure, preemption, a signal, NCCL). A deterministic failure (out of
@@ -27,8 +27,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hpcllm.atomic import atomic_path
-from hpcllm.bench.failures import classify_text, is_transient
-from hpcllm.training.lease import squeue_job
+from hpcllm.failures.classify import classify_text, is_transient
+from hpcllm.training.checkpoints.lease import squeue_job
+from hpcllm.training.engines.log_lines import parse_log_lines
 
 
 @dataclass
@@ -107,8 +108,6 @@ def _same(a: Attempt, b: Attempt) -> bool:
 
 def logged_iteration(engine_log: str | os.PathLike, offset: int = 0) -> int | None:
     """The last iteration the engine logged in ``engine_log`` from byte ``offset`` on."""
-    from hpcllm.training.segment import parse_log_lines  # segment imports this module
-
     try:
         with open(engine_log, "rb") as f:
             f.seek(offset)

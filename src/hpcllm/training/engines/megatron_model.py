@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hpcllm.training.megatron_args import FLAGS, MEGATRON_LM_COMMIT
+from hpcllm.models.megatron_args import FLAGS, MEGATRON_LM_COMMIT
 
 # What each image lacks of what Megatron-LM imports when present. The ROCm image
 # (envs/megatron-rocm.def, --transformer-impl local) has no Transformer Engine and no
@@ -200,7 +200,7 @@ def transformer_config_kwargs(argv: list[str], commit: str = MEGATRON_LM_COMMIT)
         if option not in CONFIG_EFFECT:
             raise MegatronModelError(
                 f"{FLAGS[commit][option]} ({option}): its effect on the TransformerConfig is "
-                "not known to hpcllm.training.megatron_model; add it to CONFIG_EFFECT"
+                "not known to hpcllm.training.engines.megatron_model; add it to CONFIG_EFFECT"
             )
         effect = CONFIG_EFFECT[option]
         if effect is not None:
@@ -392,7 +392,7 @@ def check_models(request: dict[str, Any]) -> list[dict[str, Any]]:
     return results
 
 
-if __name__ == "__main__":  # python -m hpcllm.training.megatron_model < request.json
+if __name__ == "__main__":  # python -m hpcllm.training.engines.megatron_model < request.json
     import json
     import sys
 

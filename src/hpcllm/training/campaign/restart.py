@@ -19,8 +19,8 @@ import shutil
 import time
 from pathlib import Path
 
-from hpcllm.training import lease
-from hpcllm.training.lease import LEASE
+from hpcllm.training.checkpoints import lease
+from hpcllm.training.checkpoints.lease import LEASE
 
 
 def _folders(workdir: Path, name: str) -> tuple[Path, Path, Path]:
@@ -37,8 +37,8 @@ def _has_entries(folder: Path, keep: str = "\0") -> bool:
 
 def restart_training(workdir: str | os.PathLike, name: str) -> list[tuple[Path, Path]]:
     """Move the experiment's checkpoints, segment records and segment logs aside; refused
-    (:class:`hpcllm.training.lease.LeaseHeld`, naming the job) while a live job writes the
-    checkpoint folder. Returns the (folder, where its contents went) pairs; empty when
+    (:class:`hpcllm.training.checkpoints.lease.LeaseHeld`, naming the job) while a live job
+    writes the checkpoint folder. Returns the (folder, where its contents went) pairs; empty when
     there was nothing to move."""
     save, records, logs = _folders(Path(workdir), name)
     if not (_has_entries(save, keep=LEASE) or _has_entries(records) or _has_entries(logs)):

@@ -18,7 +18,7 @@ _VALID = re.compile(r"validation loss at iteration (\d+) \| lm loss value: ([-+.
 
 def read_curves(engine_logs, seq_length: int) -> dict[str, list[tuple[float, float]]]:
     """``{"train": [(tokens, loss), ...], "valid": [...]}`` sorted by tokens."""
-    from hpcllm.training.segment import parse_log_lines
+    from hpcllm.training.engines.log_lines import parse_log_lines
 
     train: dict[int, tuple[float, float]] = {}
     valid: dict[int, float] = {}

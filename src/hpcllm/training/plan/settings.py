@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcllm.atomic import atomic_path
-from hpcllm.training.lease import LEASE
+from hpcllm.training.checkpoints.lease import LEASE
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ def restart_training(save: str | os.PathLike) -> Path | None:
     """Move the contents of a checkpoint folder aside (never delete them), so that the
     experiment trains from scratch; refused while a live job writes it (its lease).
     Returns the folder they went to, or None when there was nothing to move."""
-    from hpcllm.training import lease
+    from hpcllm.training.checkpoints import lease
 
     save = Path(save)
     if not save.is_dir() or not any(not p.name.startswith(LEASE) for p in save.iterdir()):
@@ -250,7 +250,7 @@ def plan_warning(name: str, save: str | os.PathLike, weights: dict[str, Any]) ->
     """At plan time: why the segments will refuse the checkpoint folder (the
     weight-determining keys that differ from its record), or None (no checkpoint, no
     record, or the same settings)."""
-    from hpcllm.training.checkpoints import CheckpointError, latest_iteration
+    from hpcllm.training.checkpoints.tracker import CheckpointError, latest_iteration
 
     try:
         if latest_iteration(save) is None:

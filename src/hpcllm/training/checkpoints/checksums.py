@@ -18,12 +18,15 @@ checkpoint that still verifies.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
 from hpcllm.atomic import atomic_path
-from hpcllm.training import checkpoints
-from hpcllm.training.checkpoints import CheckpointError
+from hpcllm.training.checkpoints import tracker as checkpoints
+from hpcllm.training.checkpoints.tracker import CheckpointError
+
+log = logging.getLogger(__name__)
 
 MANIFEST = "hpcllm_checksums.json"
 ALGORITHM = "xxh3_128"
@@ -156,3 +159,29 @@ def verify_committed(save: str | os.PathLike) -> int | None:
     raise CheckpointError(
         f"{found}. Resuming iteration {iteration} would train on damaged weights. {way_out}"
     )
+
+
+def check_checksums(save: str) -> None:
+    """Before an engine starts: the committed checkpoint is what was committed (the
+    manifest above); CheckpointError naming the damaged file if not."""
+    dropped = drop_uncommitted(save)
+    if dropped:
+        log.info("%s: dropped the checksums of uncommitted iterations %s", save, dropped)
+    recorded = record_committed(save)
+    if recorded is not None:
+        log.warning(
+            "%s: iteration %d has no recorded checksums (written without them, or its job "
+            "ended before it recorded them): recorded now, so not verified this once",
+            save,
+            recorded,
+        )
+    iteration = verify_committed(save)
+    if iteration:
+        log.info("%s: iteration %d verified against its checksums", save, iteration)
+
+
+def record_checksums(save: str) -> None:
+    """The committed checkpoint's checksums, if the engine wrote none (Megatron-LM)."""
+    iteration = record_committed(save)
+    if iteration is not None:
+        log.info("%s: recorded the checksums of iteration %d", save, iteration)

@@ -2,7 +2,7 @@
 
 For laptops, CI and one GPU. The model is Hugging Face ``transformers``' Llama (RoPE) or
 GPT-2 (learned positions) with a small config; the samples come from Megatron Core's
-``GPTDataset`` (``hpcllm.training.data``), taken in Megatron's order (each iteration the
+``GPTDataset`` (``hpcllm.training.plan.data``), taken in Megatron's order (each iteration the
 next ``global batch`` samples, rank ``r`` of DP taking micro batch slices like Megatron's
 ``MegatronPretrainingSampler``). AdamW with linear warmup and cosine decay (Megatron's
 ``OptimizerParamScheduler`` formula), gradient clipping, bf16 autocast, DDP under
@@ -23,7 +23,7 @@ start (Megatron's ``_set_random_seed``) and saved in every checkpoint, so that a
 run draws what the uninterrupted one draws (dropout included); the data order follows
 from the iteration.
 
-Run ``python -m hpcllm.training.torch_engine --help``; docs/training.md has examples.
+Run ``python -m hpcllm.training.engines.torch_engine --help``; docs/training.md has examples.
 """
 
 from __future__ import annotations
@@ -55,17 +55,18 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from hpcllm.bench.energy import EnergyCounter, job_energy  # noqa: E402
-from hpcllm.training import checkpoints, checksums  # noqa: E402
-from hpcllm.training.checkpoints import CheckpointError  # noqa: E402
-from hpcllm.training.data import Blend, build_datasets, check_blend, sample_counts  # noqa: E402
-from hpcllm.training.planner import pad_vocab  # noqa: E402
+from hpcllm.models.planner import pad_vocab  # noqa: E402
+from hpcllm.training.checkpoints import checksums  # noqa: E402
+from hpcllm.training.checkpoints import tracker as checkpoints  # noqa: E402
+from hpcllm.training.checkpoints.tracker import CheckpointError  # noqa: E402
+from hpcllm.training.plan.data import Blend, build_datasets, check_blend, sample_counts  # noqa: E402
 
 log = logging.getLogger(__name__)
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m hpcllm.training.torch_engine",
+        prog="python -m hpcllm.training.engines.torch_engine",
         description="Train a small causal LM with PyTorch (Megatron-LM's flag names).",
         allow_abbrev=False,
     )

@@ -51,7 +51,7 @@ class MegatronTokenizerKey:
 
     ``tokenizer_model``: the folder given as ``--tokenizer-model`` to
     ``HuggingFaceTokenizer``; None for ``GPT2BPETokenizer`` with ``--vocab-file`` and
-    ``--merge-file`` (see ``segment.megatron_tokenizer_model``)."""
+    ``--merge-file`` (see ``command.megatron_tokenizer_model``)."""
 
     def __init__(
         self,
@@ -110,7 +110,7 @@ def built_with(engine: str) -> dict[str, str]:
     loads it (the images', a newer release: megatron_args.CPU_MEGATRON_CORE says why)."""
     from megatron.core import package_info
 
-    from hpcllm.training.megatron_args import MEGATRON_LM_COMMIT, MEGATRON_LM_RELEASE
+    from hpcllm.models.megatron_args import MEGATRON_LM_COMMIT, MEGATRON_LM_RELEASE
 
     made = {"megatron_core": package_info.__shortversion__}
     if engine == "megatron":
@@ -121,12 +121,9 @@ def built_with(engine: str) -> dict[str, str]:
 def build_index_cache(prepared, folder: str | os.PathLike, manifest: str | os.PathLike) -> dict:
     """Build (or find complete) the index files of ``prepared``; write ``manifest``."""
     from hpcllm.text.tokenizers_config import engine_vocabulary
-    from hpcllm.training.data import build_datasets
-    from hpcllm.training.segment import (
-        check_segment_data,
-        dataset_samples,
-        megatron_tokenizer_model,
-    )
+    from hpcllm.training.engines.command import megatron_tokenizer_model
+    from hpcllm.training.plan.data import build_datasets
+    from hpcllm.training.plan.data_checks import check_segment_data, dataset_samples
 
     check_segment_data(prepared)
     exp = prepared.experiment

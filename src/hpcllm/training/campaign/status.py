@@ -24,10 +24,11 @@ from typing import Any
 import yaml
 
 from hpcllm.bench.energy import log_energy, wh_per_million_tokens
-from hpcllm.training import attempts as attempts_mod
-from hpcllm.training import checkpoints, lease
-from hpcllm.training.curves import read_curves
-from hpcllm.training.segment import parse_log_lines
+from hpcllm.training.campaign import attempts as attempts_mod
+from hpcllm.training.campaign.curves import read_curves
+from hpcllm.training.checkpoints import lease
+from hpcllm.training.checkpoints import tracker as checkpoints
+from hpcllm.training.engines.log_lines import parse_log_lines
 
 
 @dataclass
@@ -65,7 +66,7 @@ class SlurmQueryError(RuntimeError):
     """squeue could not be asked: the job list is unknown (not empty)."""
 
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 
 
 class RunFileMissing(FileNotFoundError):
@@ -320,9 +321,9 @@ def experiment_status(
         for j in jobs
         if j["comment"].startswith(f"rule_train_segment_wildcards_{name}_")
     ]
-    # The experiment's chain (hpcllm.training.chain): the running job trains the next
+    # The experiment's chain (hpcllm.training.campaign.chain): the running job trains the next
     # segment, the pending one is its successor.
-    from hpcllm.training.chain import job_name_of, needs_a_fix, stopped
+    from hpcllm.training.campaign.chain import job_name_of, needs_a_fix, stopped
 
     chain_name = job_name_of(workdir, name)
     next_k = next(
@@ -408,7 +409,7 @@ def _changed_settings(save: Path, prepared, cluster) -> str | None:
     """The weight-determining settings that differ from what the checkpoints in ``save``
     were trained with (``key: old -> new; ...``, or why their record is unreadable), or
     None."""
-    from hpcllm.training.settings import (
+    from hpcllm.training.plan.settings import (
         SettingsChanged,
         differences,
         load_recorded,
@@ -423,7 +424,7 @@ def _changed_settings(save: Path, prepared, cluster) -> str | None:
         return None
     impl = None
     if cluster is not None:
-        from hpcllm.training.megatron_args import transformer_impl_for
+        from hpcllm.models.megatron_args import transformer_impl_for
 
         impl = transformer_impl_for(cluster)
     current = weight_settings(prepared, impl)
@@ -566,11 +567,11 @@ def campaign_status(
 ) -> str:
     from hpcllm.bench.sweeps import expand_all, facts_of
     from hpcllm.clusters import load_cluster
-    from hpcllm.training.segment import prepare_experiment
+    from hpcllm.training.plan.experiment import prepare_experiment
 
     workdir = Path(workdir)
     config = load_config(workdir, configfiles, profile)
-    repo = Path(__file__).resolve().parents[3]
+    repo = Path(__file__).resolve().parents[4]
     clusters = workdir / "config" / "clusters"
     cluster = load_cluster(
         config["cluster"], root=clusters if clusters.is_dir() else repo / "config" / "clusters"

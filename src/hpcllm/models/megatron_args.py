@@ -16,7 +16,7 @@ import math
 import re
 from typing import Any
 
-from hpcllm.training.planner import Layout
+from hpcllm.models.planner import Layout
 
 # The Megatron-LM commit the workflow generates arguments for and the container installs:
 # the release tag core_v0.19.0 (Megatron Core 0.19.0, August 2026). Its pyproject needs
@@ -160,7 +160,7 @@ def container_commit_mismatch(definition_text: str, where: str) -> str | None:
         return (
             f"{where}: builds Megatron-LM {found.group(1)[:12]}, but the arguments are "
             f"generated for {MEGATRON_LM_COMMIT[:12]} ({MEGATRON_LM_RELEASE}, "
-            "hpcllm.training.megatron_args); build that commit, or move the pin and its "
+            "hpcllm.models.megatron_args); build that commit, or move the pin and its "
             "flag table (and tests/data/megatron_flags.txt) to this one"
         )
     label = re.search(r"org\.hpcllm\.megatron-commit\s+(\S+)", definition_text)

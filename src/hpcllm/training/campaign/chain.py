@@ -7,12 +7,12 @@ issues 133 and 109, snakemake issue 4084), so a campaign that must outlive its c
 - ``start`` writes the campaign file ``checkpoints/<experiment>/chain/campaign.pickle``
   (the prepared experiment, the cluster, paths, container, the sbatch arguments of a
   segment job) and submits the chain's first job.
-- Every chain job (``python -m hpcllm.training.chain step <campaign file>``) first submits
+- Every chain job (``python -m hpcllm.training.campaign.chain step <campaign file>``) first submits
   its own successor with ``--dependency=afterany:<its own job id>``: a job killed by
   SIGKILL, a failed node or a time limit still has a successor, which classifies the dead
-  attempt from Slurm's state (:func:`hpcllm.training.attempts.classify_unfinished`). It
+  attempt from Slurm's state (:func:`hpcllm.training.campaign.attempts.classify_unfinished`). It
   then trains the next segment whose target the checkpoint has not reached
-  (:func:`hpcllm.training.segment.run_segment`: the lease, the settings check, the
+  (:func:`hpcllm.training.campaign.segment.run_segment`: the lease, the settings check, the
   attempts file; never Snakemake's records). At its end it cancels its successor when the
   campaign is complete, or when the next attempt would be refused (a deterministic class,
   an attempt that added no iteration, ``max_attempts`` of the segment used): so after a
@@ -29,7 +29,7 @@ issues 133 and 109, snakemake issue 4084), so a campaign that must outlive its c
 
 Compute nodes must be allowed to call ``sbatch`` for that. No site document of the
 clusters here says so either way (JSC's and LUMI's user docs describe job chains submitted
-from the login node only); the site probe asks (hpcllm.training.chain_site). Where they
+from the login node only); the site probe asks (hpcllm.training.campaign.chain_site). Where they
 may not, ``ensure`` submits the whole chain up front (``Campaign.up_front``: a job per
 segment left and ``max_attempts - 1`` spares, each ``afterany`` the one before and
 ``singleton``); its jobs call no sbatch or scancel, a job that finds the campaign complete
@@ -60,8 +60,11 @@ from types import SimpleNamespace
 from typing import Any
 
 from hpcllm.atomic import atomic_path
-from hpcllm.bench.failures import classify_text, is_transient
-from hpcllm.training import attempts, checkpoints, lease
+from hpcllm.failures.classify import classify_text, is_transient
+from hpcllm.launch import clean_environment as _clean_environment
+from hpcllm.training.campaign import attempts
+from hpcllm.training.checkpoints import lease
+from hpcllm.training.checkpoints import tracker as checkpoints
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +91,7 @@ class Campaign:
     """What a chain job needs to train the next segment (pickled into the campaign file)."""
 
     name: str
-    prepared: Any  # hpcllm.training.segment.Prepared
+    prepared: Any  # hpcllm.training.plan.experiment.Prepared
     cluster: Any  # hpcllm.clusters.Cluster
     workdir: str  # absolute; paths below are relative to it
     container: str | None
@@ -102,7 +105,7 @@ class Campaign:
     # node): a chain job passes on only these, not what its own job added (None: older
     # campaign files, which pass on all but Slurm's).
     exported: tuple[str, ...] | None = None
-    # Where compute nodes may not call sbatch (hpcllm.training.chain_site): every job of
+    # Where compute nodes may not call sbatch (hpcllm.training.campaign.chain_site): every job of
     # the chain is submitted at once from the login node, each after the one before.
     up_front: bool = False
 
@@ -117,7 +120,7 @@ class Campaign:
         return self.folder() / CAMPAIGN
 
     def paths(self, segment: int):
-        from hpcllm.training.segment import Paths
+        from hpcllm.training.plan.experiment import Paths
 
         return Paths(
             save=self.save,
@@ -145,9 +148,24 @@ def job_name_of(workdir: str | os.PathLike, name: str) -> str:
     return f"hpcllm-chain-{name}-{digest.hexdigest()[:8]}"
 
 
+# Campaign files written before training's rooms name these classes at their old paths;
+# a chain already queued in Slurm reads its file with the code of now.
+_MOVED = {
+    "hpcllm.training.chain": "hpcllm.training.campaign.chain",
+    "hpcllm.training.segment": "hpcllm.training.plan.experiment",
+    "hpcllm.training.planner": "hpcllm.models.planner",
+    "hpcllm.training.data": "hpcllm.training.plan.data",
+}
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        return super().find_class(_MOVED.get(module, module), name)
+
+
 def load(path: str | os.PathLike) -> Campaign:
     with open(path, "rb") as f:
-        return pickle.load(f)
+        return _Unpickler(f).load()
 
 
 def save(campaign: Campaign) -> None:
@@ -219,16 +237,6 @@ def sbatch_geometry(
     return words[9:]
 
 
-def _clean_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The submitter's environment without the SLURM_*/SBATCH_* of a job it runs in (sbatch
-    and srun read some of them as options); SLURM_CONF stays."""
-    return {
-        k: v
-        for k, v in environ.items()
-        if not (k.startswith(("SLURM_", "SBATCH_", "SRUN_")) and k != "SLURM_CONF")
-    }
-
-
 def submit_environment(
     campaign: Campaign, environ: Mapping[str, str] = os.environ
 ) -> dict[str, str]:
@@ -250,7 +258,7 @@ def submit(campaign: Campaign, after: str | None = None) -> str:
     logs = Path(campaign.workdir) / f"logs/train_segment/{campaign.name}/chain"
     logs.mkdir(parents=True, exist_ok=True)
     command = (
-        f"{shlex.quote(campaign.python)} -m hpcllm.training.chain step "
+        f"{shlex.quote(campaign.python)} -m hpcllm.training.campaign.chain step "
         f"{shlex.quote(str(campaign.file()))}"
     )
     argv = [
@@ -451,7 +459,7 @@ def attempt_number(campaign: Campaign, segment: int) -> int:
 
 def step(campaign_file: str | os.PathLike, environ: Mapping[str, str] = os.environ) -> int:
     """Train the campaign's next segment as one job of its chain (see the module's doc)."""
-    from hpcllm.training.segment import SegmentIncomplete, SegmentRefused, run_segment
+    from hpcllm.training.campaign.segment import SegmentIncomplete, SegmentRefused, run_segment
 
     campaign = load(campaign_file)
     os.chdir(campaign.workdir)
@@ -535,7 +543,7 @@ def step(campaign_file: str | os.PathLike, environ: Mapping[str, str] = os.envir
         raise ChainError(
             f"the chain of {campaign.name} ends with job {me}: its successor could not be "
             f"submitted ({successor_error}). Run the workflow again (or `python -m "
-            f"hpcllm.training.chain resume {campaign.file()}`) to continue it."
+            f"hpcllm.training.campaign.chain resume {campaign.file()}`) to continue it."
         )
     return status
 
@@ -614,8 +622,8 @@ def commit_record(campaign: Campaign, segment: int, settled: bool = False) -> bo
     """Write segment ``segment``'s result record from the chain's copy when the checkpoint
     reached its target and was trained with the current settings; whether it did.
     ``settled``: no chain job runs, so a missing copy will not come (made from the log)."""
-    from hpcllm.training import settings as tracked
-    from hpcllm.training.megatron_args import transformer_impl_for
+    from hpcllm.models.megatron_args import transformer_impl_for
+    from hpcllm.training.plan import settings as tracked
 
     save = Path(campaign.workdir) / campaign.save
     if committed_iteration(save) < campaign.target(segment):
@@ -643,7 +651,7 @@ def commit_record(campaign: Campaign, segment: int, settled: bool = False) -> bo
 
 def _record_from_log(campaign: Campaign, segment: int) -> dict[str, Any]:
     """A committed segment's record from its engine log (the fields the job would write)."""
-    from hpcllm.training.segment import parse_log_lines
+    from hpcllm.training.engines.log_lines import parse_log_lines
 
     exp, stop = campaign.prepared.experiment, campaign.target(segment)
     engine_log = Path(campaign.workdir) / campaign.paths(segment).engine_log
@@ -797,7 +805,9 @@ def cancel_training(workdir: str | os.PathLike, name: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hpcllm.training.chain", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m hpcllm.training.campaign.chain", description=__doc__
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("step", help="a chain job: train the next segment (Slurm runs this)")
     p.add_argument("campaign", help="checkpoints/<experiment>/chain/campaign.pickle")

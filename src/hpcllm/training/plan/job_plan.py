@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hpcllm.clusters import VARIABLE
-from hpcllm.training.planner import Memory, PlanError, plan
+from hpcllm.clusters import variable_in_path
+from hpcllm.models.planner import Memory, PlanError, plan
 from hpcllm.work_time import WorkTime, flops_per_iteration, time_limit
 
 
@@ -23,24 +23,6 @@ class SegmentJob:
     work: WorkTime | None
     warnings: tuple[str, ...]
     memory: Memory | None = None  # per GPU, as the engine runs the layout on this cluster
-
-
-def variable_in_path(key: str, value: str | None) -> str | None:
-    """Why a path that names an environment variable cannot be used, or None.
-
-    Snakemake takes such a path literally (a file named ``$SCRATCH/...`` that never
-    exists), while the job's launch script would expand it: the two would disagree.
-    """
-    if not isinstance(value, str):
-        return None
-    match = VARIABLE.search(value)
-    if match is None:
-        return None
-    return (
-        f"{key}: '{value}' names the environment variable {match.group(0)}, which the "
-        "workflow does not expand (only the job's launch script would): write the path "
-        "out, e.g. with the variable's value"
-    )
 
 
 def check_nodes(name: str, layout: dict[str, Any], cluster) -> None:
@@ -68,7 +50,7 @@ def memory_as_run(name: str, prepared, cluster, vocab_size: int) -> tuple[Memory
     """The memory per GPU of the layout as Megatron-LM runs it on ``cluster`` (refused
     when it does not fit), and a warning for each thing the experiment asks for that it
     runs without there (sequence parallelism and flash attention on the local layers)."""
-    from hpcllm.training.megatron_args import as_run, transformer_impl_for
+    from hpcllm.models.megatron_args import as_run, transformer_impl_for
 
     exp, lay = prepared.experiment, prepared.experiment["layout"]
     impl = transformer_impl_for(cluster) if exp["engine"] == "megatron" else "transformer_engine"

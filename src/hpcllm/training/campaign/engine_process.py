@@ -1,0 +1,171 @@
+"""The engine's process: the launch on the experiment's nodes, run in its own process
+group that dies with the segment, with the segment's signals passed on to it."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hpcllm.models.megatron_args import MEGATRON_ENV
+
+log = logging.getLogger(__name__)
+
+
+class Signals:
+    """SIGTERM/SIGUSR1/SIGINT caught from the segment's start (Slurm's --signal, scancel,
+    Ctrl-C).
+
+    Caught from the start, a signal during the start-up (data checks, before the engine
+    runs) ends the segment cleanly instead of killing it half-way; once the engine runs
+    it is passed on as SIGTERM to the launch's process group (its own: a Ctrl-C reaches
+    the engine only this way, also one that came while it was being started): srun
+    forwards it to the tasks, torchrun to the workers (it does not forward SIGUSR1), and
+    the engines save and exit on SIGTERM. The segment waits for that; a second Ctrl-C
+    kills the group at once.
+    """
+
+    CAUGHT = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.interrupted = False  # a Ctrl-C: the job ends with KeyboardInterrupt
+        self.child: subprocess.Popen | None = None
+        self._previous: dict = {}
+
+    def __enter__(self) -> Signals:
+        for s in self.CAUGHT:
+            # A process started with SIGINT ignored (in the background) keeps ignoring it.
+            if s != signal.SIGINT or signal.getsignal(s) != signal.SIG_IGN:
+                self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+    def _handle(self, signum, frame) -> None:
+        again = self.interrupted and signum == signal.SIGINT
+        self.received = signum
+        self.interrupted |= signum == signal.SIGINT
+        if self.child is not None and self.child.poll() is None:
+            if again:
+                log.warning("second Ctrl-C: killing the engine")
+                self.signal_child(signal.SIGKILL)
+            else:
+                log.warning("got signal %d: asking the engine to save and stop", signum)
+                self.signal_child(signal.SIGTERM)
+        else:
+            log.warning("got signal %d before the engine started: it will not start", signum)
+
+    def signal_child(self, signum: int) -> None:
+        """``signum`` to the launch's process group (the launch script, its launcher and
+        the engine); to the child alone if the group is gone."""
+        try:
+            os.killpg(self.child.pid, signum)
+        except ProcessLookupError:
+            with contextlib.suppress(ProcessLookupError):
+                self.child.send_signal(signum)
+
+
+def _die_with_parent(parent: int):
+    """The launch process's pre-exec step: SIGTERM to it when the segment's process dies
+    (even by SIGKILL), so that no engine trains on for a job that is gone. Linux's
+    PR_SET_PDEATHSIG, kept across the exec of the launch script and of the engine."""
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before the fork
+
+    def pre_exec() -> None:
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before: no signal will come
+            os._exit(1)
+
+    return pre_exec
+
+
+def run_launch(
+    script_text: str,
+    script_path: Path,
+    engine_log: Path,
+    env: dict[str, str],
+    signals: Signals | None = None,
+    while_running: Callable[[], None] | None = None,
+    poll_s: float = 5.0,
+) -> int:
+    """Run the launch script, its output appended to ``engine_log``; signals passed on;
+    ``while_running`` is called every ``poll_s`` seconds until it ends (progress)."""
+    script_path.parent.mkdir(parents=True, exist_ok=True)
+    script_path.write_text(script_text)
+    engine_log.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        if signals is None:
+            signals = stack.enter_context(Signals())
+        cut = engine_log.exists() and engine_log.stat().st_size > 0
+        if cut:  # a previous attempt killed mid-line: keep its cut line on its own
+            with open(engine_log, "rb") as previous:
+                previous.seek(-1, os.SEEK_END)
+                cut = previous.read(1) != b"\n"
+        with open(engine_log, "a") as out:
+            if cut:
+                out.write("\n")
+            out.write(f"==> {time.strftime('%Y-%m-%d %H:%M:%S')} launch {script_path}\n")
+            out.flush()
+            # Its own process group, so that a Ctrl-C reaches it only through Signals
+            # (nothing half-started escapes it); and it dies with this process.
+            signals.child = subprocess.Popen(
+                ["bash", str(script_path)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent(os.getpid()),
+            )
+            if signals.received is not None:  # between the check and the start
+                signals.signal_child(signal.SIGTERM)
+            try:
+                while True:
+                    try:
+                        return signals.child.wait(timeout=poll_s if while_running else None)
+                    except subprocess.TimeoutExpired:
+                        while_running()
+            finally:
+                signals.child = None
+
+
+def shutdown_timeout(experiment: dict[str, Any]) -> int:
+    """Seconds torchrun lets the workers save and exit after forwarding SIGTERM: the
+    signal's lead (time.signal_seconds), at least torchrun's own 30."""
+    return max(30, int((experiment.get("time") or {}).get("signal_seconds") or 0))
+
+
+def segment_launch(experiment: dict[str, Any], command: list[str], cluster, container: str | None):
+    """The launch of a segment's engine ``command`` on the experiment's nodes."""
+    from hpcllm.launch import build_launch, package_in_container
+
+    if experiment["engine"] == "megatron":
+        # Megatron-LM refuses sequence parallelism without it (one CUDA work queue).
+        binds, env = [], dict(MEGATRON_ENV)
+    else:  # the torch engine is hpcllm: in an image it needs the checkout's src/
+        binds, env = package_in_container(container)
+    # On Slurm's SIGTERM (time.signal_seconds before the limit) torchrun forwards it and
+    # SIGKILLs the workers after TORCH_ELASTIC_SHUTDOWN_TIMEOUT, 30 s by default: less
+    # than a large model's save. The whole lead is theirs (torchrun's --shutdown-timeout,
+    # pytorch/pytorch PR 172596; an older torch ignores the variable and keeps 30 s).
+    env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(shutdown_timeout(experiment))
+    lay = experiment["layout"]
+    return build_launch(
+        cluster,
+        nodes=lay.get("nodes", 1),
+        procs_per_node=lay.get("procs_per_node", 1),
+        command=command,
+        container=container,
+        binds=binds,
+        env=env,
+    )

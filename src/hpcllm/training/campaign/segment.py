@@ -1,0 +1,381 @@
+"""One segment of a chained training run, as the ``train_segment`` rule runs it.
+
+Segment k of K trains from the newest checkpoint to iteration ``k x iterations_per_segment``
+(or until its job's time is nearly used up), launched through ``hpcllm.launch`` (srun ->
+torchrun per node -> the engine on a cluster; the bare process or torchrun --standalone
+here). It is complete only when the checkpoint reached its target: then, and only then,
+its result record is written. A segment that stopped early fails with its failure class
+(:mod:`hpcllm.failures.classify`); Snakemake's next attempt (the rule's ``retries``)
+continues it from the newest checkpoint while attempts fail for a transient reason and
+make progress (:mod:`hpcllm.training.campaign.attempts`). While it runs, the segment holds its
+checkpoint folder's lease (:mod:`hpcllm.training.checkpoints.lease`): one writer per folder.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hpcllm.atomic import atomic_path
+from hpcllm.failures.classify import (
+    classify_text,
+    killed_by_sigkill,
+    oom_kill_count,
+    slurm_step_state,
+)
+from hpcllm.models.megatron_args import exit_duration_minutes, transformer_impl_for
+from hpcllm.progress import Progress
+from hpcllm.training.campaign import attempts
+from hpcllm.training.campaign.engine_process import Signals, run_launch, segment_launch
+from hpcllm.training.checkpoints import lease
+from hpcllm.training.checkpoints import tracker as checkpoints
+from hpcllm.training.checkpoints.checksums import check_checksums, record_checksums
+from hpcllm.training.checkpoints.retention import retention
+from hpcllm.training.engines.command import engine_command
+from hpcllm.training.engines.log_lines import parse_log_lines
+from hpcllm.training.plan import settings as tracked
+from hpcllm.training.plan.data_checks import check_segment_data
+from hpcllm.training.plan.experiment import Paths, Prepared, target_iteration
+
+log = logging.getLogger(__name__)
+
+
+class SegmentIncomplete(RuntimeError):
+    """The engine stopped before the segment's target iteration (time, signal, failure)."""
+
+    def __init__(self, message: str, failure: str):
+        super().__init__(message)
+        self.failure = failure
+
+
+class SegmentRefused(RuntimeError):
+    """This attempt does not run: the previous one failed for good, or made no progress."""
+
+
+def remaining_job_seconds(environ=os.environ) -> float | None:
+    """Seconds left in this Slurm job (None outside Slurm or without a limit)."""
+    end = environ.get("SLURM_JOB_END_TIME")
+    if end and end.isdigit():
+        return int(end) - time.time()
+    job = environ.get("SLURM_JOB_ID")
+    if not job:
+        return None
+    try:
+        left = subprocess.run(
+            ["squeue", "-h", "-j", job, "-o", "%L"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_slurm_time(left)
+
+
+def parse_slurm_time(text: str) -> float | None:
+    """Slurm's ``[D-]HH:MM:SS`` / ``MM:SS`` as seconds; None for UNLIMITED or junk."""
+    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", text.strip())
+    if not m:
+        return None
+    days, hours, minutes, seconds = (int(g) if g else 0 for g in m.groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def exit_duration(experiment: dict[str, Any], left: float | None) -> float | None:
+    """The engine's ``--exit-duration-in-mins`` for a job with ``left`` seconds to run."""
+    if left is None:
+        return None
+    margin = experiment["time"]["margin_seconds"]
+    if left <= margin:
+        # The segment could only save at once and stop, job after job: say so instead.
+        raise ValueError(
+            f"the job has {left:.0f} s left but the experiment's time.margin_seconds is "
+            f"{margin}: give train_segment a longer runtime (profile set-resources) or "
+            "lower time.margin_seconds"
+        )
+    if experiment["engine"] == "megatron":
+        return exit_duration_minutes(left, margin)
+    return max(0.0, (left - margin) / 60)
+
+
+# slurmctld checks --signal every 30 s (PERIODIC_TIMEOUT) and sends it as soon as the
+# job's end is within signal_seconds + 30 s; the signal goes to the job steps running then.
+SLURM_SIGNAL_PERIOD = 30
+
+
+def warn_early_signal(experiment: dict[str, Any], left: float | None) -> float | None:
+    """Warn when Slurm may send the --signal before the engine's job step exists.
+
+    A signal sent then reaches no step and is lost, and the segment runs into its
+    time limit, saving only on the final SIGTERM (KillWait seconds)."""
+    signal_at = experiment["time"]["signal_seconds"] + SLURM_SIGNAL_PERIOD
+    if left is not None and left <= signal_at:
+        log.warning(
+            "the job has %.0f s left and time.signal_seconds is %d: Slurm may send the "
+            "signal before the engine starts, and it would be lost; give train_segment a "
+            "runtime well above %d s or lower time.signal_seconds",
+            left,
+            experiment["time"]["signal_seconds"],
+            signal_at,
+        )
+    return left
+
+
+def iteration_progress(what: str, engine_log: Path, start: int, stop: int) -> Callable[[], None]:
+    """Reads the iterations the engine logged since now; a progress line (iterations of
+    this segment, rate, ETA) at the progress interval."""
+    progress = Progress(what, stop - start, "iterations")
+    offset = engine_log.stat().st_size if engine_log.exists() else 0
+
+    def update() -> None:
+        nonlocal offset
+        with open(engine_log, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+        complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits
+        offset += len(complete)
+        rows = parse_log_lines(complete.decode("utf-8", errors="replace"))
+        if rows:
+            progress.update(rows[-1]["iteration"] - start)
+
+    return update
+
+
+def both(*calls: Callable[[], None]) -> Callable[[], None]:
+    def call() -> None:
+        for c in calls:
+            c()
+
+    return call
+
+
+def run_segment(
+    name: str,
+    prepared: Prepared,
+    segment: int,
+    paths: Paths,
+    cluster,
+    container: str | None = None,
+    attempt: int = 1,
+) -> dict[str, Any]:
+    """Train segment ``segment`` of ``name``; write and return its result record.
+
+    Attempt ``attempt`` (Snakemake's) first checks that it may run at all, then takes the
+    checkpoint folder's lease, records itself, trains, and records how it ended.
+    """
+    record_file = attempts.attempts_path(paths.engine_log)
+    start_iteration = checkpoints.latest_iteration(paths.save) or 0
+    why = attempts.refusal(
+        attempts.load(record_file), attempt, start_iteration, engine_log=paths.engine_log
+    )
+    if why:
+        raise SegmentRefused(f"segment {segment} of {name}, attempt {attempt} not run: {why}")
+    with Signals() as signals, lease.held(paths.save, on_takeover=_log_takeover) as holder:
+        log.info("lease on %s: %s", paths.save, holder.describe())
+        start_iteration = checkpoints.latest_iteration(paths.save) or 0
+        log_offset = _size(paths.engine_log)
+        entry = attempts.record_start(record_file, attempt, start_iteration, log_offset=log_offset)
+
+        def end(failure: str | None, message: str = "", reached: int | None = None) -> None:
+            if reached is None:
+                reached = checkpoints.latest_iteration(paths.save) or 0
+            logged = attempts.logged_iteration(paths.engine_log, log_offset)
+            attempts.record_end(record_file, entry, reached, failure, message, logged)
+
+        try:
+            record = _train_segment(name, prepared, segment, paths, cluster, container, signals)
+        except SegmentIncomplete as e:
+            end(e.failure, str(e))
+            if signals.interrupted:  # Ctrl-C: the engine has stopped; end as Ctrl-C ends
+                raise KeyboardInterrupt from None
+            raise
+        except Exception as e:
+            failure = classify_text(f"{type(e).__name__}: {e}") or "error"
+            end(failure, f"{type(e).__name__}: {e}")
+            raise
+        end(None, reached=record["last_iteration"])
+    return record
+
+
+def _size(path: str | os.PathLike) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _log_takeover(stale: lease.Holder) -> None:
+    log.warning("took over the stale lease of %s (no longer running)", stale.describe())
+
+
+def _train_segment(
+    name: str,
+    prepared: Prepared,
+    segment: int,
+    paths: Paths,
+    cluster,
+    container: str | None,
+    signals: Signals,
+) -> dict[str, Any]:
+    from hpcllm.launch import python_for
+
+    experiment, layout = prepared.experiment, prepared.layout
+    stop = target_iteration(experiment, segment)
+    start_iteration = checkpoints.latest_iteration(paths.save) or 0
+    # Before anything else: never resume (or report as done) a checkpoint trained with
+    # other weight-determining settings.
+    tracked.check_checkpoint_settings(
+        name,
+        paths.save,
+        tracked.weight_settings(prepared, transformer_impl_for(cluster)),
+        tracked.continuation_settings(prepared),
+        has_checkpoint=start_iteration > 0,
+    )
+    check_checksums(paths.save)
+    check_segment_data(prepared)
+    started = time.time()
+    engine_log = Path(paths.engine_log)
+    log_offset = engine_log.stat().st_size if engine_log.exists() else 0
+    if start_iteration < stop and signals.received is None:
+        command = engine_command(
+            experiment,
+            layout,
+            prepared.blend,
+            prepared.tokenizer_files,
+            paths,
+            segment,
+            exit_duration(experiment, warn_early_signal(experiment, remaining_job_seconds())),
+            eod_token=prepared.eod_token,
+            transformer_impl=transformer_impl_for(cluster),
+            python=python_for(container),
+        )
+        launch = segment_launch(experiment, command, cluster, container)
+        log.info("segment %d of %s: iterations %d..%d", segment, name, start_iteration + 1, stop)
+        script = engine_log.with_suffix(".sh")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        oom_before = oom_kill_count()
+        rc = run_launch(
+            launch.shell(),
+            script,
+            engine_log,
+            env,
+            signals,
+            while_running=both(
+                iteration_progress(
+                    f"segment {segment} of {name}", engine_log, start_iteration, stop
+                ),
+                retention(experiment, paths.save),
+                lambda: record_checksums(paths.save),
+            ),
+        )
+        log.info("engine exited with %d", rc)
+        record_checksums(paths.save)
+        retention(experiment, paths.save)()
+        oom_after = oom_kill_count()
+        oom_kills = (oom_after or 0) - (oom_before or 0) if oom_before is not None else 0
+    else:
+        rc, oom_kills = None, 0
+    if start_iteration >= stop:
+        log.warning(
+            "%s already holds iteration %d >= this segment's target %d: nothing to train",
+            paths.save,
+            start_iteration,
+            stop,
+        )
+    reached = checkpoints.latest_iteration(paths.save) or 0
+    if reached < stop:
+        text = engine_log.read_text(errors="replace")[log_offset:] if engine_log.exists() else ""
+        state = None
+        if killed_by_sigkill(rc, text) and not oom_kills:
+            state = slurm_step_state(os.environ.get("SLURM_JOB_ID"))
+        failure = segment_failure(text, signals.received, rc, oom_kills, state)
+        when = "early"
+        if not text:
+            when = "before the engine started"
+        elif not parse_log_lines(text):
+            when = "during the engine's start-up"
+        broken = checkpoint_problem(text, paths.save)
+        if broken:
+            after = (
+                f"the checkpoint could not be loaded: {broken} Another attempt would fail "
+                "the same way; fix or remove that checkpoint (docs/training.md)"
+            )
+        else:
+            after = (
+                f"the next attempt or a rerun continues from the newest checkpoint in "
+                f"{paths.save} (iteration {reached})"
+            )
+        raise SegmentIncomplete(
+            f"segment {segment} of {name} stopped at iteration {reached} of {stop} {when} "
+            f"({failure}; see {paths.engine_log}); {after}",
+            failure,
+        )
+    lines = [r for r in parse_log_lines(engine_log.read_text()) if r["iteration"] <= stop]
+    last = lines[-1] if lines else {}
+    record = {
+        "experiment": name,
+        "engine": experiment["engine"],
+        "segment": segment,
+        "segments": experiment["segments"],
+        "first_iteration": target_iteration(experiment, segment - 1) + 1,
+        "last_iteration": stop,
+        "resumed_from_iteration": start_iteration,
+        "consumed_samples": stop * layout.global_batch,
+        "lm_loss": last.get("lm loss"),
+        "seconds": round(time.time() - started, 3),
+        "gpus": layout.gpus,
+        "checkpoint": str(checkpoints.iteration_dir(paths.save, reached)),
+    }
+    # The GPUs' energy where the engine logged it (hpcllm.bench.energy), and its tokens.
+    from hpcllm.bench.energy import log_energy
+
+    energy = log_energy(lines, layout.gpus, layout.global_batch,
+                        experiment["model"]["seq_length"], experiment.get("log_interval", 1))  # fmt: skip
+    if energy:
+        record["energy_j"], record["energy_tokens"] = round(energy[0], 3), energy[1]
+    with atomic_path(paths.record) as tmp:
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def segment_failure(
+    text: str,
+    signum: int | None,
+    returncode: int | None = None,
+    oom_kills: int = 0,
+    slurm_state: str | None = None,
+) -> str:
+    """The failure class of an attempt that ended before its target iteration.
+
+    A signal this job received (Slurm's --signal before the time limit, scancel,
+    preemption) explains the stop whatever the engine printed on its way down. An engine
+    killed by SIGKILL prints nothing itself: the kernel's OOM record (``oom_kills``, the
+    rise of the job cgroup's count during the launch) or Slurm's state of the step name
+    the cause; without one it was killed from outside (a node's watchdog, Slurm's
+    KillWait, a user), which another attempt can get past: ``signal``.
+    """
+    if oom_kills:
+        return "out_of_memory"
+    found = classify_text(text, slurm_state)
+    if signum is not None and found not in ("time_limit", "node_failure"):
+        return "signal"
+    if killed_by_sigkill(returncode, text) and found in (None, "error"):
+        return "signal"
+    return found or "error"
+
+
+# An exception line of the engine's output: the last line of a traceback.
+_EXCEPTION_LINE = re.compile(r"^(?:\[\w+\]:)?\s*(\w+(?:\.\w+)*(?:Error|Exception)): (.+)$", re.M)
+
+
+def checkpoint_problem(text: str, save: str) -> str | None:
+    """The exception the engine raised about a file of the checkpoint folder (loading a
+    corrupt or partial checkpoint), naming the file; None if it raised none."""
+    for m in reversed(list(_EXCEPTION_LINE.finditer(text))):
+        if save in m.group(2) or m.group(1).endswith("CheckpointError"):
+            return f"{m.group(1)}: {m.group(2)}"
+    return None

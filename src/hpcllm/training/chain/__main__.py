@@ -1,0 +1,5 @@
+import sys
+
+from hpcllm.training.campaign.chain import main
+
+sys.exit(main())

@@ -1,0 +1,2 @@
+"""Megatron's checkpoint folder: the tracker (``tracker``), checksums, retention, and the
+lease of the one job that writes it."""

@@ -1,0 +1,175 @@
+"""The engines' command lines: Megatron-LM's ``pretrain_gpt.py`` or the torch engine, for
+one segment of an experiment, with the tokenizer each reads; and where an engine cannot
+run (no Megatron-LM without a container).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from hpcllm.models.megatron_args import pretrain_gpt_args
+from hpcllm.models.planner import Layout
+from hpcllm.training.plan.data import Blend
+from hpcllm.training.plan.experiment import Paths, target_iteration, total_iterations
+
+
+def megatron_tokenizer_model(tokenizer_files: tuple[str, str]) -> str | None:
+    """The ``--tokenizer-model`` folder of Megatron's HuggingFaceTokenizer: the folder of a
+    given tokenizer.json (``tokenizers_config.engine_files``, written by the workflow's
+    tokenizer_folder rule), or the tokenizer's folder where it holds a tokenizer.json and a
+    tokenizer_config.json naming the ``eos_token`` (Megatron's EOD; a trained tokenizer
+    has both), read offline; else None (GPT2BPETokenizer, which asks the hub for gpt2's
+    configuration)."""
+    from hpcllm.text.tokenizers_config import is_hf_folder
+
+    folder = Path(tokenizer_files[0]).parent
+    if is_hf_folder(tokenizer_files):
+        return str(folder)
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    has_eos = isinstance(config, dict) and config.get("eos_token")
+    return str(folder) if has_eos and (folder / "tokenizer.json").exists() else None
+
+
+def hub_tokenizer_warning(
+    name: str, engine: str, tokenizer_cfg: dict, tokenizer_files: tuple[str, str], eod: str
+) -> str | None:
+    """At plan time: why a megatron experiment's given (``type: files``) GPT-2 tokenizer
+    would make the job reach for the hub at start-up, or None. A trained one gets its
+    tokenizer.json and tokenizer_config.json from train_tokenizer, a given tokenizer.json
+    its folder from tokenizer_folder."""
+    if engine != "megatron" or tokenizer_cfg.get("type", "train") == "train":
+        return None
+    if megatron_tokenizer_model(tokenizer_files) is not None:
+        return None
+    from hpcllm.text.tokenizer_train import hf_tokenizer_config  # only on this path
+
+    return (
+        f"training.experiments.{name}: {Path(tokenizer_files[0]).parent} has no "
+        "tokenizer.json with a tokenizer_config.json naming an eos_token, so Megatron-LM "
+        "gets GPT2BPETokenizer, which loads gpt2's configuration from the Hugging Face hub "
+        "when the job starts; on compute nodes without internet the job fails there. Put "
+        f"both files beside {tokenizer_files[0]} (tokenizer_config.json: "
+        f"{json.dumps(hf_tokenizer_config(eod))}), or name the tokenizer.json as the "
+        "tokenizer's tokenizer_json, or fill "
+        "HF_HOME with gpt2's configuration and set HF_HUB_OFFLINE=1 for the jobs."
+    )
+
+
+def engine_command(
+    experiment: dict[str, Any],
+    layout: Layout,
+    blend: Blend,
+    tokenizer_files: tuple[str, str],
+    paths: Paths,
+    segment: int,
+    exit_minutes: float | None,
+    megatron_dir: str = "/opt/Megatron-LM",
+    eod_token: str = "<|endoftext|>",
+    transformer_impl: str = "transformer_engine",
+    python: str = sys.executable,
+) -> list[str]:
+    """The argv of one engine process (the launcher runs it, with ``--no-python``);
+    ``python`` runs the torch engine (the image's inside a container)."""
+    stop = target_iteration(experiment, segment)
+    train_iters = total_iterations(experiment)
+    split = experiment["data"]["split"]
+    vocab, merges = tokenizer_files
+    if experiment["engine"] == "megatron":
+        return [
+            "python",
+            f"{megatron_dir}/pretrain_gpt.py",
+            *pretrain_gpt_args(
+                experiment,
+                layout,
+                data_path=blend.megatron_data_path(),
+                split=split,
+                vocab_file=vocab,
+                merge_file=merges,
+                save=paths.save,
+                tensorboard_dir=paths.tensorboard,
+                data_cache_path=paths.data_cache,
+                train_iters=train_iters,
+                stop_iteration=stop,
+                exit_minutes=None if exit_minutes is None else int(exit_minutes),
+                transformer_impl=transformer_impl,
+                tokenizer_model=megatron_tokenizer_model(tokenizer_files),
+            ),
+        ]
+    model, optim = experiment["model"], experiment["optim"]
+    argv = [
+        python,
+        "-m",
+        "hpcllm.training.engines.torch_engine",
+        "--num-layers", str(model["num_layers"]),
+        "--hidden-size", str(model["hidden_size"]),
+        "--num-attention-heads", str(model["num_attention_heads"]),
+        "--seq-length", str(model["seq_length"]),
+        "--position-embedding-type", model["position_embedding"],
+        "--micro-batch-size", str(layout.micro_batch),
+        "--global-batch-size", str(layout.global_batch),
+        "--train-iters", str(train_iters),
+        "--exit-interval", str(stop),
+        "--exit-signal-handler",
+        "--lr", repr(float(optim["lr"])),
+        "--min-lr", repr(float(optim["min_lr"])),
+        "--lr-decay-style", "cosine",
+        "--lr-warmup-iters", str(optim["warmup_iters"]),
+        "--adam-beta1", repr(float(optim["beta1"])),
+        "--adam-beta2", repr(float(optim["beta2"])),
+        "--weight-decay", repr(float(optim["weight_decay"])),
+        "--clip-grad", repr(float(optim["clip_grad"])),
+        "--seed", str(experiment["seed"]),
+        "--data-path", *blend.megatron_data_path(),
+        "--split", split,
+        "--data-cache-path", paths.data_cache,
+        *torch_tokenizer_args(tokenizer_files),
+        "--eod-token", eod_token,
+        "--save", paths.save,
+        "--load", paths.save,
+        "--save-interval", str(experiment.get("save_interval") or experiment["iterations_per_segment"]),
+        "--log-interval", str(experiment["log_interval"]),
+        "--log-throughput",
+        "--eval-interval", str(experiment["eval_interval"]),
+        "--eval-iters", str(experiment["eval_iters"]),
+        "--tensorboard-dir", paths.tensorboard,
+        "--threads", str(experiment["threads"]),
+    ]  # fmt: skip
+    if model.get("ffn_hidden_size"):
+        argv += ["--ffn-hidden-size", str(model["ffn_hidden_size"])]
+    if experiment["precision"] == "bf16":
+        argv.append("--bf16")
+    if exit_minutes is not None:
+        argv += ["--exit-duration-in-mins", f"{exit_minutes:.2f}"]
+    return argv
+
+
+def torch_tokenizer_args(tokenizer_files: tuple[str, str]) -> list[str]:
+    """The torch engine's tokenizer flags: the Hugging Face folder of a given
+    tokenizer.json, or GPT-2 style vocab and merges files."""
+    from hpcllm.text.tokenizers_config import is_hf_folder
+
+    if is_hf_folder(tokenizer_files):
+        return ["--tokenizer-model", str(Path(tokenizer_files[0]).parent)]
+    return ["--vocab-file", tokenizer_files[0], "--merge-file", tokenizer_files[1]]
+
+
+def engine_problem(name: str, engine: str, cluster) -> str | None:
+    """The megatron engine where there is no Megatron-LM: the workflow has it only in the
+    training image (at /opt/Megatron-LM, engine_command's megatron_dir), so a cluster
+    without a container runtime (the local machine) has none, and a segment would fail
+    on start. None where the engine runs."""
+    if engine != "megatron" or cluster.uses_containers:
+        return None
+    return (
+        f"training.experiments.{name}.engine: megatron runs Megatron-LM's pretrain_gpt.py "
+        f"from the training container (/opt/Megatron-LM), but cluster {cluster.name} has no "
+        f"container runtime ({cluster.path}: container_runtime: none), so no Megatron-LM. "
+        "Set engine: torch to train it here, or leave it out of training.run here and run "
+        "it with a GPU cluster's profile (snakemake --profile profiles/<cluster>)."
+    )

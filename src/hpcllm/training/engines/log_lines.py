@@ -1,0 +1,32 @@
+"""The engines' log: the Megatron-style iteration lines both engines print.
+
+``iteration N/ T | consumed samples: ... | lm loss: ... |``: one per logged iteration,
+read by the segment (how far it trained), its attempts, ``hpcllm status`` and the loss
+curves.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_LOG_LINE = re.compile(r"iteration\s+(\d+)/\s*(\d+)\s*\|(.*)$")
+
+
+def parse_log_lines(text: str) -> list[dict[str, Any]]:
+    """The fields of every Megatron-style iteration line (either engine)."""
+    rows = []
+    for line in text.splitlines():
+        m = _LOG_LINE.search(line)
+        if not m or not line.rstrip().endswith("|"):
+            continue  # not one, or cut off (a killed job): Megatron ends them with "|"
+        row: dict[str, Any] = {"iteration": int(m.group(1)), "train_iters": int(m.group(2))}
+        for part in m.group(3).split("|"):
+            key, sep, value = part.partition(":")
+            if sep:
+                try:
+                    row[key.strip()] = float(value)
+                except ValueError:
+                    row[key.strip()] = value.strip()
+        rows.append(row)
+    return rows
