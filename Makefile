@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint dag system-deps clean
+.PHONY: run test lint dag system-deps clean gpu-check
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,3 +40,11 @@ dag: $(BIN)/.installed
 
 clean:
 	rm -rf data results logs checkpoints plots report.html .snakemake
+
+# The whole GPU path on this machine, one table (docs/gpu-check.md). With
+# HPCLLM_PYTHON=python3 (a GPU machine whose Python already holds torch) it runs with that
+# Python and this checkout's src/, without .venv; GPU_CHECK_ARGS passes options
+# (--megatron PATH, --out DIR, --only STEP ...).
+HPCLLM_PYTHON ?=
+gpu-check: $(if $(HPCLLM_PYTHON),,$(BIN)/.installed)
+	PYTHONPATH=$(CURDIR)/src$(if $(PYTHONPATH),:$(PYTHONPATH)) $(or $(HPCLLM_PYTHON),$(BIN)/python) -m hpcllm.gpu_check $(GPU_CHECK_ARGS)

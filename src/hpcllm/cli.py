@@ -8,8 +8,14 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["gpu-check"]:  # its options are its own parser's (hpcllm gpu-check -h)
+        from hpcllm.gpu_check import main as gpu_check
+
+        return gpu_check(argv[1:])
     parser = argparse.ArgumentParser(prog="hpcllm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("gpu-check", help="the whole GPU path on this machine (docs/gpu-check.md)")
     p = sub.add_parser(
         "sample-corpus",
         help="rebuild the shipped sample corpus from the documentation on this machine",
