@@ -143,3 +143,18 @@ def planned(out: str) -> dict[str, int]:
     table = out.split("Job stats:", 1)[1].split("total", 1)[0] if "Job stats:" in out else ""
     rows = (line.split() for line in table.splitlines())
     return {row[0]: int(row[1]) for row in rows if len(row) == 2 and row[1].isdigit()}
+
+
+def megatron_checkout(tree: Path, version: str = "0.19.1") -> Path:
+    """The files by which a Megatron-LM checkout is known (an archive: no .git)."""
+    import sysconfig
+
+    datasets = tree / "megatron" / "core" / "datasets"
+    datasets.mkdir(parents=True)
+    (tree / "pretrain_gpt.py").write_text("")
+    major, minor, patch = version.split(".")
+    (tree / "megatron/core/package_info.py").write_text(
+        f"MAJOR = {major}\nMINOR = {minor}\nPATCH = {patch}\n"
+    )
+    (datasets / f"helpers_cpp{sysconfig.get_config_var('EXT_SUFFIX')}").write_bytes(b"")
+    return tree

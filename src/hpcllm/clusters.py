@@ -113,6 +113,12 @@ SCHEMA: dict[str, Any] = {
         # checked by hand (the site probe's answer wins: hpcllm.training.campaign.chain_site).
         "slurm_from_compute_nodes": {"type": "boolean"},
         "container_runtime": {"enum": ["apptainer", "singularity", "none"]},
+        # A Megatron-LM checkout for runs without a container (a workstation, a site whose
+        # users work from a module or venv): the training image has it at /opt/Megatron-LM.
+        "megatron_lm": {"type": "string", "minLength": 1},
+        # Whether the jobs' Megatron has Transformer Engine; unset: NVIDIA images have it,
+        # the ROCm image not. false runs Megatron's own layers (--transformer-impl local).
+        "transformer_engine": {"type": "boolean"},
         "container_build": {
             "type": "object",
             "additionalProperties": False,
@@ -151,6 +157,8 @@ ASSUMED_FRACTION_OF_PEAK = 0.4
 # A GPU partition's longest time limit where its cluster file gives none (the 24 h most
 # EuroHPC GPU partitions allow).
 DEFAULT_MAX_MINUTES = 1440
+# Where the training images hold Megatron-LM (envs/megatron-*.def).
+MEGATRON_IN_IMAGE = "/opt/Megatron-LM"
 
 
 @dataclass(frozen=True)
@@ -238,6 +246,10 @@ class Cluster:
     # May compute nodes call sbatch/scontrol requeue/scancel? None: not known (no site
     # document we have says; the site probe answers it).
     slurm_from_compute_nodes: bool | None = None
+    # A Megatron-LM checkout where jobs run without a container (None: none given).
+    megatron_lm: str | None = None
+    # Whether the jobs' Megatron has Transformer Engine (None: by the GPU vendor).
+    transformer_engine: bool | None = None
 
     @property
     def uses_slurm(self) -> bool:
@@ -246,6 +258,12 @@ class Cluster:
     @property
     def uses_containers(self) -> bool:
         return self.container_runtime != "none"
+
+    @property
+    def megatron_dir(self) -> str | None:
+        """Where the jobs find Megatron-LM: the training image's copy, or the checkout the
+        facts name where jobs run without a container (None: no Megatron-LM here)."""
+        return MEGATRON_IN_IMAGE if self.uses_containers else self.megatron_lm
 
     @property
     def cores_per_gpu(self) -> int:
@@ -411,7 +429,17 @@ def load_cluster(
         env_globs=globs,
         billing_gpu_hours_per_node_hour=raw.get("billing", {}).get("gpu_hours_per_node_hour"),
         slurm_from_compute_nodes=raw.get("slurm_from_compute_nodes"),
+        megatron_lm=_resolve_megatron_lm(raw.get("megatron_lm"), path),
+        transformer_engine=raw.get("transformer_engine"),
     )
+
+
+def _resolve_megatron_lm(value: str | None, path: Path) -> str | None:
+    """The checkout as an absolute path: ~ and $VARS expanded, a relative path taken from
+    the working directory (the workflow's, as Snakemake takes paths)."""
+    if value is None:
+        return None
+    return str(Path(os.path.expandvars(os.path.expanduser(value))).resolve())
 
 
 def duplicate_keys(node, path: tuple = ()) -> list[str]:

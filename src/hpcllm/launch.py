@@ -217,6 +217,7 @@ def build_launch(
     master_port: int | None = None,
     binds: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
+    rendezvous: bool = False,
 ) -> Launch:
     """The launch of ``command`` on ``nodes`` x ``procs_per_node`` processes.
 
@@ -224,7 +225,9 @@ def build_launch(
     (``["python", "pretrain_gpt.py", ...]``): the launcher runs it with ``--no-python``.
     ``env`` adds to (and overrides) the cluster's job environment. The rendezvous port is
     ``master_port``, or by default one the job script derives from the job id
-    (``job_port_shell``).
+    (``job_port_shell``). ``rendezvous``: the command joins torch.distributed through the
+    environment (Megatron's ``env://``), so even one process without Slurm gets torchrun
+    (``--standalone``: MASTER_ADDR, a free port, RANK and WORLD_SIZE).
     """
     if nodes < 1 or procs_per_node < 1:
         raise ValueError(f"nodes ({nodes}) and procs_per_node ({procs_per_node}) must be >= 1")
@@ -249,7 +252,7 @@ def build_launch(
             )
         inner = (
             list(command)
-            if procs_per_node == 1
+            if procs_per_node == 1 and not rendezvous
             else [
                 bare_metal_tool("torchrun") if container is None else "torchrun",
                 "--standalone",

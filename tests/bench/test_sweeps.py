@@ -1,7 +1,9 @@
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from support import megatron_checkout
 
 from hpcllm.bench.sweeps import (
     ClusterFacts,
@@ -375,8 +377,8 @@ def test_a_warm_up_as_long_as_the_run_is_refused_naming_its_key():
 
 
 def test_the_megatron_engine_where_there_is_no_container_is_refused_naming_its_key():
-    """Megatron-LM is in the training image only: on a cluster without a container
-    runtime its points failed at start on /opt/Megatron-LM/pretrain_gpt.py."""
+    """Megatron-LM is in the training image; on a cluster without a container runtime and
+    without a checkout named, its points failed at start on /opt/Megatron-LM/pretrain_gpt.py."""
     local = facts_of(load_cluster("local", REPO / "config/clusters"))
     exp = language(engine="megatron", max_nodes={"local": 1})
     with pytest.raises(SweepError) as error:
@@ -384,12 +386,33 @@ def test_the_megatron_engine_where_there_is_no_container_is_refused_naming_its_k
     assert str(error.value) == (
         "benchmarks.experiments.lang.engine: megatron runs Megatron-LM's pretrain_gpt.py "
         "from the training container (/opt/Megatron-LM), but cluster local has no container "
-        "runtime (config/clusters/local.yaml: container_runtime: none), so no Megatron-LM. "
-        "Set engine: torch to run it here, or leave local out of its max_nodes and run it "
-        "with a GPU cluster's profile."
+        "runtime (config/clusters/local.yaml: container_runtime: none) and names no "
+        "Megatron-LM checkout (megatron_lm). Name one there, set engine: torch to run it "
+        "here, or leave local out of its max_nodes and run it with a GPU cluster's profile."
     )
-    del exp["engine"]
-    with pytest.raises(SweepError, match=r"engine: megatron \(unset: the default\) runs"):
-        expand_experiment("lang", exp, local)
-    assert expand_experiment("lang", {**exp, "engine": "torch"}, local)
-    assert expand_experiment("lang", language(engine="megatron"), local) == []  # no points here
+
+
+def test_the_megatron_engine_runs_bare_metal_from_a_checkout_at_the_pin(tmp_path):
+    """A workstation or a site without containers names its Megatron-LM checkout: its
+    points expand, and run its pretrain_gpt.py with this environment's Python; a checkout
+    whose dataset helpers are not built for this Python is refused, naming them."""
+    from dataclasses import replace
+
+    from hpcllm.bench.language import language_launch
+
+    tree = megatron_checkout(tmp_path / "Megatron-LM")
+    local = facts_of(load_cluster("local", REPO / "config/clusters"))
+    exp = language(engine="megatron", max_nodes={"local": 1})
+    points = expand_experiment("lang", exp, replace(local, megatron_lm=str(tree)))
+    assert points
+    cluster = replace(load_cluster("local", REPO / "config/clusters"), megatron_lm=str(tree))
+    argv = language_launch(points[0].row(), tmp_path / "run", cluster, None).argv
+    # One rank, still under torchrun: Megatron's env:// start needs MASTER_ADDR and a port
+    # (without it: "environment variable MASTER_ADDR expected, but not set").
+    assert argv[1:5] == ["--standalone", "--nproc_per_node", "1", "--no-python"], argv[:5]
+    assert argv[5:7] == [sys.executable, f"{tree}/pretrain_gpt.py"], argv[:8]
+
+    helpers = next(tree.glob("megatron/core/datasets/helpers_cpp*"))
+    helpers.unlink()
+    with pytest.raises(SweepError, match=rf"helpers are not built for this Python \({helpers}"):
+        expand_experiment("lang", exp, replace(local, megatron_lm=str(tree)))

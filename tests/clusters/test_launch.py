@@ -422,6 +422,7 @@ def test_megatron_command_of_a_training_segment_is_pinned():
         paths,
         2,
         1425,
+        python="python",  # the image's, as run_segment passes in a container (python_for)
     )
     assert " ".join(command) == PINNED_SEGMENT_800M
 

@@ -6,9 +6,10 @@ training engine, given tokenizer files, and the dry runs through Snakemake."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
-from support import REPO, run_snakemake
+from support import REPO, megatron_checkout, run_snakemake
 
 from hpcllm.clusters import load_cluster
 from hpcllm.text.tokenizers_config import missing_file_problem
@@ -17,19 +18,31 @@ from hpcllm.training.engines.command import engine_problem
 CLUSTERS = REPO / "config" / "clusters"
 
 
-def test_the_megatron_engine_on_a_cluster_without_containers_is_refused_by_its_key():
-    """Megatron-LM is in the training image only (/opt/Megatron-LM): the local machine
-    has none, and a segment failed on start on /opt/Megatron-LM/pretrain_gpt.py."""
+def test_the_megatron_engine_on_a_cluster_without_containers_is_refused_by_its_key(tmp_path):
+    """Megatron-LM is in the training image (/opt/Megatron-LM): the local machine has none
+    unless its facts name a checkout (megatron_lm) at the pin; a segment failed on start
+    on /opt/Megatron-LM/pretrain_gpt.py."""
     local = load_cluster("local", CLUSTERS)
     assert engine_problem("big", "megatron", local) == (
         "training.experiments.big.engine: megatron runs Megatron-LM's pretrain_gpt.py from "
         "the training container (/opt/Megatron-LM), but cluster local has no container "
-        f"runtime ({CLUSTERS / 'local.yaml'}: container_runtime: none), so no Megatron-LM. "
-        "Set engine: torch to train it here, or leave it out of training.run here and run "
-        "it with a GPU cluster's profile (snakemake --profile profiles/<cluster>)."
+        f"runtime ({CLUSTERS / 'local.yaml'}: container_runtime: none) and names no "
+        "Megatron-LM checkout (megatron_lm: PATH, at the pinned commit). Name one there, set "
+        "engine: torch to train it here, or leave it out of training.run here and run it "
+        "with a GPU cluster's profile (snakemake --profile profiles/<cluster>)."
     )
     assert engine_problem("big", "torch", local) is None
     assert engine_problem("big", "megatron", load_cluster("juwels", CLUSTERS)) is None
+    # A checkout at the pin, its helpers built for this Python: the engine runs bare metal.
+    tree = megatron_checkout(tmp_path / "Megatron-LM")
+    assert engine_problem("big", "megatron", replace(local, megatron_lm=str(tree))) is None
+    # Another release (an archive says it in package_info.py) is refused, naming both.
+    other = megatron_checkout(tmp_path / "old", version="0.16.0")
+    assert engine_problem("big", "megatron", replace(local, megatron_lm=str(other))) == (
+        f"training.experiments.big.engine: megatron on cluster local ({local.path}): "
+        f"megatron_lm {other}: megatron/core/package_info.py says 0.16.0, the pin's says "
+        "0.19.1 (core_v0.19.0, 5be9626709af); check out that commit"
+    )
 
 
 def test_a_given_tokenizer_file_that_is_not_there_is_named_by_its_key(tmp_path):
@@ -62,7 +75,7 @@ def test_a_dry_run_refuses_the_megatron_engine_on_the_local_machine(workdir):
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "training.experiments.tiny_local.engine: megatron runs Megatron-LM's" in out, out[-3000:]
-    assert "Set engine: torch to train it here" in out
+    assert "set engine: torch to train it here" in out
 
 
 @pytest.mark.workflow

@@ -13,12 +13,12 @@ import shutil
 from pathlib import Path
 
 from hpcllm.bench.runner import launch_for, run_launch
+from hpcllm.clusters import MEGATRON_IN_IMAGE
 from hpcllm.launch import python_for
 from hpcllm.models.planner import Layout
 from hpcllm.models.presets import resolve_experiment
 from hpcllm.text.tokenizer_train import hf_tokenizer_config
 
-PRETRAIN_GPT = "/opt/Megatron-LM/pretrain_gpt.py"
 EOD_TOKEN = "<|endoftext|>"  # both engines' default end-of-document token
 
 
@@ -83,7 +83,11 @@ def tokenizer_folder(point: dict, run_dir: str | Path) -> str | None:
 
 
 def engine_command(
-    point: dict, run_dir: str | Path, python: str, transformer_impl: str = "transformer_engine"
+    point: dict,
+    run_dir: str | Path,
+    python: str,
+    transformer_impl: str = "transformer_engine",
+    megatron_dir: str = MEGATRON_IN_IMAGE,
 ) -> list[str]:
     exp = experiment_of(point)
     model = exp["model"]
@@ -144,7 +148,7 @@ def engine_command(
         transformer_impl=transformer_impl,
         tokenizer_model=folder,
     )
-    return [python, PRETRAIN_GPT, *args]
+    return [python, f"{megatron_dir}/pretrain_gpt.py", *args]
 
 
 def language_launch(point: dict, run_dir: str | Path, cluster, container: str | None):
@@ -152,7 +156,11 @@ def language_launch(point: dict, run_dir: str | Path, cluster, container: str | 
     from hpcllm.models.megatron_args import MEGATRON_ENV, transformer_impl_for
 
     command = engine_command(
-        point, run_dir, python_for(container), transformer_impl=transformer_impl_for(cluster)
+        point,
+        run_dir,
+        python_for(container),
+        transformer_impl=transformer_impl_for(cluster),
+        megatron_dir=cluster.megatron_dir or MEGATRON_IN_IMAGE,
     )
     launch = launch_for(point, cluster, command, container)
     if point["engine"] == "megatron":

@@ -147,6 +147,7 @@ def launch_for(point: dict, cluster, command: list[str], container: str | None) 
         container=container,
         binds=binds,
         env=env,
+        rendezvous=point.get("engine") == "megatron",
     )
 
 

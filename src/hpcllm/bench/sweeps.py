@@ -52,8 +52,10 @@ class ClusterFacts:
     # flash attention; megatron_args.as_run)
     transformer_impl: str = "transformer_engine"
     gpu_vendor: str = "nvidia"
-    # A container runtime: Megatron-LM is there only in the training image (/opt/Megatron-LM)
+    # A container runtime: Megatron-LM is in the training image (/opt/Megatron-LM)
     containers: bool = True
+    # Without one: the Megatron-LM checkout the cluster file names (megatron_lm), if any
+    megatron_lm: str | None = None
 
     @property
     def procs_per_node(self) -> int:
@@ -103,6 +105,7 @@ def facts_of(cluster) -> ClusterFacts:
         transformer_impl=transformer_impl_for(cluster),
         gpu_vendor=gpu.vendor if gpu else "nvidia",
         containers=cluster.uses_containers,
+        megatron_lm=cluster.megatron_lm,
     )
 
 
@@ -260,8 +263,10 @@ def expand_experiment(
         if problem:
             raise SweepError(problem)
         points = _expand_language(name, exp, cluster, notes)
-        if points and exp.get("engine", "megatron") == "megatron" and not cluster.containers:
-            raise SweepError(megatron_problem(name, exp, cluster))
+        if points and exp.get("engine", "megatron") == "megatron":
+            problem = megatron_problem(name, exp, cluster)
+            if problem:
+                raise SweepError(problem)
         fits = []
         for point in points:
             problem = language_plan_problem(point, cluster)
@@ -327,15 +332,25 @@ def warmup_problem(name: str, exp: dict) -> str | None:
     )
 
 
-def megatron_problem(name: str, exp: dict, cluster: ClusterFacts) -> str:
-    """A megatron-engine experiment with points on a cluster without Megatron-LM."""
+def megatron_problem(name: str, exp: dict, cluster: ClusterFacts) -> str | None:
+    """Why a megatron-engine experiment's points cannot run on ``cluster`` (no Megatron-LM:
+    no container runtime and no checkout named, or a checkout not at the pin), or None."""
+    from hpcllm.models.megatron_args import checkout_problem
+
+    if cluster.containers:
+        return None
     engine = "megatron" if "engine" in exp else "megatron (unset: the default)"
+    where = f"benchmarks.experiments.{name}.engine: {engine}"
+    if cluster.megatron_lm is not None:
+        problem = checkout_problem(cluster.megatron_lm)
+        return f"{where} on cluster {cluster.name}: {problem}" if problem else None
     return (
-        f"benchmarks.experiments.{name}.engine: {engine} runs Megatron-LM's pretrain_gpt.py "
-        f"from the training container (/opt/Megatron-LM), but cluster {cluster.name} has no "
-        f"container runtime (config/clusters/{cluster.name}.yaml: container_runtime: none), "
-        f"so no Megatron-LM. Set engine: torch to run it here, or leave {cluster.name} out "
-        "of its max_nodes and run it with a GPU cluster's profile."
+        f"{where} runs Megatron-LM's pretrain_gpt.py from the training container "
+        f"(/opt/Megatron-LM), but cluster {cluster.name} has no container runtime "
+        f"(config/clusters/{cluster.name}.yaml: container_runtime: none) and names no "
+        "Megatron-LM checkout (megatron_lm). Name one there, set engine: torch to run it "
+        f"here, or leave {cluster.name} out of its max_nodes and run it with a GPU "
+        "cluster's profile."
     )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 from typing import Any
 
 from hpcllm.models.planner import Layout
@@ -117,7 +118,12 @@ TRANSFORMER_IMPL = {"nvidia": "transformer_engine", "amd": "local"}
 
 
 def transformer_impl_for(cluster) -> str:
-    """``--transformer-impl`` for a cluster's GPUs: the ROCm image has no Transformer Engine."""
+    """``--transformer-impl`` for a cluster: its fact ``transformer_engine`` where given (an
+    NVIDIA node or venv without TE runs Megatron's own layers), else by the GPU vendor
+    (the ROCm image has no Transformer Engine)."""
+    has_te = getattr(cluster, "transformer_engine", None)
+    if has_te is not None:
+        return "transformer_engine" if has_te else "local"
     vendor = cluster.gpu.vendor if getattr(cluster, "gpu", None) is not None else "nvidia"
     return TRANSFORMER_IMPL.get(vendor, "transformer_engine")
 
@@ -145,6 +151,74 @@ def as_run(experiment: dict[str, Any], transformer_impl: str) -> tuple[dict[str,
         "model": {**model, "flash_attention": False},
     }
     return runs, dropped
+
+
+# The version in the pinned commit's megatron/core/package_info.py: what an archive of the
+# tree (no .git to ask for its commit) shows. Not the wheel's: PyPI's megatron-core 0.19.0
+# was built from the same tree with 0.19.0 written there.
+PIN_PACKAGE_VERSION = "0.19.1"
+
+
+def checkout_problem(tree: str | Path) -> str | None:
+    """Why the Megatron-LM checkout ``tree`` (a cluster's ``megatron_lm``) cannot run the
+    command lines generated for the pin, or None: not a Megatron-LM tree, another commit
+    or release, or its dataset helpers not built for this Python (rank 0 would compile
+    them at start-up, with a compiler and Python headers a compute node may lack)."""
+    tree = Path(tree)
+    where = f"megatron_lm {tree}"
+    if not (tree / "pretrain_gpt.py").is_file():
+        return f"{where}: no pretrain_gpt.py there; name a Megatron-LM checkout"
+    head = _git_head(tree)
+    if head is not None and head != MEGATRON_LM_COMMIT:
+        return (
+            f"{where}: is at commit {head[:12]}, but the arguments are generated for "
+            f"{MEGATRON_LM_COMMIT[:12]} ({MEGATRON_LM_RELEASE}): "
+            f"`git -C {tree} checkout {MEGATRON_LM_RELEASE}`"
+        )
+    release = _package_release(tree)
+    if head is None and release != PIN_PACKAGE_VERSION:
+        return (
+            f"{where}: megatron/core/package_info.py says {release or 'no version'}, the "
+            f"pin's says {PIN_PACKAGE_VERSION} ({MEGATRON_LM_RELEASE}, "
+            f"{MEGATRON_LM_COMMIT[:12]}); check out that commit"
+        )
+    # Jobs without a container run this Python (hpcllm.launch.python_for): its build.
+    helpers = tree / "megatron" / "core" / "datasets" / f"helpers_cpp{_extension_suffix()}"
+    if not helpers.is_file():
+        return (
+            f"{where}: its dataset helpers are not built for this Python ({helpers} is "
+            f"missing); build them once where a compiler is: `make -C {helpers.parent}` "
+            "with this environment's python3 first on the PATH"
+        )
+    return None
+
+
+def _extension_suffix() -> str:
+    import sysconfig
+
+    return sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+
+
+def _git_head(tree: Path) -> str | None:
+    """The checkout's commit where it is a git work tree (an archive has none)."""
+    import subprocess
+
+    if not (tree / ".git").exists():
+        return None
+    done = subprocess.run(
+        ["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True
+    )
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _package_release(tree: Path) -> str | None:
+    """MAJOR.MINOR.PATCH from the tree's megatron/core/package_info.py (read, not run)."""
+    try:
+        text = (tree / "megatron" / "core" / "package_info.py").read_text()
+    except OSError:
+        return None
+    parts = [re.search(rf"^{k}\s*=\s*(\d+)", text, re.M) for k in ("MAJOR", "MINOR", "PATCH")]
+    return ".".join(p.group(1) for p in parts) if all(parts) else None
 
 
 class MegatronArgsError(ValueError):

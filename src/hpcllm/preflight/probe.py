@@ -24,11 +24,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from hpcllm.launch import RUNTIME_EXEC, Launch, container_exec, package_in_container
+from hpcllm.launch import RUNTIME_EXEC, Launch, container_exec, package_in_container, python_for
 
-# Where the images hold Megatron-LM (envs/*.def): pretrain_gpt.py's folder, first on
-# sys.path of the job's program, as for any script.
-MEGATRON_DIR = "/opt/Megatron-LM"
+# Megatron-LM's folder (the image's, or the facts' checkout: Cluster.megatron_dir) is first
+# on sys.path of the inside check, as pretrain_gpt.py's folder is for the job's program.
 LAUNCHER_MODULE = {"torchrun": "torch.distributed.run", "torchrun_jsc": "torchrun_jsc"}
 
 
@@ -123,6 +122,13 @@ def _tail(text: str, lines: int = 5) -> str:
 
 
 def check_runtime(cluster) -> dict[str, Any]:
+    if not cluster.uses_containers:
+        return check(
+            "container_runtime",
+            True,
+            f"none ({cluster.path}: container_runtime: none): the jobs run in the "
+            "workflow's environment",
+        )
     exe = RUNTIME_EXEC[cluster.container_runtime]
     path = shutil.which(exe)
     if not path:
@@ -149,9 +155,17 @@ def inside_launch(cluster, image: str, modules: list[str]) -> Launch:
     kept outside), running :mod:`hpcllm.preflight.inside` with the checkout's src/."""
     binds, env = package_in_container(image)
     unset = tuple(cluster.env_outside_container)
-    argv = container_exec(cluster, image, binds, unset) + [
-        "python", "-m", "hpcllm.preflight.inside", "--sys-path", MEGATRON_DIR, *modules,
+    # Without a container: this environment, with the checkout the facts name, if any.
+    megatron = cluster.megatron_dir
+    inside = [
+        python_for(image if cluster.uses_containers else None),
+        "-m", "hpcllm.preflight.inside",
+        *(["--sys-path", megatron] if megatron else []),
+        *modules,
     ]  # fmt: skip
+    argv = (
+        container_exec(cluster, image, binds, unset) if cluster.uses_containers else []
+    ) + inside
     return Launch(
         argv=argv,
         env={**cluster.env, **cluster.env_outside_container, **env},

@@ -168,4 +168,5 @@ def segment_launch(experiment: dict[str, Any], command: list[str], cluster, cont
         container=container,
         binds=binds,
         env=env,
+        rendezvous=experiment["engine"] == "megatron",
     )

@@ -221,6 +221,7 @@ def _train_segment(
     container: str | None,
     signals: Signals,
 ) -> dict[str, Any]:
+    from hpcllm.clusters import MEGATRON_IN_IMAGE
     from hpcllm.launch import python_for
 
     experiment, layout = prepared.experiment, prepared.layout
@@ -252,6 +253,7 @@ def _train_segment(
             eod_token=prepared.eod_token,
             transformer_impl=transformer_impl_for(cluster),
             python=python_for(container),
+            megatron_dir=cluster.megatron_dir or MEGATRON_IN_IMAGE,
         )
         launch = segment_launch(experiment, command, cluster, container)
         log.info("segment %d of %s: iterations %d..%d", segment, name, start_iteration + 1, stop)

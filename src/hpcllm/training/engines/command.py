@@ -1,6 +1,6 @@
 """The engines' command lines: Megatron-LM's ``pretrain_gpt.py`` or the torch engine, for
 one segment of an experiment, with the tokenizer each reads; and where an engine cannot
-run (no Megatron-LM without a container).
+run (no Megatron-LM: no container and no checkout named).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hpcllm.clusters import MEGATRON_IN_IMAGE
 from hpcllm.models.megatron_args import pretrain_gpt_args
 from hpcllm.models.planner import Layout
 from hpcllm.training.plan.data import Blend
@@ -69,20 +70,21 @@ def engine_command(
     paths: Paths,
     segment: int,
     exit_minutes: float | None,
-    megatron_dir: str = "/opt/Megatron-LM",
+    megatron_dir: str = MEGATRON_IN_IMAGE,
     eod_token: str = "<|endoftext|>",
     transformer_impl: str = "transformer_engine",
     python: str = sys.executable,
 ) -> list[str]:
     """The argv of one engine process (the launcher runs it, with ``--no-python``);
-    ``python`` runs the torch engine (the image's inside a container)."""
+    ``python`` runs either engine (the image's inside a container, this environment's
+    outside one: a bare ``python`` there could be any Python on the PATH)."""
     stop = target_iteration(experiment, segment)
     train_iters = total_iterations(experiment)
     split = experiment["data"]["split"]
     vocab, merges = tokenizer_files
     if experiment["engine"] == "megatron":
         return [
-            "python",
+            python,
             f"{megatron_dir}/pretrain_gpt.py",
             *pretrain_gpt_args(
                 experiment,
@@ -160,16 +162,23 @@ def torch_tokenizer_args(tokenizer_files: tuple[str, str]) -> list[str]:
 
 
 def engine_problem(name: str, engine: str, cluster) -> str | None:
-    """The megatron engine where there is no Megatron-LM: the workflow has it only in the
-    training image (at /opt/Megatron-LM, engine_command's megatron_dir), so a cluster
-    without a container runtime (the local machine) has none, and a segment would fail
-    on start. None where the engine runs."""
+    """Why the megatron engine cannot run on ``cluster``, or None where it can: it runs
+    from the training image (/opt/Megatron-LM) or, without a container runtime, from the
+    Megatron-LM checkout the cluster file names (``megatron_lm``, at the pin, its helpers
+    built)."""
+    from hpcllm.models.megatron_args import checkout_problem
+
     if engine != "megatron" or cluster.uses_containers:
         return None
+    where = f"training.experiments.{name}.engine: megatron"
+    if cluster.megatron_lm is not None:
+        problem = checkout_problem(cluster.megatron_lm)
+        return f"{where} on cluster {cluster.name} ({cluster.path}): {problem}" if problem else None
     return (
-        f"training.experiments.{name}.engine: megatron runs Megatron-LM's pretrain_gpt.py "
-        f"from the training container (/opt/Megatron-LM), but cluster {cluster.name} has no "
-        f"container runtime ({cluster.path}: container_runtime: none), so no Megatron-LM. "
-        "Set engine: torch to train it here, or leave it out of training.run here and run "
-        "it with a GPU cluster's profile (snakemake --profile profiles/<cluster>)."
+        f"{where} runs Megatron-LM's pretrain_gpt.py from the training container "
+        f"(/opt/Megatron-LM), but cluster {cluster.name} has no container runtime "
+        f"({cluster.path}: container_runtime: none) and names no Megatron-LM checkout "
+        "(megatron_lm: PATH, at the pinned commit). Name one there, set engine: torch to "
+        "train it here, or leave it out of training.run here and run it with a GPU "
+        "cluster's profile (snakemake --profile profiles/<cluster>)."
     )
