@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from support import megatron_checkout
+
 import hpcllm
 
 SRC = str(Path(hpcllm.__file__).resolve().parents[1])
@@ -33,9 +35,8 @@ def rows(out: Path) -> dict[str, dict]:
 
 
 def test_the_cpu_part_passes_and_skips_the_gpu_steps_with_a_reason(tmp_path):
-    megatron = tmp_path / "Megatron-LM"  # a tree is given: what skips is the GPU's absence
-    megatron.mkdir()
-    (megatron / "pretrain_gpt.py").write_text("")
+    # a checkout at the pin is given: what skips is the GPU's absence
+    megatron = megatron_checkout(tmp_path / "Megatron-LM")
     out = tmp_path / "check"
     proc = gpu_check(out, "--megatron", str(megatron), "--only", *STEPS)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -66,5 +67,7 @@ def test_a_broken_step_is_a_fail_row_and_the_exit_status(tmp_path):
     assert proc.returncode == 1
     got = rows(out)
     assert got["train_megatron"]["result"] == "FAIL"
-    assert "no pretrain_gpt.py, not a Megatron-LM tree" in got["train_megatron"]["detail"]
+    assert (
+        "no pretrain_gpt.py there; name a Megatron-LM checkout" in got["train_megatron"]["detail"]
+    )
     assert got["data"]["result"] == "PASS"

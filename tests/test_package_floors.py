@@ -43,7 +43,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("hpcllm.training",),
     # what runs on trained models or ahead of training and benchmarks
     ("hpcllm.export", "hpcllm.evaluation", "hpcllm.preflight"),
-    ("hpcllm.cli", "hpcllm.results_page", "hpcllm.__main__"),
+    ("hpcllm.cli", "hpcllm.results_page", "hpcllm.gpu_check", "hpcllm.__main__"),
 ]
 
 # The rooms of hpcllm.training, bottom first.

@@ -15,10 +15,8 @@ row saying why. Exit status 1 when a step failed. On a machine without a GPU (or
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import dataclasses
-import functools
 import importlib.util
 import json
 import logging
@@ -26,14 +24,13 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 import hpcllm
-from hpcllm.bench import language as bench_language
 from hpcllm.bench.language import run_language_point
 from hpcllm.bench.logparse import parse_megatron_log, parse_vision_log
 from hpcllm.bench.metrics import language_run_metrics, vision_run_metrics
@@ -43,13 +40,14 @@ from hpcllm.bench.sweeps import facts_of as sweep_facts
 from hpcllm.clusters import Cluster, Gpu, Internet, load_cluster
 from hpcllm.configuration import load_schema
 from hpcllm.export.folder import export
+from hpcllm.models import megatron_args
 from hpcllm.preflight import canary, probe
 from hpcllm.text.tokenization import load_tokenizer, tokenize_shard
 from hpcllm.text.tokenizer_train import train_bpe
-from hpcllm.training import megatron_args
-from hpcllm.training import segment as segment_module
-from hpcllm.training.segment import Paths, engine_command, prepare_experiment, run_segment
-from hpcllm.training.settings import weight_settings
+from hpcllm.training.campaign.segment import run_segment
+from hpcllm.training.engines.command import engine_command
+from hpcllm.training.plan.experiment import Paths, prepare_experiment
+from hpcllm.training.plan.settings import weight_settings
 from hpcllm.vision.datasets_config import dataset_root, make_sample, pack_dataset_split
 
 REPO = Path(hpcllm.__file__).resolve().parents[2]
@@ -141,12 +139,19 @@ def with_defaults(data: dict, schema_file: Path) -> dict:
     return data
 
 
-def this_machine(device: str) -> Cluster:
+def this_machine(device: str, megatron: str | None) -> Cluster:
     """The local facts (no scheduler, no container) with this machine's GPU: its peak
-    from the cluster file of a site with the same model, where the project has one."""
+    from the cluster file of a site with the same model, where the project has one; the
+    Megatron-LM checkout (megatron_lm) and whether Transformer Engine is here, as a
+    user's cluster file for a workstation would say."""
     local = load_cluster("local", REPO / "config/clusters")
     # No internet assumed: the jobs run offline anyway, so the probe passes either way.
-    local = dataclasses.replace(local, internet=Internet(login=True, compute=False))
+    local = dataclasses.replace(
+        local,
+        internet=Internet(login=True, compute=False),
+        megatron_lm=megatron,
+        transformer_engine=importlib.util.find_spec("transformer_engine") is not None,
+    )
     if device == "cpu":
         return local
     import torch
@@ -175,16 +180,15 @@ def step_probe(c: Check) -> dict[str, float]:
     modules = probe.image_modules(c.cluster, "train", engines) + probe.image_modules(
         c.cluster, "vision", vision_impls={"torchvision"}
     )
-    modules = [m for m in dict.fromkeys(modules) if m != "transformer_engine"]
-    argv = [sys.executable, "-m", "hpcllm.preflight.inside", *modules]
-    if c.runs_megatron:
-        argv[3:3] = ["--sys-path", c.megatron]
+    checks = [probe.check_runtime(c.cluster)]
+    # As the probe job runs it without a container: this Python, the checkout on its path.
+    argv = probe.inside_launch(c.cluster, "bare", list(dict.fromkeys(modules))).argv
     proc = probe._run(argv, timeout=600)
     inside = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
     if inside is None:
         raise RuntimeError(f"hpcllm.preflight.inside failed: {probe._tail(proc.stderr)}")
-    checks = [probe.check(f"module {m}", e is None, e or "imports")
-              for m, e in inside["modules"].items()]  # fmt: skip
+    checks += [probe.check(f"module {m}", e is None, e or "imports")
+               for m, e in inside["modules"].items()]  # fmt: skip
     if c.cluster.gpu is not None:
         checks.append(probe.check_gpus(c.cluster))
     checks.append(probe.check_network(c.cluster, inside))
@@ -325,8 +329,8 @@ def torch_engine_logit_gap(c: Check, prepared, paths: Paths, exported, seq: int)
     resumed with the engine's own loader from the argv the segment ran."""
     import torch
 
-    from hpcllm.training import torch_engine
-    from hpcllm.training.planner import pad_vocab
+    from hpcllm.models.planner import pad_vocab
+    from hpcllm.training.engines import torch_engine
 
     argv = engine_command(prepared.experiment, prepared.layout, prepared.blend,
                           prepared.tokenizer_files, paths, 2, None,
@@ -456,8 +460,9 @@ def step_canary(c: Check, kind: str) -> dict[str, float]:
 def needs_megatron(c: Check) -> None:
     if not c.megatron:
         raise Skip("no Megatron-LM tree: give --megatron PATH (or MEGATRON_LM_DIR)")
-    if not Path(c.megatron, "pretrain_gpt.py").is_file():
-        raise RuntimeError(f"{c.megatron}: no pretrain_gpt.py, not a Megatron-LM tree")
+    problem = megatron_args.checkout_problem(c.megatron)  # as a plan checks megatron_lm
+    if problem:
+        raise RuntimeError(problem)
     if c.device != "cuda":
         raise Skip("no GPU: Megatron-LM's training loop asserts CUDA at start-up")
 
@@ -469,8 +474,7 @@ def steps(c: Check) -> list[tuple[str, Callable[[], dict[str, float]]]]:
     def megatron(call: Callable[[], dict[str, float]]) -> Callable[[], dict[str, float]]:
         def run() -> dict[str, float]:
             needs_megatron(c)
-            with megatron_here(c.megatron):
-                return call()
+            return call()
 
         return run
 
@@ -480,8 +484,7 @@ def steps(c: Check) -> list[tuple[str, Callable[[], dict[str, float]]]]:
         def run() -> dict[str, float]:
             if c.runs_megatron:
                 needs_megatron(c)
-            with megatron_here(c.megatron) if c.runs_megatron else contextlib.nullcontext():
-                return call()
+            return call()
 
         return run
 
@@ -500,26 +503,6 @@ def steps(c: Check) -> list[tuple[str, Callable[[], dict[str, float]]]]:
         ("canary_vision", lambda: step_canary(c, "vision")),
         ("canary_train_megatron", megatron(lambda: step_canary(c, "train_megatron"))),
     ]
-
-
-@contextlib.contextmanager
-def megatron_here(tree: str) -> Iterator[None]:
-    """The workflow runs Megatron-LM from its image (/opt/Megatron-LM, with Transformer
-    Engine on NVIDIA); here it is a tree on this machine, and Megatron's own layers
-    where Transformer Engine is missing. Changed for the step only."""
-    tree = str(Path(tree).resolve())
-    saved = (segment_module.engine_command, bench_language.PRETRAIN_GPT,
-             dict(megatron_args.TRANSFORMER_IMPL))  # fmt: skip
-    segment_module.engine_command = functools.partial(engine_command, megatron_dir=tree)
-    bench_language.PRETRAIN_GPT = f"{tree}/pretrain_gpt.py"
-    if importlib.util.find_spec("transformer_engine") is None:
-        megatron_args.TRANSFORMER_IMPL["nvidia"] = "local"
-    try:
-        yield
-    finally:
-        segment_module.engine_command, bench_language.PRETRAIN_GPT = saved[:2]
-        megatron_args.TRANSFORMER_IMPL.clear()
-        megatron_args.TRANSFORMER_IMPL.update(saved[2])
 
 
 # --- running and reporting -------------------------------------------------------------------
@@ -624,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
     here = os.getcwd()
     os.chdir(work)  # relative data paths, as in a workflow's working directory
     try:
-        c = Check(device, this_machine(device), work, megatron, SIZES[device])
+        c = Check(device, this_machine(device, megatron), work, megatron, SIZES[device])
         chosen = [(n, f) for n, f in steps(c)
                   if (args.only is None or n in args.only) and n not in args.skip]  # fmt: skip
         rows = run_steps(c, chosen, started + args.budget_s)

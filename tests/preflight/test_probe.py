@@ -254,3 +254,19 @@ def test_slurm_from_the_node_is_an_answer_not_a_failure(tmp_path, monkeypatch, r
     if refused:
         assert f"{refused} refused (Access/permission denied)" in result["detail"], result
         assert "submitted up front from the login node" in result["detail"], result
+
+
+def test_without_a_container_the_runtime_check_passes_and_the_inside_check_runs_here(
+    tmp_path,
+):
+    """A cluster without a container runtime (a workstation, a site's venv): no KeyError
+    'none'; the inside check runs this Python with the facts' Megatron-LM checkout first
+    on its path."""
+    from dataclasses import replace
+
+    local = replace(load_cluster("local", root=ROOT), megatron_lm=str(tmp_path))
+    found = probe.check_runtime(local)
+    assert found["ok"] and "container_runtime: none" in found["detail"], found
+    argv = probe.inside_launch(local, "bare", ["torch"]).argv
+    assert argv == [sys.executable, "-m", "hpcllm.preflight.inside", "--sys-path",
+                    str(tmp_path), "torch"]  # fmt: skip

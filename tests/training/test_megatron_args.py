@@ -132,7 +132,7 @@ def test_tokenizer_folder_is_read_offline_by_huggingface_tokenizer():
     assert got["--tokenizer-model"] == "data/tokenizers/x" and "--vocab-file" not in got
 
 
-def test_amd_gpus_run_without_transformer_engine():
+def test_amd_gpus_and_nodes_without_te_run_megatrons_own_layers():
     from types import SimpleNamespace
 
     from hpcllm.models.megatron_args import transformer_impl_for
@@ -141,6 +141,11 @@ def test_amd_gpus_run_without_transformer_engine():
     nvidia = SimpleNamespace(gpu=SimpleNamespace(vendor="nvidia"))
     assert transformer_impl_for(amd) == "local"
     assert transformer_impl_for(nvidia) == "transformer_engine"
+    # An NVIDIA node or venv without Transformer Engine says so in its facts.
+    without_te = SimpleNamespace(gpu=nvidia.gpu, transformer_engine=False)
+    assert transformer_impl_for(without_te) == "local"
+    with_te = SimpleNamespace(gpu=amd.gpu, transformer_engine=True)  # a ROCm image with TE
+    assert transformer_impl_for(with_te) == "transformer_engine"
     got = pairs(args_for("opengptx_800m", transformer_impl="local"))
     assert got["--transformer-impl"] == "local" and "--attention-backend" not in got
     assert pairs(args_for("opengptx_800m"))["--transformer-impl"] == "transformer_engine"
