@@ -11,9 +11,9 @@ from pathlib import Path
 import yaml
 from support import REPO
 
-from hpcllm.bench.language import PRETRAIN_GPT, language_launch
+from hpcllm.bench.language import language_launch
 from hpcllm.bench.sweeps import expand_all, facts_of
-from hpcllm.clusters import known_clusters, load_cluster
+from hpcllm.clusters import MEGATRON_IN_IMAGE, known_clusters, load_cluster
 from hpcllm.models.megatron_args import MEGATRON_ENV, transformer_impl_for
 from hpcllm.models.planner import PlanError, check_layout
 from hpcllm.models.presets import PRESETS, resolve_experiment
@@ -96,7 +96,7 @@ def bench_cases(tmp: Path) -> list[dict]:
             row = point.row()
             # the launch the point's job runs: its engine's arguments and environment
             launch = language_launch(row, tmp / row["id"], cluster, "megatron.sif")
-            argv = launch.argv[launch.argv.index(PRETRAIN_GPT) + 1 :]
+            argv = launch.argv[launch.argv.index(f"{MEGATRON_IN_IMAGE}/pretrain_gpt.py") + 1 :]
             env = {k: v for k, v in launch.env.items() if k == "CUDA_DEVICE_MAX_CONNECTIONS"}
             cases.append({"name": f"bench {point.id} on {cluster.name}", "argv": argv, "world_size": row["gpus"], "env": env})  # fmt: skip
     return cases

@@ -33,9 +33,13 @@ def opengptx(**layout) -> dict:
     return exp
 
 
-def job(cluster: str, exp: dict, text: dict = TEXT):
+def prepared_on(cluster: str, exp: dict, text: dict = TEXT):
     c = load_cluster(cluster, REPO / "config/clusters", environ={"HPCLLM_SCRATCH": "/s"})
-    prepared = prepare_experiment("opengptx_800m", exp, text, c)
+    return c, prepare_experiment("opengptx_800m", exp, text, c)
+
+
+def job(cluster: str, exp: dict, text: dict = TEXT):
+    c, prepared = prepared_on(cluster, exp, text)
     tok = text["tokenizers"][exp["data"]["tokenizer"]]
     return segment_job("opengptx_800m", prepared, c, 50257, tok)
 
@@ -156,18 +160,54 @@ def test_megatron_memory_is_planned_as_it_runs_without_transformer_engine():
     )
     assert on_lumi.memory.activations - logits == pytest.approx(11.3, abs=0.05)
     (dropped,) = [w for w in on_lumi.warnings if "Transformer Engine" in w]
-    assert "asks for sequence parallelism and flash attention, but Megatron-LM runs on lumi" in (
-        dropped
-    )
+    assert (
+        "asks for sequence parallelism and flash attention and the distributed optimizer, but "
+        "Megatron-LM runs on lumi without Transformer Engine (--transformer-impl local)"
+    ) in dropped
     assert f"planned at {on_lumi.memory.describe()}" in dropped
     on_juwels = job("juwels", opengptx())
     assert on_juwels.memory.activations - logits == pytest.approx(16 * 34 * s * b * h / tp / 1e9)
     assert on_juwels.warnings == ()
 
 
+def test_a_campaign_without_a_fused_adam_runs_without_the_distributed_optimizer():
+    """Where Megatron has no fused Adam (no Transformer Engine, no Apex: LUMI's image), a
+    distributed-optimizer campaign died at its first resume (Megatron's torch-AdamW
+    fallback: test_distributed_optimizer.py). The plan drops it, says so and why, counts
+    the optimizer state each rank then holds whole (DP 16: 16 times its share), and
+    suggests no distributed optimizer; the job's command line has none. A benchmark point
+    resumes nothing and keeps it."""
+    from hpcllm.models.megatron_args import as_run, transformer_impl_for
+    from hpcllm.models.planner import estimate_memory
+    from hpcllm.training.engines.command import engine_command
+    from hpcllm.training.plan.experiment import Paths
+
+    exp = opengptx(procs_per_node=8)
+    on_lumi = job("lumi", exp)
+    (dropped,) = [w for w in on_lumi.warnings if "distributed optimizer" in w]
+    assert dropped.endswith(
+        "(the distributed optimizer needs a fused Adam, Transformer Engine's or Apex's, to "
+        "resume from a checkpoint)"
+    )
+    lumi, prepared = prepared_on("lumi", exp)
+    paths = Paths("ck", "seg1.json", "seg1.engine.log", "ck/cache", "ck/tb")
+    command = engine_command(
+        prepared.experiment, prepared.layout, prepared.blend, prepared.tokenizer_files,
+        paths, 1, None, transformer_impl=transformer_impl_for(lumi),
+    )  # fmt: skip
+    assert "--use-distributed-optimizer" not in command and "--save" in command
+    resolved = prepared.experiment
+    assert as_run(resolved, "local")[0]["layout"]["distributed_optimizer"] is True
+    assert as_run(resolved, "local", resumes=True)[0]["layout"]["distributed_optimizer"] is False
+    sharded = estimate_memory(as_run(resolved, "local")[0], prepared.layout, 50257).optimizer
+    assert prepared.layout.dp == 16
+    assert on_lumi.memory.optimizer == pytest.approx(16 * sharded)
+
+
 def test_a_layout_that_fits_only_with_transformer_engine_is_refused_without_it():
     """Micro batch 32 on LUMI: about 46 GB per GCD with sequence parallelism and flash
-    attention (under 90% of 64), about 100 GB as Megatron runs it there."""
+    attention (under 90% of 64), about 105 GB as Megatron runs it there (also without the
+    distributed optimizer); the advice does not suggest it."""
     from hpcllm.models.planner import check_layout, estimate_memory
     from hpcllm.models.presets import resolve_experiment
 
@@ -176,8 +216,11 @@ def test_a_layout_that_fits_only_with_transformer_engine_is_refused_without_it()
     resolved = resolve_experiment("x", copy.deepcopy(exp))
     asked = estimate_memory(resolved, check_layout("x", resolved, 32), 50257)
     assert asked.total < 0.9 * 64
-    with pytest.raises(PlanError, match=r"opengptx_800m: TP=2 PP=1 DP=16 needs about 99.9 GB"):
+    with pytest.raises(
+        PlanError, match=r"opengptx_800m: TP=2 PP=1 DP=16 needs about 105.0 GB"
+    ) as e:
         job("lumi", exp)
+    assert "distributed_optimizer: true" not in str(e.value)
 
 
 @pytest.mark.parametrize("cluster", ["lumi", "karolina", "juwels"])

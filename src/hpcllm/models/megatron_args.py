@@ -128,28 +128,40 @@ def transformer_impl_for(cluster) -> str:
     return TRANSFORMER_IMPL.get(vendor, "transformer_engine")
 
 
-def as_run(experiment: dict[str, Any], transformer_impl: str) -> tuple[dict[str, Any], list[str]]:
+def as_run(
+    experiment: dict[str, Any], transformer_impl: str, resumes: bool = False
+) -> tuple[dict[str, Any], list[str]]:
     """The experiment as Megatron-LM runs it with ``transformer_impl``, and what of it
     that drops. Megatron's local layers (the ROCm image: no Transformer Engine, no apex)
     run without sequence parallelism (torch's norm refuses it) and with unfused attention,
-    which keeps the score matrix (``--attention-backend flash`` needs TE): the memory
-    planner must count those activations, not the ones the experiment asks for."""
+    which keeps the score matrix (``--attention-backend flash`` needs TE).
+
+    A run that ``resumes`` from checkpoints (training, not a benchmark point) also runs
+    there without the distributed optimizer: with neither TE's nor Apex's fused Adam,
+    Megatron falls back to torch's AdamW, whose state is still empty when a checkpoint
+    loads, and ``DistributedOptimizer.state_dict`` asserts one ``step`` in it
+    (distrib_optimizer.py, "Extract 'step', for non-Apex/TE support"): every resume stops
+    at start-up (seen on an H200 without TE or Apex; tests/training/
+    test_distributed_optimizer.py reproduces it with Megatron's code on the CPU).
+
+    The memory planner counts what runs, not what the experiment asks for."""
     if transformer_impl != "local":
         return experiment, []
     lay, model = experiment["layout"], experiment["model"]
+    no_fused_adam = resumes and bool(lay.get("distributed_optimizer"))
     dropped = [
         what
         for what, asked in (
             ("sequence parallelism", lay.get("sequence_parallel")),
             ("flash attention", model.get("flash_attention")),
+            ("the distributed optimizer", no_fused_adam),
         )
         if asked
     ]
-    runs = {
-        **experiment,
-        "layout": {**lay, "sequence_parallel": False},
-        "model": {**model, "flash_attention": False},
-    }
+    runs_layout = {**lay, "sequence_parallel": False}
+    if resumes:  # nor does the planner suggest it (planner._suggestion)
+        runs_layout.update(distributed_optimizer=False, fused_adam=False)
+    runs = {**experiment, "layout": runs_layout, "model": {**model, "flash_attention": False}}
     return runs, dropped
 
 
@@ -295,7 +307,7 @@ def pretrain_gpt_args(
             f"Megatron-LM commit {commit} has no flag table; supported: {', '.join(FLAGS)}"
         )
     table = FLAGS[commit]
-    experiment, _ = as_run(experiment, transformer_impl)
+    experiment, _ = as_run(experiment, transformer_impl, resumes=save is not None)
     model, lay, optim = experiment["model"], experiment["layout"], experiment["optim"]
     args: list[str] = []
 

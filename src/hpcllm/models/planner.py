@@ -202,7 +202,8 @@ def _suggestion(experiment: dict[str, Any], layout: Layout, vocab: int, gpu_gb: 
         if mem.total <= gpu_gb:
             return f"raise pp to {pp} (estimate then {mem.describe()})"
     changes = []
-    if not lay.get("distributed_optimizer"):
+    # (not where Megatron has no fused Adam to resume it with: megatron_args.as_run)
+    if not lay.get("distributed_optimizer") and lay.get("fused_adam", True):
         changes.append("distributed_optimizer: true")
     if lay.get("recompute", "none") != "full":
         changes.append("recompute: full")

@@ -70,7 +70,9 @@ def image_modules(
             "transformers",
         ]
         if transformer_impl_for(cluster) == "transformer_engine":
-            modules.append("transformer_engine")
+            # and its fused Adam: without one a distributed-optimizer campaign cannot
+            # resume (megatron_args.as_run drops it where Megatron runs without TE)
+            modules += ["transformer_engine", "transformer_engine.pytorch.optimizers"]
     if "torch" in engines:  # hpcllm's own engine, from the checkout's src/
         modules += ["tensorboard", "tokenizers", "hpcllm.training.engines.torch_engine"]
     if evaluate:  # evaluate_tasks and evaluate_perplexity run in the training image

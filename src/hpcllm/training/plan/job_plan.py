@@ -49,19 +49,26 @@ def check_nodes(name: str, layout: dict[str, Any], cluster) -> None:
 def memory_as_run(name: str, prepared, cluster, vocab_size: int) -> tuple[Memory, list[str]]:
     """The memory per GPU of the layout as Megatron-LM runs it on ``cluster`` (refused
     when it does not fit), and a warning for each thing the experiment asks for that it
-    runs without there (sequence parallelism and flash attention on the local layers)."""
+    runs without there (sequence parallelism, flash attention and the distributed optimizer
+    on the local layers)."""
     from hpcllm.models.megatron_args import as_run, transformer_impl_for
 
     exp, lay = prepared.experiment, prepared.experiment["layout"]
     impl = transformer_impl_for(cluster) if exp["engine"] == "megatron" else "transformer_engine"
-    runs, dropped = as_run(exp, impl)
+    runs, dropped = as_run(exp, impl, resumes=True)
     gpu_gb = cluster.gpu.memory_gb if cluster.gpu is not None else None
     _, memory = plan(name, runs, prepared.layout.gpus, vocab_size, gpu_gb, lay["procs_per_node"])
     warnings = (
         [
             f"training.experiments.{name}: asks for {' and '.join(dropped)}, but Megatron-LM runs "
-            f"on {cluster.name} without Transformer Engine (--transformer-impl {impl}), which has "
-            f"neither: the job runs without them, planned at {memory.describe()}"
+            f"on {cluster.name} without Transformer Engine (--transformer-impl {impl}): the job "
+            f"runs without them, planned at {memory.describe()}"
+            + (
+                " (the distributed optimizer needs a fused Adam, Transformer Engine's or "
+                "Apex's, to resume from a checkpoint)"
+                if "the distributed optimizer" in dropped
+                else ""
+            )
         ]
         if dropped
         else []
