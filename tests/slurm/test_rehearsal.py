@@ -291,7 +291,12 @@ def test_the_probe_and_a_canary_per_job_type_ran_before_the_gpu_jobs(rehearsal, 
         for name in ("container_runtime", "image_start", "local_storage", "scratch", "internet"):
             assert name in checks
     modules = {c["check"] for c in preflight(work, "probe/megatron-nvidia")["checks"]}
-    assert {"module megatron.core.datasets.helpers_cpp", "module transformer_engine"} <= modules
+    assert {
+        "module megatron.core.datasets.helpers_cpp",
+        "module transformer_engine",
+        # its fused Adam: the distributed optimizer resumes with it (megatron_args.as_run)
+        "module transformer_engine.pytorch.optimizers",
+    } <= modules
     assert sorted(kinds.values()) == ["language_megatron", "train_megatron", "vision"]
     first_gpu_exec = {
         rule: min(e["time"] for e in execs if jobs.get(e["job"]) == rule) for rule in GPU_RULES

@@ -1,0 +1,1 @@
+"""Stand-in: the base image's Transformer Engine for PyTorch (GPU only)."""
