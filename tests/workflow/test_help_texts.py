@@ -50,7 +50,11 @@ def test_hpcllm_help_is_plain_text_and_every_option_says_what_it_does(monkeypatc
         "restart-training",
         "cancel-training",
         "retry-training",
+        "gpu-check",
     }
+    from hpcllm import gpu_check
+
+    parsers["gpu-check"] = gpu_check.parser()  # its own options (hpcllm gpu-check -h)
     for name, p in parsers.items():
         text = p.format_help()
         assert not RST.search(text), f"{name} --help shows markup:\n{text}"
