@@ -553,7 +553,12 @@ def table(rows: list[Row]) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hpcllm gpu-check", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="hpcllm gpu-check",
+        description="make gpu-check: the whole GPU path on this machine (both engines' "
+        "save and resume, the export, a language and a vision point, the canaries, the "
+        "site probe's checks) in minutes, one table at the end (docs/gpu-check.md).",
+    )
     p.add_argument(
         "--device",
         choices=("auto", "cuda", "cpu"),
