@@ -57,6 +57,11 @@ MEGATRON_LM_DIR = os.environ.get("MEGATRON_LM_DIR")
 def run_parser(mode: str, cases, timeout: float | None = None, tree=None):
     """scripts/megatron_lm_parser.py MODE with ``tree`` (default: MEGATRON_LM_DIR, else the
     pin's files outside the package) first on its path, before the installed release."""
+    done = parser_process([mode], json.dumps(cases), timeout, tree)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def parser_process(args: list[str], stdin: str, timeout: float | None = None, tree=None):
     tree = tree or MEGATRON_LM_DIR or PIN_FILES_DIR
     # python3 and python3-config on the PATH are this environment's, as in an image:
     # Megatron's Makefile runs `python3 -m pybind11` and names the module by
@@ -65,8 +70,8 @@ def run_parser(mode: str, cases, timeout: float | None = None, tree=None):
     path = os.pathsep.join([*map(str, bins), os.environ.get("PATH", "")])
     python_path = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH")) if p)
     done = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "megatron_lm_parser.py"), mode],
-        input=json.dumps(cases),
+        [sys.executable, str(REPO / "scripts" / "megatron_lm_parser.py"), *args],
+        input=stdin,
         capture_output=True,
         text=True,
         # offline, as on compute nodes: a tokenizer that needs the hub fails, not hangs
@@ -75,7 +80,7 @@ def run_parser(mode: str, cases, timeout: float | None = None, tree=None):
         timeout=timeout,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return done
 
 
 def git_blob_id(data: bytes) -> str:
@@ -93,6 +98,13 @@ def test_the_pins_files_here_are_the_pins():
     for name, (path, blob) in PIN_FILES.items():
         assert git_blob_id((PIN_FILES_DIR / name).read_bytes()) == blob, name
         assert path in readme and blob in readme, path
+
+
+def test_the_flag_list_is_every_option_of_the_parser():
+    """tests/data/megatron_flags.txt, which test_megatron_args checks every generated flag
+    against, is what the parser script's ``flags`` prints (its header says how)."""
+    done = parser_process(["flags", MEGATRON_LM_COMMIT], "", timeout=hang_guard(30))
+    assert done.stdout == (REPO / "tests/data/megatron_flags.txt").read_text()
 
 
 def unbuilt_tree(dest: Path) -> Path:
