@@ -1,7 +1,9 @@
 """Megatron-LM's own argument parser, run on this CPU-only machine.
 
-Its uses, all against a Megatron-LM tree at the pinned commit (not on any package index;
-unpack it with ``git archive <commit> | tar -x -C DIR``):
+Its uses, all against the pinned Megatron-LM: the installed release (megatron-core, whose
+``megatron.core`` and ``megatron.training`` are the pin's), or a Megatron-LM tree at the
+pin (``git archive <commit> | tar -x -C DIR``) first on ``PYTHONPATH``; ``datasets``
+(``pretrain_gpt.py``) and ``initialize`` (the helpers' Makefile) need the tree:
 
   flags COMMIT:  print every option string of ``megatron.training.arguments`` (the independent
           list tests/data/megatron_flags.txt; at this pin most flags are generated from
@@ -33,7 +35,7 @@ unpack it with ``git archive <commit> | tar -x -C DIR``):
           built before, as the images build it) and then imports its helpers. Print JSON:
           the helpers module's file and the start-up log.
   model:  read {"without": [module, ...], "cases": [...]} from stdin. For each case:
-          ``parse_args``/``validate_args`` of the full command line at its world size
+          what ``parse`` does with the full command line at its world size ("parsed")
           and its ``core_transformer_config_from_args`` (the config checks at the real
           sizes); then the command line scaled down (hpcllm.training.engines.megatron_model's
           ``TINY``: 2 layers, hidden size 64, 32 tokens, one process, TP = PP = 1,
@@ -51,12 +53,12 @@ unpack it with ``git archive <commit> | tar -x -C DIR``):
           where hpcllm.training.engines.megatron_model's derivation (what the CPU test builds
           without Megatron-LM) differs from Megatron-LM's.
 
-Stubbed, because they cannot exist here (and for ``model``, the forward pass's CUDA
-calls answered by the CPU: ``megatron_model.cuda_is_the_cpu``): Megatron's Triton kernel modules (GPU code,
-imported at start-up; no Triton on a CPU torch), ``typing.override`` on Python < 3.12 (the
-pin needs 3.12, the NGC image has it; ``typing_extensions`` gives the same decorator), and
-the one device query of ``validate_args``, ``get_device_arch_version`` (CUDA), answered
-as a Hopper GPU (9), the newest generation whose rules our clusters share.
+On Python < 3.12 ``hpcllm.models.megatron_compat.enable`` runs first (the release's
+training modules import ``typing.override``; that module is the one place that says
+why). Stubbed, because it cannot exist here (and for ``model``, the forward pass's CUDA
+calls answered by the CPU: ``megatron_model.cuda_is_the_cpu``): the one device query of
+``validate_args``, ``get_device_arch_version`` (CUDA), answered as a Hopper GPU (9), the
+newest generation whose rules our clusters share.
 """
 
 from __future__ import annotations
@@ -68,38 +70,13 @@ import json
 import os
 import sys
 import traceback
-import types
 from pathlib import Path
-
-# Megatron modules that import triton at import time -> the names they export.
-TRITON_KERNEL_MODULES = {
-    "megatron.core.transformer.moe.ops.paged_stash": [
-        "GLOBAL_BLOCK_SIZE",
-        "paged_stash_copy_kernel",
-        "paged_stash_pop_kernel",
-    ],
-}
-
-
-def _stub_gpu_only_imports() -> None:
-    import typing
-
-    if not hasattr(typing, "override"):
-        import typing_extensions
-
-        typing.override = typing_extensions.override
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        for name, exported in TRITON_KERNEL_MODULES.items():
-            module = types.ModuleType(name)
-            for attr in exported:
-                setattr(module, attr, None)
-            sys.modules[name] = module
 
 
 def megatron_arguments():
-    _stub_gpu_only_imports()
+    from hpcllm.models.megatron_compat import enable
+
+    enable()
     import warnings
 
     warnings.simplefilter("ignore")
@@ -371,15 +348,19 @@ def model(request: dict) -> list[dict]:
     try:
         for case in request["cases"]:
             out = io.StringIO()
+            parsed = False
             try:
                 with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-                    # the full-size command line at its world size: its TransformerConfig
+                    # the full-size command line at its world size: what ``parse`` checks
+                    # (start-up included), then its TransformerConfig
                     os.environ.clear()
                     os.environ.update({**plain, **case.get("env", {}), "RANK": "0",
                                        "WORLD_SIZE": str(case["world_size"])})  # fmt: skip
                     sys.argv = ["pretrain_gpt.py", *case["argv"]]
                     full = arguments.parse_args()
                     arguments.validate_args(full)
+                    start_up_checks(full)
+                    parsed = True
                     if full.transformer_impl == "transformer_engine" and not te_importable():
                         _rope_fusion_present()
                     arguments.core_transformer_config_from_args(full)
@@ -390,9 +371,12 @@ def model(request: dict) -> list[dict]:
                     arguments.validate_args(args)
                     global_vars._GLOBAL_ARGS = args
                     built = build_tiny_model(args, full.sequence_parallel, sys.argv[1:-1])
-                results.append({"name": case["name"], **built})
+                results.append({"name": case["name"], "parsed": True, **built})
             except (SystemExit, Exception) as exc:
-                results.append({"name": case["name"], "ok": False, "error": _error(exc, out)})
+                error = _error(exc, out)
+                results.append(
+                    {"name": case["name"], "parsed": parsed, "ok": False, "error": error}
+                )
             finally:
                 global_vars._GLOBAL_ARGS = None
                 global_vars._GLOBAL_TOKENIZER = None

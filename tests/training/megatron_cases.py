@@ -1,6 +1,9 @@
 """Every Megatron-LM command line the workflow generates, for the tests that check them:
-every preset on every GPU cluster, every point of the shipped language sweeps on every
-cluster, each as {"name", "argv" (after pretrain_gpt.py), "world_size", "env"}."""
+every preset on every GPU cluster, the shipped experiment (config/experiments/
+opengptx_800m.yaml) on every GPU cluster, every point of the shipped language sweeps on
+every cluster, and the canaries made from the shipped experiment and sweep points (the
+preflight's scaled-down jobs, hpcllm.preflight.canary), each as {"name", "argv" (after
+pretrain_gpt.py), "world_size", "env"}."""
 
 from __future__ import annotations
 
@@ -87,19 +90,101 @@ def training_cases(tmp: Path) -> list[dict]:
     return cases
 
 
+def shipped_experiments(cluster) -> dict[str, dict]:
+    """The shipped training experiments (config/experiments/*.yaml with the megatron
+    engine) as the workflow reads them: the schema's defaults filled in."""
+    from snakemake.utils import validate
+
+    out = {}
+    for path in sorted((REPO / "config/experiments").glob("*.yaml")):
+        training = yaml.safe_load(path.read_text()).get("training") or {}
+        for name, raw in (training.get("experiments") or {}).items():
+            if raw.get("engine") == "megatron":
+                section = {"experiments": {name: raw}}
+                validate(section, str(REPO / "workflow/schemas/training.schema.yaml"))
+                out[name] = section["experiments"][name]
+    return out
+
+
+def _text_for(raw: dict) -> dict:
+    """A text section with the experiment's tokenizer and sources (nothing is read)."""
+    tok = raw["data"]["tokenizer"]
+    return {"sources": {s: {"type": "local"} for s in raw["data"]["sources"]},
+            "tokenizers": {tok: {"type": "train", "vocab_size": 400}},
+            "tokenize": {"tokenizers": [tok]}}  # fmt: skip
+
+
+def _segment_cases(name, prepared, cluster, tokenizer_files, paths) -> list[dict]:
+    exp = prepared.experiment
+    cases = []
+    for segment, left in ((1, 3600.0), (exp["segments"], None)):
+        argv = segment_command(
+            exp, prepared.layout, prepared.blend, tokenizer_files, paths, segment,
+            left and 50, transformer_impl=transformer_impl_for(cluster),
+        )  # fmt: skip
+        cases.append({"name": f"{name} on {cluster.name} segment {segment}", "argv": argv[2:],
+                      "world_size": prepared.layout.gpus, "env": MEGATRON_ENV})  # fmt: skip
+    return cases
+
+
+def experiment_cases(tmp: Path) -> list[dict]:
+    """The shipped experiments' segments on every GPU cluster, and their training canaries
+    (one node, a tiny model of the experiment's layout: train_canary_experiment)."""
+    import copy
+
+    from hpcllm.preflight.canary import train_canary_experiment
+    from hpcllm.training.plan.experiment import prepare_experiment
+
+    tokenizer_dir = gpt2_tokenizer_files(tmp / "tokenizer")
+    tokenizer_files = (f"{tokenizer_dir}/vocab.json", f"{tokenizer_dir}/merges.txt")
+    paths = Paths("checkpoints/x", "results/x.json", "x.log", "cache/x", "tb/x")
+    cases = []
+    for cluster in gpu_clusters():
+        for name, raw in shipped_experiments(cluster).items():
+            text = _text_for(raw)
+            prepared = prepare_experiment(name, copy.deepcopy(raw), text, cluster)
+            cases += _segment_cases(f"train {name}", prepared, cluster, tokenizer_files, paths)
+            canary = train_canary_experiment(copy.deepcopy(raw), cluster)
+            prepared = prepare_experiment(f"canary_{name}", canary, text, cluster)
+            cases += _segment_cases(
+                f"canary train {name}", prepared, cluster, tokenizer_files, paths
+            )
+    return cases
+
+
 def bench_cases(tmp: Path) -> list[dict]:
+    """Every point of the shipped language sweep on every GPU cluster, and the language
+    canary of each (one node, a tiny model, 3 iterations: language_canary_point)."""
+    from hpcllm.preflight.canary import language_canary_point
+
     schema = yaml.safe_load((REPO / "workflow/schemas/benchmarks.schema.yaml").read_text())
     experiments = {"language": "config/experiments/language.yaml"}
     cases = []
     for cluster in gpu_clusters():
+        canaries = {}
         for point in expand_all(experiments, facts_of(cluster), root=REPO, schema=schema):
             row = point.row()
-            # the launch the point's job runs: its engine's arguments and environment
-            launch = language_launch(row, tmp / row["id"], cluster, "megatron.sif")
-            argv = launch.argv[launch.argv.index(f"{MEGATRON_IN_IMAGE}/pretrain_gpt.py") + 1 :]
-            env = {k: v for k, v in launch.env.items() if k == "CUDA_DEVICE_MAX_CONNECTIONS"}
-            cases.append({"name": f"bench {point.id} on {cluster.name}", "argv": argv, "world_size": row["gpus"], "env": env})  # fmt: skip
+            cases.append(_bench_case(f"bench {point.id} on {cluster.name}", row, tmp, cluster))
+            name = f"canary bench {point.id} on {cluster.name}"
+            canary = _bench_case(name, language_canary_point(row, cluster), tmp, cluster)
+            # distinct canaries only: many points scale down to the same command line
+            key = json.dumps([canary["argv"], canary["world_size"], canary["env"]])
+            canaries.setdefault(key, canary)
+        cases += canaries.values()
     return cases
+
+
+def _bench_case(name: str, row: dict, tmp: Path, cluster) -> dict:
+    # the launch the point's job runs: its engine's arguments and environment
+    launch = language_launch(row, tmp / f"{row['id']}-{cluster.name}", cluster, "megatron.sif")
+    argv = launch.argv[launch.argv.index(f"{MEGATRON_IN_IMAGE}/pretrain_gpt.py") + 1 :]
+    env = {k: v for k, v in launch.env.items() if k == "CUDA_DEVICE_MAX_CONNECTIONS"}
+    return {"name": name, "argv": argv, "world_size": row["gpus"], "env": env}
+
+
+def all_cases(tmp: Path) -> list[dict]:
+    """Every command line above (what the conformance test parses)."""
+    return training_cases(tmp) + experiment_cases(tmp) + bench_cases(tmp)
 
 
 def transformer_impl(case: dict) -> str:

@@ -4,8 +4,8 @@ and apex (LUMI's ROCm image): a fusion left on that needs them fails here, as it
 at start-up on the cluster ("apply_rope_fusion is not available").
 
 hpcllm.training.engines.megatron_model derives the TransformerConfig as the pinned Megatron-LM
-does (test_megatron_conformance.py checks that derivation against Megatron-LM's own
-where a Megatron-LM tree is at hand); the model is scaled down (2 layers, hidden size 64)
+does (test_megatron_conformance.py checks that derivation against Megatron-LM's own);
+the model is scaled down (2 layers, hidden size 64)
 and runs one micro-batch forward and backward, in a subprocess that cannot import what
 the image lacks.
 """

@@ -1,20 +1,18 @@
 """The megatron engine's index cache key: the tokenizer identity Megatron Core computes.
 
-Megatron Core (the package this project installs) builds the tokenizer here as
+Megatron Core (the jobs' release, as installed) builds the tokenizer here as
 Megatron-LM's ``build_tokenizer`` does for the segment's flags; its ``unique_identifiers``
 are part of the cache files' names, and its EOD id comes from the folder's
 tokenizer_config.json. (The pinned Megatron-LM's own code runs the same check end to end
-in test_megatron_conformance.py, where a Megatron-LM tree is at hand.)
+in test_megatron_conformance.py: its dataset construction loads the cache.)
 """
 
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
-import yaml
-from support import REPO, megatron_hf_tokenizer
+from support import megatron_hf_tokenizer
 
 from hpcllm.text.tokenizer_train import train_bpe
 from hpcllm.training.engines.cache import MegatronTokenizerKey
@@ -101,40 +99,13 @@ def test_the_key_was_verified_at_the_pinned_megatron_lm():
     )
 
 
-def test_the_cpu_steps_megatron_core_differs_from_the_images_only_while_it_must():
-    """The workflow's CPU steps (prepare_data_cache's index builder among them) run
-    Megatron Core CPU_MEGATRON_CORE, the images the pin's release: every release since
-    0.17 needs Python >= 3.12 and the workflow's Python is 3.11. Declared once, checked
-    here and named in every index cache's manifest; this fails once the workflow's
-    Python could install the images' release, so the two versions become one."""
-    import tomllib
-    from megatron.core import package_info
-
-    from hpcllm.models.megatron_args import (
-        CPU_MEGATRON_CORE,
-        MEGATRON_CORE_NEEDS_PYTHON,
-        MEGATRON_LM_COMMIT,
-        MEGATRON_LM_RELEASE,
-    )
+def test_the_manifest_names_the_release_that_built_and_loads_the_cache():
+    from hpcllm.models.megatron_args import MEGATRON_LM_COMMIT, MEGATRON_LM_RELEASE
+    from hpcllm.models.megatron_compat import MEGATRON_CORE
     from hpcllm.training.engines.cache import built_with
 
-    major, minor = map(int, CPU_MEGATRON_CORE.split("."))
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    train = project["optional-dependencies"]["train"]
-    assert f"megatron-core>={CPU_MEGATRON_CORE},<{major}.{minor + 1}" in train
-    assert package_info.__shortversion__.startswith(f"{CPU_MEGATRON_CORE}.")
-    conda = yaml.safe_load((REPO / "envs/workflow.yaml").read_text())["dependencies"]
-    python = next(d for d in conda if isinstance(d, str) and d.startswith("python="))
-    pythons = {"envs/workflow.yaml": tuple(map(int, python[7:].split("."))),
-               "this environment": sys.version_info[:2]}  # fmt: skip
-    for where, version in pythons.items():
-        assert version < MEGATRON_CORE_NEEDS_PYTHON, (
-            f"{where} has Python {version}, which installs Megatron Core "
-            f"{MEGATRON_LM_RELEASE} (the images'): set pyproject's train extra to it and "
-            "drop megatron_args.CPU_MEGATRON_CORE"
-        )
     assert built_with("megatron") == {
-        "megatron_core": package_info.__shortversion__,
+        "megatron_core": MEGATRON_CORE,
         "loaded_by": f"Megatron-LM {MEGATRON_LM_RELEASE} ({MEGATRON_LM_COMMIT[:12]})",
     }
-    assert built_with("torch") == {"megatron_core": package_info.__shortversion__}
+    assert built_with("torch") == {"megatron_core": MEGATRON_CORE}

@@ -6,8 +6,9 @@ flag names live in one table per supported Megatron-LM commit. ``MEGATRON_LM_COM
 the one pin: the container recipes build the same commit (envs/*.def, checked by
 ``container_commit_mismatch``). tests/data/megatron_flags.txt is every flag of the pinned
 commit's parser, made independently of this table (scripts/megatron_lm_parser.py), and
-the tests check every generated flag against it; with ``MEGATRON_LM_DIR`` set, a test runs
-Megatron-LM's own ``parse_args`` and ``validate_args`` on every generated command line.
+the tests check every generated flag against it, and run Megatron-LM's own ``parse_args``
+and ``validate_args`` on every generated command line (tests/training/
+test_megatron_conformance.py, with the installed release: hpcllm.models.megatron_compat).
 """
 
 from __future__ import annotations
@@ -27,17 +28,10 @@ from hpcllm.models.planner import Layout
 MEGATRON_LM_REPO = "https://github.com/NVIDIA/Megatron-LM.git"
 MEGATRON_LM_COMMIT = "5be9626709af2722333bf54797c954c09edeada3"
 MEGATRON_LM_RELEASE = "core_v0.19.0"
-# The Megatron Core of the workflow's own CPU steps (pyproject's train extra):
-# prepare_data_cache's index builder, which writes what the GPU jobs load, and the tests'
-# reference reader and model check. Not the images' release: every Megatron Core since
-# 0.17 needs Python >= 3.12, and the workflow runs on Python 3.11 (envs/workflow.yaml;
-# the CPU build of torch 2.13.0 the project pins is a Python 3.11 file there, and on 3.12
-# pip takes the CUDA build). What crosses over, the index cache, is checked against the
-# pin's own code (tests/training/test_megatron_conformance.py); the cache's manifest
-# names both versions, and tests/training/test_megatron_tokenizer_key.py fails once the
-# workflow's Python could install the images' release.
-CPU_MEGATRON_CORE = "0.16"
-MEGATRON_CORE_NEEDS_PYTHON = (3, 12)
+# The workflow's own Megatron processes (prepare_data_cache's index builder, the export's
+# reader, the model checks, the conformance tests) run the same release from the package
+# index, megatron-core megatron_compat.MEGATRON_CORE, on Python 3.11:
+# hpcllm.models.megatron_compat is the one shim that needs, and says why.
 
 # Logical option -> flag, per commit. A logical option missing from a version's table is
 # not supported by that version and refused, instead of passed to fail at start-up. At

@@ -27,13 +27,6 @@ from typing import Any
 
 from hpcllm.atomic import atomic_path
 
-# The class Megatron Core's MegatronTokenizer.from_pretrained picks for a text tokenizer
-# with no model_type in its metadata (what build_tokenizer passes).
-MEGATRON_TEXT_TOKENIZER = (
-    "megatron.core.tokenizers.text.models.default_tokenizer.DefaultTokenizerText"
-)
-
-
 # The Megatron-LM commit MegatronTokenizerKey was last verified against, and the digest of
 # the key's format then (tokenizer_key_format_digest). Moving the pin (megatron_args.
 # MEGATRON_LM_COMMIT) or changing the key fails tests/training/test_megatron_tokenizer_key.py
@@ -47,7 +40,9 @@ MEGATRON_TOKENIZER_KEY_VERIFIED = ("5be9626709af2722333bf54797c954c09edeada3", "
 class MegatronTokenizerKey:
     """What Megatron Core reads of the tokenizer pretrain_gpt.py builds from the segment's
     flags (Megatron-LM's ``build_tokenizer`` at the pin, default values of the flags we do
-    not set): its identity, vocabulary size and end-of-document id.
+    not set): its identity, vocabulary size and end-of-document id. The identity is
+    Megatron Core's own (``megatron_tokenizer_identity``) for the library, path and
+    keyword arguments ``build_tokenizer`` passes; the tokenizer itself is not loaded.
 
     ``tokenizer_model``: the folder given as ``--tokenizer-model`` to
     ``HuggingFaceTokenizer``; None for ``GPT2BPETokenizer`` with ``--vocab-file`` and
@@ -61,22 +56,35 @@ class MegatronTokenizerKey:
         vocab_size: int,
         eod: int,
     ):
+        # build_tokenizer's keyword arguments, in its order (the identity keeps it)
         if tokenizer_model is not None:
-            path = tokenizer_model
+            library, path = "huggingface", tokenizer_model
             kwargs = {"chat_template": None, "vocab_file": None, "merges_file": None,
                       "additional_special_tokens": []}  # fmt: skip
         else:
-            path = "GPT2BPETokenizer"
+            library, path = "megatron", "GPT2BPETokenizer"
             kwargs = {"additional_special_tokens": [], "vocab_file": vocab_file,
                       "merges_file": merge_file}  # fmt: skip
         kwargs.update(use_fast=True, trust_remote_code=False, include_special_tokens=True)
-        self.unique_identifiers = OrderedDict(
-            [("class", MEGATRON_TEXT_TOKENIZER), ("tokenizer_path", path)]
-            + [(k, str(v)) for k, v in kwargs.items()]
-        )
+        self.unique_identifiers = megatron_tokenizer_identity(library, path, kwargs)
         self.vocab_size = vocab_size
         self.eod = eod
         self.special_tokens_dict: dict = {}
+
+
+def megatron_tokenizer_identity(library: str, path: str, kwargs: dict) -> OrderedDict:
+    """The ``unique_identifiers`` of the text tokenizer Megatron Core's
+    ``MegatronTokenizer.from_pretrained(path, {"library": library}, **kwargs)`` makes, from
+    Megatron Core's own code without loading the tokenizer: the class its
+    ``_get_tokenizer_model_class`` picks, and that class's ``unique_identifiers`` (the
+    class's qualified name, the path and every keyword argument as text, in order)."""
+    from megatron.core.tokenizers import megatron_tokenizer
+
+    cls = megatron_tokenizer._get_tokenizer_model_class(library, {"library": library})
+    shell = cls.__new__(cls)  # what its __init__ would keep, without the tokenizer
+    shell.path = path
+    shell.additional_args = dict(kwargs)
+    return OrderedDict(shell.unique_identifiers)
 
 
 def tokenizer_key_format_digest() -> str:
@@ -106,8 +114,8 @@ def _one_process_group():
 
 
 def built_with(engine: str) -> dict[str, str]:
-    """The Megatron Core that built a cache, and for the megatron engine the one that
-    loads it (the images', a newer release: megatron_args.CPU_MEGATRON_CORE says why)."""
+    """The Megatron Core that built a cache, and for the megatron engine the Megatron-LM
+    that loads it (the same release: hpcllm.models.megatron_compat)."""
     from megatron.core import package_info
 
     from hpcllm.models.megatron_args import MEGATRON_LM_COMMIT, MEGATRON_LM_RELEASE

@@ -4,13 +4,13 @@ Megatron-LM's ``pretrain_gpt.py`` turns its arguments into Megatron Core's
 ``TransformerConfig`` (``core_transformer_config_from_args``) and builds a ``GPTModel``;
 a fusion left on where the image lacks its kernels (RoPE fusion without Transformer
 Engine, ``apply_rope_fusion is not available``) fails there, at start-up, on the
-cluster. Megatron-LM is not on any package index, Megatron Core is: so this module
-derives the ``TransformerConfig`` arguments from a generated command line as the pinned
-Megatron-LM does (its argument defaults included, which differ from the dataclass's for
-the fusions), and tests build a scaled-down model from them on the CPU with the modules
-the image lacks made unimportable (tests/training/test_megatron_model_cpu.py). With a
-Megatron-LM tree at the pin, the conformance test checks that this derivation equals
-Megatron-LM's own, field by field (scripts/megatron_lm_parser.py ``model``).
+cluster. This module derives the ``TransformerConfig`` arguments from a generated
+command line as the pinned Megatron-LM does (its argument defaults included, which
+differ from the dataclass's for the fusions), without Megatron-LM's argument parser, and
+tests build a scaled-down model from them with Megatron Core on the CPU with the modules
+the image lacks made unimportable (tests/training/test_megatron_model_cpu.py). The
+conformance test checks that this derivation equals Megatron-LM's own, field by field
+(scripts/megatron_lm_parser.py ``model``).
 """
 
 from __future__ import annotations
@@ -156,16 +156,15 @@ PIN_ARGUMENT_DEFAULTS: dict[str, Any] = {
     "deallocate_pipeline_outputs": True,
     "batch_p2p_comm": True,  # not --overlap-p2p-comm
     "cp_comm_type": "p2p",
-    # --tensor-parallel-num-weight-shards and its expert twin (default 1); fields newer
-    # than the Megatron Core release on the package index (NEWER_THAN_INSTALLED)
-    "tensor_parallel_num_weight_shards": 1,
-    "expert_tensor_parallel_num_weight_shards": 1,
 }
-# Fields of the pin's TransformerConfig that the installed Megatron Core may lack (it is
-# older than the pin: the package index has 0.16); materialize leaves out only these.
-NEWER_THAN_INSTALLED = frozenset(
-    {"tensor_parallel_num_weight_shards", "expert_tensor_parallel_num_weight_shards"}
-)
+# Not here: --tensor-parallel-num-weight-shards and its expert twin (default None), which
+# validate_args resolves to the tensor-parallel size (times a GTP remat size of 1) and
+# core_transformer_config_from_args copies; materialize resolves them for the TP the
+# config is built with (the kwargs hold none: the scaled-down model is TP = 1).
+WEIGHT_SHARDS = {
+    "tensor_parallel_num_weight_shards": "tensor_model_parallel_size",
+    "expert_tensor_parallel_num_weight_shards": "expert_tensor_parallel_size",
+}
 
 
 class MegatronModelError(ValueError):
@@ -231,8 +230,8 @@ def sequence_parallel(argv: list[str], commit: str = MEGATRON_LM_COMMIT) -> bool
 
 
 def materialize(kwargs: dict[str, Any]):
-    """Megatron Core's TransformerConfig from ``transformer_config_kwargs``' JSON (fields
-    in NEWER_THAN_INSTALLED that the installed Megatron Core lacks left out)."""
+    """Megatron Core's TransformerConfig from ``transformer_config_kwargs``' JSON, with the
+    weight-shard counts validate_args resolves (WEIGHT_SHARDS) for its tensor-parallel size."""
     import dataclasses
 
     import torch
@@ -240,15 +239,16 @@ def materialize(kwargs: dict[str, Any]):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     known = {f.name for f in dataclasses.fields(TransformerConfig)}
-    unknown = set(kwargs) - known - NEWER_THAN_INSTALLED
+    unknown = set(kwargs) - known
     if unknown:
         raise MegatronModelError(
             f"the installed Megatron Core's TransformerConfig has no {sorted(unknown)}"
         )
-    out = {}
+    tp = kwargs.get("tensor_model_parallel_size", 1)
+    sizes = {"tensor_model_parallel_size": tp,
+             "expert_tensor_parallel_size": kwargs.get("expert_tensor_parallel_size") or tp}  # fmt: skip
+    out = {shards: sizes[size] for shards, size in WEIGHT_SHARDS.items()}
     for key, value in kwargs.items():
-        if key not in known:
-            continue
         if isinstance(value, str) and value.startswith("torch."):
             value = getattr(torch, value[len("torch.") :])
         elif isinstance(value, str) and value.startswith("AttnBackend."):

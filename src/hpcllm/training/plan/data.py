@@ -178,6 +178,9 @@ def build_datasets(
         reset_attention_mask=False,
         eod_mask_loss=False,
         create_attention_mask=False,
+        # pretrain_gpt.py passes --dataloader-inter-document-masking (never generated):
+        # no per-document boundaries (cu_seqlens) in a sample; not part of the cache key
+        inter_document_masking=False,
     )
     cls = GPTDataset if blend else MockGPTDataset
     datasets = BlendedMegatronDatasetBuilder(cls, sizes, lambda: True, config).build()
