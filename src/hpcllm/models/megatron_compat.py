@@ -63,7 +63,9 @@ def installed_version() -> str | None:
         return None
     from megatron.core import package_info  # an ImportError here is the release's own
 
-    return package_info.__version__
+    # The release alone: package_info appends `git rev-parse --short HEAD` run in its own
+    # folder, which in a venv inside a checkout (this repository's .venv) is ours.
+    return package_info.__version__.split("+", 1)[0]
 
 
 def check_installed() -> str:
