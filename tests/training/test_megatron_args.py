@@ -23,8 +23,7 @@ def args_for(preset: str, **kw) -> list[str]:
     options = dict(
         data_path=["0.7", "data/a_text_document", "0.3", "data/b_text_document"],
         split="949,50,1",
-        vocab_file="tok/vocab.json",
-        merge_file="tok/merges.txt",
+        tokenizer_model="tok",
         save="checkpoints/x",
         tensorboard_dir="checkpoints/x/tensorboard",
         data_cache_path="checkpoints/x/data_cache",
@@ -59,7 +58,7 @@ def test_opengptx_800m_arguments_are_the_reports():
         "--load": "checkpoints/x", "--log-throughput": None, "--exit-signal-handler": None,
         "--exit-duration-in-mins": "1430", "--exit-interval": "1000", "--train-iters": "3000",
         "--tensorboard-dir": "checkpoints/x/tensorboard", "--split": "949,50,1",
-        "--tokenizer-type": "GPT2BPETokenizer", "--vocab-file": "tok/vocab.json",
+        "--tokenizer-type": "HuggingFaceTokenizer", "--tokenizer-model": "tok",
     }  # fmt: skip
     for flag, value in expected.items():
         assert flag in got, flag
@@ -105,7 +104,7 @@ def test_flag_list_is_megatrons_not_ours():
 def test_only_flags_of_the_pinned_commit(preset, variant):
     kw = {
         "data": {},
-        "mock": dict(data_path=None, vocab_file=None, merge_file=None, save=None),
+        "mock": dict(data_path=None, tokenizer_model=None, save=None),
         "amd": dict(transformer_impl="local"),
         "hf": dict(tokenizer_model="data/tokenizers/x"),
     }[variant]
@@ -116,17 +115,18 @@ def test_only_flags_of_the_pinned_commit(preset, variant):
 
 
 def test_mock_data_needs_no_vocabulary_and_saves_nothing():
-    got = pairs(args_for("gpt3_175b", data_path=None, vocab_file=None, merge_file=None, save=None))
+    got = pairs(args_for("gpt3_175b", data_path=None, tokenizer_model=None, save=None))
     assert "--mock-data" in got and "--data-path" not in got
     assert got["--tokenizer-type"] == "NullTokenizer" and got["--vocab-size"] == "50257"
     assert "--vocab-file" not in got and "--merge-file" not in got
     assert "--save" not in got and "--load" not in got and "--save-interval" not in got
-    with pytest.raises(MegatronArgsError, match="vocab and merges"):
-        args_for("gpt_7b", vocab_file=None, merge_file=None)
+    with pytest.raises(MegatronArgsError, match="a dataset needs its tokenizer's folder"):
+        args_for("gpt_7b", tokenizer_model=None)
 
 
 def test_tokenizer_folder_is_read_offline_by_huggingface_tokenizer():
-    # GPT2BPETokenizer at the pin asks the hub for gpt2's configuration at start-up
+    # never GPT2BPETokenizer: at the pin it asks the hub for gpt2's configuration at
+    # start-up and takes a gpt2 snapshot in HF_HOME over the files it is given
     got = pairs(args_for("gpt_7b", tokenizer_model="data/tokenizers/x"))
     assert got["--tokenizer-type"] == "HuggingFaceTokenizer"
     assert got["--tokenizer-model"] == "data/tokenizers/x" and "--vocab-file" not in got
@@ -226,7 +226,7 @@ def test_data_parallel_communication_overlaps_with_compute(preset):
 def test_overlap_param_gather_only_with_the_distributed_optimizer():
     # Megatron-LM's validate_args refuses --overlap-param-gather without it
     exp = resolve_experiment("x", {"preset": "gpt3_860m", "save_interval": 100})
-    kw = dict(data_path=None, split="100,0,0", vocab_file=None, merge_file=None, save=None,
+    kw = dict(data_path=None, split="100,0,0", save=None,
               tensorboard_dir=None, data_cache_path=None, train_iters=10, stop_iteration=10,
               exit_minutes=None)  # fmt: skip
     got = pairs(pretrain_gpt_args(exp, check_layout("x", exp, 8), **kw))

@@ -10,13 +10,18 @@ in test_megatron_conformance.py: its dataset construction loads the cache.)
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
-from support import megatron_hf_tokenizer
+from support import REPO, hang_guard, megatron_hf_tokenizer
 
 from hpcllm.text.tokenizer_train import train_bpe
 from hpcllm.training.engines.cache import MegatronTokenizerKey
 from hpcllm.training.engines.command import megatron_tokenizer_model
+from hpcllm.training.plan.experiment import Paths
 
 
 @pytest.fixture(scope="module")
@@ -38,41 +43,139 @@ def test_the_key_is_megatron_cores_own_identity_of_the_tokenizer(trained):
     # what Megatron-LM's build_tokenizer passes for HuggingFaceTokenizer --tokenizer-model
     real = megatron_hf_tokenizer(folder)
     vocab = json.loads((trained / "vocab.json").read_text())
-    key = MegatronTokenizerKey(folder, *files, len(vocab), vocab["<|endoftext|>"])
+    key = MegatronTokenizerKey(folder, len(vocab), vocab["<|endoftext|>"])
     assert key.unique_identifiers == real.unique_identifiers
     # Megatron's EOD (from tokenizer_config.json's eos_token) is the workflow's EOD
     assert real.eod == key.eod == vocab["<|endoftext|>"]
 
 
-def test_without_an_eos_token_megatron_gets_the_gpt2_tokenizer(trained, tmp_path):
-    for name in ("vocab.json", "merges.txt", "tokenizer.json"):
-        (tmp_path / name).write_bytes((trained / name).read_bytes())
-    files = (str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"))
-    assert megatron_tokenizer_model(files) is None  # no tokenizer_config.json
-    (tmp_path / "tokenizer_config.json").write_text(
-        '{"tokenizer_class": "PreTrainedTokenizerFast"}'
+# Megatron Core's tokenizer, built as Megatron-LM's build_tokenizer builds it for a
+# --tokenizer-type (argv[1]: HuggingFaceTokenizer with --tokenizer-model argv[2], or
+# GPT2BPETokenizer with --vocab-file argv[2] --merge-file argv[3]), in a process of its own
+# (HF_HOME is read when huggingface_hub is imported); prints its vocabulary size, EOD and
+# the ids of each text read as JSON from stdin, or the error.
+BUILD_TOKENIZER = """
+import json, sys
+from megatron.core.tokenizers import MegatronTokenizer
+common = dict(additional_special_tokens=[], use_fast=True, trust_remote_code=False,
+              include_special_tokens=True)
+try:
+    if sys.argv[1] == "HuggingFaceTokenizer":
+        tok = MegatronTokenizer.from_pretrained(
+            tokenizer_path=sys.argv[2], metadata_path={"library": "huggingface"},
+            chat_template=None, vocab_file=None, merges_file=None, **common)
+    else:
+        tok = MegatronTokenizer.from_pretrained(
+            tokenizer_path="GPT2BPETokenizer", metadata_path={"library": "megatron"},
+            vocab_file=sys.argv[2], merges_file=sys.argv[3], **common)
+    texts = json.load(sys.stdin)
+    print(json.dumps({"vocab_size": tok.vocab_size, "eod": tok.eod,
+                      "ids": [tok.tokenize(t) for t in texts]}))
+except Exception as e:
+    print(json.dumps({"error": f"{type(e).__name__}: {e}"}))
+"""
+
+
+def megatron_tokenizer(hf_home, *args, texts=()) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", BUILD_TOKENIZER, *map(str, args)],
+        input=json.dumps(list(texts)),
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"},
+        check=True,
+        timeout=hang_guard(60),
     )
-    assert megatron_tokenizer_model(files) is None  # one without eos_token
-    key = MegatronTokenizerKey(None, *files, 300, 0)
-    assert key.unique_identifiers["tokenizer_path"] == "GPT2BPETokenizer"
-    assert key.unique_identifiers["vocab_file"] == files[0]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_a_given_tokenizer_that_would_need_the_hub_is_named_at_plan_time(trained, tmp_path):
-    from hpcllm.training.engines.command import hub_tokenizer_warning
+def gpt2_snapshot(hf_home) -> None:
+    """A gpt2 snapshot in ``hf_home``'s hub cache with another vocabulary (95 tokens)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
 
-    for name in ("vocab.json", "merges.txt"):
-        (tmp_path / name).write_bytes((trained / name).read_bytes())
-    files = (str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"))
-    given = {"type": "files", "vocab_file": files[0], "merges_file": files[1]}
-    warning = hub_tokenizer_warning("exp", "megatron", given, files, "<|endoftext|>")
-    assert f"training.experiments.exp: {tmp_path} has no tokenizer.json" in warning
-    assert "HF_HUB_OFFLINE=1" in warning and '"eos_token": "<|endoftext|>"' in warning
-    assert hub_tokenizer_warning("exp", "torch", given, files, "<|endoftext|>") is None
-    assert hub_tokenizer_warning("exp", "megatron", {"type": "train"}, files, "x") is None
-    for name in ("tokenizer.json", "tokenizer_config.json"):  # as the warning says
-        (tmp_path / name).write_bytes((trained / name).read_bytes())
-    assert hub_tokenizer_warning("exp", "megatron", given, files, "<|endoftext|>") is None
+    repo = hf_home / "hub/models--gpt2"
+    snapshot = repo / "snapshots/0000"
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs/main").write_text("0000")
+    vocab = {"<|endoftext|>": 0, **{chr(c): i + 1 for i, c in enumerate(range(33, 127))}}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.save(str(snapshot / "tokenizer.json"))
+    (snapshot / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    (snapshot / "tokenizer_config.json").write_text('{"tokenizer_class": "GPT2Tokenizer"}')
+
+
+def test_given_gpt2_files_reach_megatron_as_a_folder_whatever_hf_home_holds(trained, tmp_path):
+    """A type: files tokenizer given as GPT-2 vocab and merges files: Megatron gets the
+    tokenizer_folder rule's folder (HuggingFaceTokenizer, offline), whose ids are those
+    tokenize wrote, even with a gpt2 snapshot of another vocabulary in HF_HOME. Megatron's
+    GPT2BPETokenizer with the same files takes that snapshot's vocabulary instead, and
+    without it fails offline: what the workflow no longer generates."""
+    from hpcllm.text.tokenizers_config import (
+        engine_files,
+        engine_vocabulary,
+        tokenizer_for,
+        write_hf_folder,
+    )
+    from hpcllm.training.engines.command import engine_command
+
+    vocab, merges = str(trained / "vocab.json"), str(trained / "merges.txt")
+    cfg = {"type": "files", "vocab_file": vocab, "merges_file": merges,
+           "eod_token": "<|endoftext|>"}  # fmt: skip
+    files = engine_files("given", cfg)
+    assert files == ("data/tokenizers/given/hf/tokenizer.json",
+                     "data/tokenizers/given/hf/tokenizer_config.json")  # fmt: skip
+    assert megatron_tokenizer_model(files) == "data/tokenizers/given/hf"
+    folder = write_hf_folder(cfg, [vocab, merges], tmp_path / "hf")
+    hf_home = tmp_path / "hf_home"
+    gpt2_snapshot(hf_home)
+    texts = [f"the quick brown fox {i} jumps<|endoftext|>" for i in range(3)]
+    texts += ["Größe, été 🚀\tspaces  and\nnewlines", "<|endoftext|> inside text", ""]
+    ours = tokenizer_for(cfg, [vocab, merges])  # what tokenize encodes with
+    expected = [ours.encode(t).ids for t in texts]
+    size, eod = engine_vocabulary(
+        (str(folder / "tokenizer.json"), str(folder / "tokenizer_config.json")), "<|endoftext|>"
+    )
+    real = megatron_tokenizer(hf_home, "HuggingFaceTokenizer", folder, texts=texts)
+    assert real == {"vocab_size": size, "eod": eod, "ids": expected}
+    assert size == len(json.loads(Path(vocab).read_text()))
+    # the hazard: GPT2BPETokenizer reads the snapshot, not the files it is given
+    hub = megatron_tokenizer(hf_home, "GPT2BPETokenizer", vocab, merges, texts=texts)
+    assert hub["vocab_size"] == 95 != size
+    offline = megatron_tokenizer(tmp_path / "empty", "GPT2BPETokenizer", vocab, merges)
+    assert "Unable to instantiate HuggingFace AutoTokenizer for gpt2" in offline["error"]
+    # and the segment's command line names the folder, never GPT2BPETokenizer
+    prepared = prepared_with(cfg, tmp_path)
+    argv = engine_command(
+        prepared.experiment, prepared.layout, prepared.blend, prepared.tokenizer_files,
+        Paths("c", "s.json", "s.log", "cache", "tb"), 1, None,
+    )  # fmt: skip
+    at = argv.index("--tokenizer-type")
+    assert argv[at : at + 4] == [
+        "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "data/tokenizers/given/hf"
+    ]  # fmt: skip
+    assert "GPT2BPETokenizer" not in argv and "--vocab-file" not in argv
+
+
+def prepared_with(tokenizer: dict, workdir):
+    """config/examples/local.yaml's tiny_local as a megatron experiment on JUWELS, with
+    ``tokenizer`` as its tokenizer ``given``."""
+    import yaml
+    from snakemake.utils import validate
+
+    from hpcllm.clusters import load_cluster
+    from hpcllm.training.plan.experiment import prepare_experiment
+
+    config = yaml.safe_load((REPO / "config/examples/local.yaml").read_text())
+    config["text"]["tokenizers"]["given"] = tokenizer
+    config["text"]["tokenize"]["tokenizers"] = ["given"]
+    for section in ("text", "training"):
+        validate(config[section], str(REPO / f"workflow/schemas/{section}.schema.yaml"))
+    raw = {**config["training"]["experiments"]["tiny_local"], "engine": "megatron"}
+    raw["data"] = {**raw["data"], "tokenizer": "given"}
+    clusters = REPO / "config/clusters"
+    return prepare_experiment("exp", raw, config["text"], load_cluster("juwels", clusters))
 
 
 def test_the_key_was_verified_at_the_pinned_megatron_lm():

@@ -137,7 +137,7 @@ def test_the_engine_folder_is_what_megatron_cores_hugging_face_tokenizer_builds(
     # Megatron-LM's build_tokenizer for --tokenizer-type HuggingFaceTokenizer --tokenizer-model
     real = megatron_hf_tokenizer(folder)
     assert (real.vocab_size, real.eod) == (size, eod)
-    key = MegatronTokenizerKey(str(folder), *files, size, eod)
+    key = MegatronTokenizerKey(str(folder), size, eod)
     assert key.unique_identifiers == real.unique_identifiers
     for text in [*corpus[:3], *EDGE[:2]]:
         assert real.tokenize(text) == hf_ids(tok, text)
@@ -190,13 +190,11 @@ def test_gpt2_files_beside_a_tokenizer_json_must_agree_with_it(tmp_path, tokeniz
         "data/tokenizers/given/hf/tokenizer.json",
         "data/tokenizers/given/hf/tokenizer_config.json",
     )
-    # Megatron gets HuggingFaceTokenizer with that folder: no hub warning at plan time,
-    # before tokenizer_folder has written it
-    from hpcllm.training.engines.command import hub_tokenizer_warning, megatron_tokenizer_model
+    # Megatron gets HuggingFaceTokenizer with that folder, at plan time too (before
+    # tokenizer_folder has written it)
+    from hpcllm.training.engines.command import megatron_tokenizer_model
 
-    files = engine_files("given", cfg)
-    assert megatron_tokenizer_model(files) == "data/tokenizers/given/hf"
-    assert hub_tokenizer_warning("exp", "megatron", cfg, files, eod) is None
+    assert megatron_tokenizer_model(engine_files("given", cfg)) == "data/tokenizers/given/hf"
     other, _ = tokenizers_made["wordpiece"]
     other_vocab = tmp_path / "other.json"
     other_vocab.write_text(json.dumps(load_tokenizer(other).get_vocab()))

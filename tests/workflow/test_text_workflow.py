@@ -191,9 +191,14 @@ def test_training_on_a_files_tokenizer_uses_exactly_its_files(workdir):
     )
     jobs = planned_jobs(proc.stdout)
     assert "train_tokenizer" not in jobs and jobs["train_segment"] == 1, proc.stdout
+    # the engines read the tokenizer_folder made of exactly those files (Megatron:
+    # HuggingFaceTokenizer on the folder, never a gpt2 from the hub)
+    assert jobs["tokenizer_folder"] == 1, proc.stdout
+    folder = proc.stdout.split("rule tokenizer_folder:", 1)[1].split("\n\n", 1)[0]
+    assert "input: tok/vocab.json, tok/merges.txt" in folder, folder
     segment = proc.stdout.split("rule train_segment:", 1)[1].split("\n\n", 1)[0]
-    assert "tok/vocab.json" in segment and "tok/merges.txt" in segment, segment
-    assert "data/tokenizers/" not in proc.stdout
+    assert "data/tokenizers/given/hf/tokenizer.json" in segment, segment
+    assert "data/tokenizers/sample_bpe" not in proc.stdout
 
 
 def test_config_docs_cli_writes_the_reference_of_the_schemas_it_is_given(tmp_path):

@@ -54,17 +54,18 @@ rule train_tokenizer:
 
 
 rule tokenizer_folder:
-    # A given tokenizer.json (type: files) as the engines read it: Megatron's
-    # HuggingFaceTokenizer takes the folder, its EOD from tokenizer_config.json.
+    # A given (type: files) tokenizer as the engines read it: Megatron's
+    # HuggingFaceTokenizer takes the folder, offline, its EOD from tokenizer_config.json
+    # (never GPT2BPETokenizer, which takes a gpt2 snapshot in HF_HOME over given files).
     input:
-        tokenizer_json=given_tokenizer_json,
+        files=tokenizer_inputs,
     output:
         tokenizer="data/tokenizers/{tok}/hf/tokenizer.json",
         hf_config="data/tokenizers/{tok}/hf/tokenizer_config.json",
     log:
         "logs/tokenizer_folder/{tok}.log",
     wildcard_constraints:
-        tok=GIVEN_JSON_TOKENIZERS,
+        tok=GIVEN_TOKENIZERS,
     localrule: True
     conda:
         "../../envs/workflow.yaml"

@@ -163,14 +163,8 @@ def tokenizer_inputs(wildcards):
     return tokenizer_files(wildcards.tok, TOKENIZERS[wildcards.tok])
 
 
-# Given (type: files) tokenizers named by a tokenizer.json: rule tokenizer_folder's.
-GIVEN_JSON_TOKENIZERS = (
-    "|".join(n for n, t in TOKENIZERS.items() if t.get("tokenizer_json")) or "NONE"
-)
-
-
-def given_tokenizer_json(wildcards):
-    return TOKENIZERS[wildcards.tok]["tokenizer_json"]
+# Given (type: files) tokenizers: rule tokenizer_folder's (a tokenizer.json, or GPT-2 files).
+GIVEN_TOKENIZERS = "|".join(n for n, t in TOKENIZERS.items() if t["type"] == "files") or "NONE"
 
 
 def tokenized_shard_prefixes(wildcards):

@@ -36,18 +36,6 @@ for _name, _prepared in EXPERIMENTS.items():
         SEGMENT_JOBS[_name] = segment_job(_name, _prepared, CLUSTER, _vocab, _tok)
     except ValueError as e:
         raise _WorkflowError(str(e))
-from hpcllm.training.engines.command import hub_tokenizer_warning
-
-for _name, _prepared in EXPERIMENTS.items():
-    _warning = hub_tokenizer_warning(
-        _name,
-        _prepared.experiment["engine"],
-        TEXT["tokenizers"][_prepared.experiment["data"]["tokenizer"]],
-        _prepared.tokenizer_files,
-        _prepared.eod_token,
-    )
-    if _warning:
-        logger.warning(f"Warning: {_warning}")
 from hpcllm.models.megatron_args import transformer_impl_for
 from hpcllm.training.plan.settings import (
     plan_warning,

@@ -5,5 +5,5 @@ from hpcllm.text.tokenizers_config import write_hf_folder
 
 logs.setup(snakemake.log[0])
 write_hf_folder(
-    snakemake.params.tokenizer, snakemake.input.tokenizer_json, snakemake.params.out_dir
+    snakemake.params.tokenizer, list(snakemake.input.files), snakemake.params.out_dir
 )

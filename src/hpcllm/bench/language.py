@@ -137,8 +137,6 @@ def engine_command(
         layout,
         data_path=None if mock else [point["data"]],
         split="100,0,0",
-        vocab_file=None,
-        merge_file=None,
         save=None,  # a benchmark writes no checkpoint and never resumes one
         tensorboard_dir=str(Path(run_dir) / "tensorboard"),
         data_cache_path=str(Path(run_dir).resolve() / "index-cache"),

@@ -89,8 +89,6 @@ FLAGS: dict[str, dict[str, str]] = {
         "tokenizer_type": "--tokenizer-type",
         "tokenizer_model": "--tokenizer-model",
         "vocab_size": "--vocab-size",
-        "vocab_file": "--vocab-file",
-        "merge_file": "--merge-file",
         "save": "--save",
         "load": "--load",
         "save_interval": "--save-interval",
@@ -273,8 +271,6 @@ def pretrain_gpt_args(
     *,
     data_path: list[str],
     split: str,
-    vocab_file: str | None,
-    merge_file: str | None,
     save: str | None,
     tensorboard_dir: str | None,
     data_cache_path: str | None,
@@ -289,12 +285,12 @@ def pretrain_gpt_args(
 
     ``data_path=None`` trains on Megatron's mock data with its ``NullTokenizer`` (no
     vocabulary files); ``save=None`` writes no checkpoint (Megatron saves at the end
-    whenever ``--save`` is set) and loads none. ``tokenizer_model``: a folder holding the
-    tokenizer's ``tokenizer.json``, read offline by ``HuggingFaceTokenizer``. Without it,
-    ``GPT2BPETokenizer`` with the vocab and merges files, which at this pin asks the
-    Hugging Face hub for gpt2's tokenizer configuration at start-up (AutoTokenizer
-    .from_pretrained("gpt2", vocab_file=..., merges_file=...)): it fails on compute nodes
-    without internet unless gpt2 is in the HF cache.
+    whenever ``--save`` is set) and loads none. ``tokenizer_model``: the folder holding
+    the tokenizer's ``tokenizer.json`` and ``tokenizer_config.json``, read offline by
+    ``HuggingFaceTokenizer``; a dataset needs one. Never ``GPT2BPETokenizer``: at this pin
+    it is ``AutoTokenizer.from_pretrained("gpt2", vocab_file=..., merges_file=...)``, which
+    asks the hub at start-up (compute nodes have no internet) and takes a gpt2 snapshot in
+    HF_HOME over the given files, another vocabulary than the data's.
     """
     if commit not in FLAGS:
         raise MegatronArgsError(
@@ -394,15 +390,13 @@ def pretrain_gpt_args(
     if tokenizer_model is not None:
         add("tokenizer_type", "HuggingFaceTokenizer")
         add("tokenizer_model", tokenizer_model)
-    elif vocab_file is None:
-        if data_path is not None:
-            raise MegatronArgsError("a dataset needs its tokenizer's vocab and merges files")
+    elif data_path is not None:
+        raise MegatronArgsError(
+            "a dataset needs its tokenizer's folder (tokenizer.json and tokenizer_config.json)"
+        )
+    else:
         add("tokenizer_type", "NullTokenizer")
         add("vocab_size", model.get("vocab_size") or 50257)
-    else:
-        add("tokenizer_type", "GPT2BPETokenizer")
-        add("vocab_file", vocab_file)
-        add("merge_file", merge_file)
     if save is not None:
         add("save", save)
         add("load", save)

@@ -3,8 +3,8 @@
 Saved as ``tokenizer.json`` (for ``tokenizers``, gigatoken and Megatron's
 ``HuggingFaceTokenizer``) with a ``tokenizer_config.json`` that names the end-of-document
 token as ``eos_token`` (Megatron's HuggingFaceTokenizer takes its EOD id from it, and its
-datasets fail without one), and as GPT-2 style ``vocab.json`` + ``merges.txt`` (for
-Megatron's ``GPT2BPETokenizer`` and the torch engine).
+datasets fail without one), and as GPT-2 style ``vocab.json`` + ``merges.txt`` (for the
+torch engine and the export).
 """
 
 from __future__ import annotations

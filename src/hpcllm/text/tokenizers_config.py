@@ -65,8 +65,9 @@ def retrain_warning(
 
 
 def hf_folder(name: str) -> str:
-    """The folder the engines read a ``tokenizer_json`` tokenizer from (rule
-    ``tokenizer_folder``): a copy of the file as ``tokenizer.json`` and a
+    """The folder the engines read a given (``type: files``) tokenizer from (rule
+    ``tokenizer_folder``): its ``tokenizer.json`` (a copy of ``tokenizer_json``, or the
+    one built from GPT-2 ``vocab_file`` and ``merges_file``) and a
     ``tokenizer_config.json`` naming the end-of-document token as ``eos_token``."""
     return f"data/tokenizers/{name}/hf"
 
@@ -76,16 +77,16 @@ def engine_files(name: str, cfg: dict[str, Any]) -> tuple[str, str]:
 
     Trained ones: ``train_tokenizer``'s GPT-2 style ``vocab.json`` and ``merges.txt``
     (their folder also holds the tokenizer.json and tokenizer_config.json Megatron's
-    HuggingFaceTokenizer reads). Given ones with ``tokenizer_json`` (any model Hugging
-    Face ``tokenizers`` loads; it wins over ``vocab_file``/``merges_file`` given beside
-    it): ``tokenizer.json`` and ``tokenizer_config.json`` of :func:`hf_folder`. Given GPT-2
-    files alone: exactly those the config names (never a freshly trained stand-in)."""
+    HuggingFaceTokenizer reads). Given ones: ``tokenizer.json`` and
+    ``tokenizer_config.json`` of :func:`hf_folder`, made from exactly the files the config
+    names (``tokenizer_json`` wins over ``vocab_file``/``merges_file`` given beside it).
+    So Megatron always reads a folder with HuggingFaceTokenizer, offline: never
+    GPT2BPETokenizer, which at the pin is ``AutoTokenizer.from_pretrained("gpt2", ...)``
+    and takes a gpt2 snapshot in HF_HOME over the given files."""
     if cfg.get("type", "train") == "train":
         return f"data/tokenizers/{name}/vocab.json", f"data/tokenizers/{name}/merges.txt"
-    if cfg.get("tokenizer_json"):
-        folder = hf_folder(name)
-        return f"{folder}/tokenizer.json", f"{folder}/tokenizer_config.json"
-    return cfg["vocab_file"], cfg["merges_file"]
+    folder = hf_folder(name)
+    return f"{folder}/tokenizer.json", f"{folder}/tokenizer_config.json"
 
 
 def is_hf_folder(files: tuple[str, str] | list[str]) -> bool:
@@ -133,18 +134,26 @@ def engine_vocabulary(files: tuple[str, str] | list[str], eod_token: str) -> tup
     return max(vocab.values()) + 1, vocab[eod_token]
 
 
-def write_hf_folder(cfg: dict[str, Any], tokenizer_json: str, out_dir: str | os.PathLike) -> Path:
-    """Write :func:`hf_folder`: the given ``tokenizer.json`` (checked: ``tokenizers`` loads
-    it, it has the end-of-document token and, when the config says, ``vocab_size`` tokens)
-    and a ``tokenizer_config.json`` naming ``eod_token`` as ``eos_token``, which
+def write_hf_folder(
+    cfg: dict[str, Any], files: str | list[str], out_dir: str | os.PathLike
+) -> Path:
+    """Write :func:`hf_folder` from a given tokenizer's ``files`` (:func:`tokenizer_files`):
+    its ``tokenizer.json`` (a copy of a given one; for GPT-2 vocab and merges files, the
+    tokenizer tokenize encodes with, saved) checked as tokenize checks it (``tokenizers``
+    loads it, it has the end-of-document token and, when the config says, ``vocab_size``
+    tokens), and a ``tokenizer_config.json`` naming ``eod_token`` as ``eos_token``, which
     Megatron's HuggingFaceTokenizer takes its EOD id from (AutoTokenizer reads the folder
     offline as a PreTrainedTokenizerFast whatever the model: BPE, Unigram, WordPiece)."""
     from hpcllm.text.tokenizer_train import hf_tokenizer_config
 
-    tokenizer_for(cfg, [tokenizer_json])
+    files = [files] if isinstance(files, str) else list(files)
+    tokenizer = tokenizer_for(cfg, files)
     out = Path(out_dir)
     with atomic_paths(out / "tokenizer.json", out / "tokenizer_config.json") as (tok, config):
-        shutil.copyfile(tokenizer_json, tok)
+        if len(files) == 1:
+            shutil.copyfile(files[0], tok)
+        else:
+            tokenizer.save(str(tok))
         config.write_text(json.dumps(hf_tokenizer_config(cfg["eod_token"]), indent=2) + "\n")
     return out
 

@@ -9,8 +9,8 @@ of the pinned commit checks and what the workflow reads back, nothing more:
 - the checks of that commit's ``validate_args`` and start-up that apply without a GPU:
   world size divisible by TP x PP, global batch by micro batch x DP, sequence length
   within the position embeddings, ``CUDA_DEVICE_MAX_CONNECTIONS=1`` with TP (GPUs before
-  Blackwell), the tokenizer's files (HuggingFaceTokenizer's folder, GPT2BPETokenizer's
-  vocab and merges, NullTokenizer's vocabulary size),
+  Blackwell), the tokenizer's files (HuggingFaceTokenizer's folder, NullTokenizer's
+  vocabulary size; GPT2BPETokenizer fails as offline, asking the hub for gpt2),
   the data prefixes' .bin/.idx (the .idx magic), warm-up shorter than the decay;
 - the ranks meet in a gloo process group (torchrun's rendezvous across the nodes) and
   each prints its node; the last rank prints Megatron's per-iteration log line;
@@ -99,9 +99,12 @@ def main() -> int:
                 f"HuggingFaceTokenizer needs --tokenizer-model, a folder with tokenizer.json (got {model})"
             )
     if value("--tokenizer-type") == "GPT2BPETokenizer":
-        for flag in ("--vocab-file", "--merge-file"):
-            if value(flag) is None or not os.path.isfile(value(flag)):
-                die(f"GPT2BPETokenizer needs {flag}, a readable file (got {value(flag)})")
+        # at the pin: AutoTokenizer.from_pretrained("gpt2", ...), from the hub, which
+        # compute nodes cannot reach (the workflow never generates it)
+        die(
+            "ValueError: Unable to instantiate HuggingFace AutoTokenizer for gpt2. Exception: "
+            "We couldn't connect to 'https://huggingface.co' to load the files"
+        )
     if "--mock-data" not in opts:
         paths = opts.get("--data-path") or die("--data-path is required without --mock-data")
         for prefix in paths[1::2] if len(paths) > 1 else paths:
@@ -196,10 +199,6 @@ def main() -> int:
 
             path = os.path.join(value("--tokenizer-model"), "tokenizer.json")
             vocab = Tokenizer.from_file(path).get_vocab_size()
-        elif kind == "GPT2BPETokenizer":
-            import json
-
-            vocab = len(json.loads(Path(value("--vocab-file")).read_text()))
         else:
             vocab = value("--vocab-size", 1, int)
         multiple = value("--make-vocab-size-divisible-by", 128, int) * tp

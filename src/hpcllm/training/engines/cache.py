@@ -34,7 +34,7 @@ from hpcllm.atomic import atomic_path
 # (d98e8a64, 2026-08-22) names the class megatron.core.tokenizers.text.text_tokenizer.
 # MegatronTokenizerText (its #6622 dropped DefaultTokenizerText) and adds use_gigatoken
 # (#6514), so with this key its GPU jobs would rebuild every index instead of loading it.
-MEGATRON_TOKENIZER_KEY_VERIFIED = ("5be9626709af2722333bf54797c954c09edeada3", "757172ee36db67b0")
+MEGATRON_TOKENIZER_KEY_VERIFIED = ("5be9626709af2722333bf54797c954c09edeada3", "b54fffbfee819ef4")
 
 
 class MegatronTokenizerKey:
@@ -45,28 +45,17 @@ class MegatronTokenizerKey:
     keyword arguments ``build_tokenizer`` passes; the tokenizer itself is not loaded.
 
     ``tokenizer_model``: the folder given as ``--tokenizer-model`` to
-    ``HuggingFaceTokenizer``; None for ``GPT2BPETokenizer`` with ``--vocab-file`` and
-    ``--merge-file`` (see ``command.megatron_tokenizer_model``)."""
+    ``HuggingFaceTokenizer`` (``command.megatron_tokenizer_model``; the workflow never
+    generates another tokenizer type for a dataset)."""
 
-    def __init__(
-        self,
-        tokenizer_model: str | None,
-        vocab_file: str,
-        merge_file: str,
-        vocab_size: int,
-        eod: int,
-    ):
+    def __init__(self, tokenizer_model: str, vocab_size: int, eod: int):
         # build_tokenizer's keyword arguments, in its order (the identity keeps it)
-        if tokenizer_model is not None:
-            library, path = "huggingface", tokenizer_model
-            kwargs = {"chat_template": None, "vocab_file": None, "merges_file": None,
-                      "additional_special_tokens": []}  # fmt: skip
-        else:
-            library, path = "megatron", "GPT2BPETokenizer"
-            kwargs = {"additional_special_tokens": [], "vocab_file": vocab_file,
-                      "merges_file": merge_file}  # fmt: skip
-        kwargs.update(use_fast=True, trust_remote_code=False, include_special_tokens=True)
-        self.unique_identifiers = megatron_tokenizer_identity(library, path, kwargs)
+        kwargs = {"chat_template": None, "vocab_file": None, "merges_file": None,
+                  "additional_special_tokens": [], "use_fast": True,
+                  "trust_remote_code": False, "include_special_tokens": True}  # fmt: skip
+        self.unique_identifiers = megatron_tokenizer_identity(
+            "huggingface", tokenizer_model, kwargs
+        )
         self.vocab_size = vocab_size
         self.eod = eod
         self.special_tokens_dict: dict = {}
@@ -88,13 +77,10 @@ def megatron_tokenizer_identity(library: str, path: str, kwargs: dict) -> Ordere
 
 
 def tokenizer_key_format_digest() -> str:
-    """A digest of MegatronTokenizerKey's identities (names, order, values) for a fixed
-    tokenizer folder and a fixed pair of vocab and merges files: what Megatron Core's
-    cache file names hash (its MD5 of the dataset's unique identifiers, in order)."""
-    keys = [
-        MegatronTokenizerKey("TOKENIZER_FOLDER", "VOCAB", "MERGES", 0, 0),
-        MegatronTokenizerKey(None, "VOCAB", "MERGES", 0, 0),
-    ]
+    """A digest of MegatronTokenizerKey's identity (names, order, values) for a fixed
+    tokenizer folder: what Megatron Core's cache file names hash (its MD5 of the
+    dataset's unique identifiers, in order)."""
+    keys = [MegatronTokenizerKey("TOKENIZER_FOLDER", 0, 0)]
     text = json.dumps([list(k.unique_identifiers.items()) for k in keys])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -139,11 +125,7 @@ def build_index_cache(prepared, folder: str | os.PathLike, manifest: str | os.Pa
     tokenizer = None  # the torch engine's key
     if exp["engine"] == "megatron":
         tokenizer = MegatronTokenizerKey(
-            megatron_tokenizer_model(prepared.tokenizer_files),
-            prepared.tokenizer_files[0],
-            prepared.tokenizer_files[1],
-            vocab_size,
-            eod,
+            megatron_tokenizer_model(prepared.tokenizer_files), vocab_size, eod
         )
     samples = dataset_samples(prepared)
     with _one_process_group():  # Megatron Core asks the rank before it writes the cache

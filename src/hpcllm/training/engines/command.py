@@ -5,7 +5,6 @@ run (no Megatron-LM: no container and no checkout named).
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,49 +16,14 @@ from hpcllm.training.plan.data import Blend
 from hpcllm.training.plan.experiment import Paths, target_iteration, total_iterations
 
 
-def megatron_tokenizer_model(tokenizer_files: tuple[str, str]) -> str | None:
-    """The ``--tokenizer-model`` folder of Megatron's HuggingFaceTokenizer: the folder of a
-    given tokenizer.json (``tokenizers_config.engine_files``, written by the workflow's
-    tokenizer_folder rule), or the tokenizer's folder where it holds a tokenizer.json and a
-    tokenizer_config.json naming the ``eos_token`` (Megatron's EOD; a trained tokenizer
-    has both), read offline; else None (GPT2BPETokenizer, which asks the hub for gpt2's
-    configuration)."""
-    from hpcllm.text.tokenizers_config import is_hf_folder
-
-    folder = Path(tokenizer_files[0]).parent
-    if is_hf_folder(tokenizer_files):
-        return str(folder)
-    try:
-        config = json.loads((folder / "tokenizer_config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    has_eos = isinstance(config, dict) and config.get("eos_token")
-    return str(folder) if has_eos and (folder / "tokenizer.json").exists() else None
-
-
-def hub_tokenizer_warning(
-    name: str, engine: str, tokenizer_cfg: dict, tokenizer_files: tuple[str, str], eod: str
-) -> str | None:
-    """At plan time: why a megatron experiment's given (``type: files``) GPT-2 tokenizer
-    would make the job reach for the hub at start-up, or None. A trained one gets its
-    tokenizer.json and tokenizer_config.json from train_tokenizer, a given tokenizer.json
-    its folder from tokenizer_folder."""
-    if engine != "megatron" or tokenizer_cfg.get("type", "train") == "train":
-        return None
-    if megatron_tokenizer_model(tokenizer_files) is not None:
-        return None
-    from hpcllm.text.tokenizer_train import hf_tokenizer_config  # only on this path
-
-    return (
-        f"training.experiments.{name}: {Path(tokenizer_files[0]).parent} has no "
-        "tokenizer.json with a tokenizer_config.json naming an eos_token, so Megatron-LM "
-        "gets GPT2BPETokenizer, which loads gpt2's configuration from the Hugging Face hub "
-        "when the job starts; on compute nodes without internet the job fails there. Put "
-        f"both files beside {tokenizer_files[0]} (tokenizer_config.json: "
-        f"{json.dumps(hf_tokenizer_config(eod))}), or name the tokenizer.json as the "
-        "tokenizer's tokenizer_json, or fill "
-        "HF_HOME with gpt2's configuration and set HF_HUB_OFFLINE=1 for the jobs."
-    )
+def megatron_tokenizer_model(tokenizer_files: tuple[str, str]) -> str:
+    """The ``--tokenizer-model`` folder of Megatron's HuggingFaceTokenizer, read offline:
+    the folder of the engines' files (``tokenizers_config.engine_files``), which always
+    holds a tokenizer.json and a tokenizer_config.json naming the ``eos_token``
+    (Megatron's EOD): train_tokenizer writes both beside a trained tokenizer's vocab.json
+    and merges.txt, the tokenizer_folder rule both for a given tokenizer. Decided from the
+    names, not from files on disk, so the plan's command line is the job's."""
+    return str(Path(tokenizer_files[0]).parent)
 
 
 def engine_command(
@@ -81,7 +45,6 @@ def engine_command(
     stop = target_iteration(experiment, segment)
     train_iters = total_iterations(experiment)
     split = experiment["data"]["split"]
-    vocab, merges = tokenizer_files
     if experiment["engine"] == "megatron":
         return [
             python,
@@ -91,8 +54,6 @@ def engine_command(
                 layout,
                 data_path=blend.megatron_data_path(),
                 split=split,
-                vocab_file=vocab,
-                merge_file=merges,
                 save=paths.save,
                 tensorboard_dir=paths.tensorboard,
                 data_cache_path=paths.data_cache,
