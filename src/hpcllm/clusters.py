@@ -112,6 +112,8 @@ SCHEMA: dict[str, Any] = {
         # Whether compute nodes may call sbatch, scontrol requeue and scancel, where it was
         # checked by hand (the site probe's answer wins: hpcllm.training.campaign.chain_site).
         "slurm_from_compute_nodes": {"type": "boolean"},
+        # How often a training chain's waiting controller job may ask squeue (seconds).
+        "squeue_poll_seconds": {"type": "number", "minimum": 1},
         "container_runtime": {"enum": ["apptainer", "singularity", "none"]},
         # A Megatron-LM checkout for runs without a container (a workstation, a site whose
         # users work from a module or venv): the training image has it at /opt/Megatron-LM.
@@ -246,6 +248,12 @@ class Cluster:
     # May compute nodes call sbatch/scontrol requeue/scancel? None: not known (no site
     # document we have says; the site probe answers it).
     slurm_from_compute_nodes: bool | None = None
+    # The shortest interval at which the login node's controller asks squeue about a
+    # training chain (it backs off while nothing changes; one listing for all
+    # experiments). squeue(1): "Do not run squeue or other Slurm client commands that send
+    # remote procedure calls to slurmctld from loops in shell scripts or other programs";
+    # 30 s is below the Slurm executor plugin's own status checks (about 40 s).
+    squeue_poll_seconds: float = 30.0
     # A Megatron-LM checkout where jobs run without a container (None: none given).
     megatron_lm: str | None = None
     # Whether the jobs' Megatron has Transformer Engine (None: by the GPU vendor).
@@ -429,6 +437,7 @@ def load_cluster(
         env_globs=globs,
         billing_gpu_hours_per_node_hour=raw.get("billing", {}).get("gpu_hours_per_node_hour"),
         slurm_from_compute_nodes=raw.get("slurm_from_compute_nodes"),
+        squeue_poll_seconds=float(raw.get("squeue_poll_seconds", 30.0)),
         megatron_lm=_resolve_megatron_lm(raw.get("megatron_lm"), path),
         transformer_engine=raw.get("transformer_engine"),
     )

@@ -96,8 +96,9 @@ def test_cancel_training_cancels_the_experiments_chain_only(tmp_path, monkeypatc
     bin_dir.mkdir()
     (bin_dir / "squeue").write_text(
         f'#!/bin/sh\necho "$@" >> {calls}\n'
-        f"case \"$*\" in *{name}*) echo '51|RUNNING|(null)|None'; "
-        "echo '52|PENDING|afterany:51|Dependency';; esac\n"
+        f"case \"$*\" in *%j*) echo '51|RUNNING|(null)|None|{name}'; "
+        f"echo '52|PENDING|afterany:51|Dependency|{name}'; "
+        "echo '53|RUNNING|(null)|None|hpcllm-chain-tiny_local-00000000';; esac\n"
     )
     (bin_dir / "scancel").write_text(f'#!/bin/sh\necho scancel "$@" >> {calls}\n')
     for f in bin_dir.iterdir():
@@ -218,7 +219,7 @@ def test_a_rerun_reattaches_to_the_chain_in_slurm_and_says_what_it_found(tmp_pat
     calls = stand_in_slurm(
         tmp_path,
         monkeypatch,
-        "57|RUNNING|(null)|None\\n58|PENDING|afterany:57(unfulfilled)|JobHeldUser\\n",
+        f"57|RUNNING|(null)|None|{name}\\n58|PENDING|afterany:57(unfulfilled)|JobHeldUser|{name}\\n",
     )
     campaign = three_segments(tmp_path, reached=8)
     chain.save(campaign)
@@ -232,6 +233,119 @@ def test_a_rerun_reattaches_to_the_chain_in_slurm_and_says_what_it_found(tmp_pat
         "iteration 8 of 12); jobs: 57 RUNNING (segment 3), 58 PENDING after "
         "afterany:57(unfulfilled) [JobHeldUser]; waiting for segment 3"
     ), said
+
+
+class FakeClock:
+    """``time`` for chain: sleeps advance the clock at once and are recorded."""
+
+    def __init__(self):
+        self.now, self.slept = 1000.0, []
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def test_the_controller_backs_off_while_the_chain_does_not_change(tmp_path, monkeypatch):
+    """The login node's wait: squeue at most every poll_seconds, the interval growing by
+    half while the jobs stay as they were (up to 4 times), back to poll_seconds when they
+    change; a line only on a change."""
+    name = chain.job_name_of(tmp_path, "tiny_local")
+    calls = tmp_path / "calls"
+    state = tmp_path / "state"
+    state.write_text("PENDING")
+    fake_slurm(
+        tmp_path, monkeypatch,
+        squeue=f'echo squeue >> {calls}\necho "57|$(cat {state})|(null)|None|{name}"',
+    )  # fmt: skip
+    campaign = three_segments(tmp_path, reached=4)
+    chain.save(campaign)
+    clock = FakeClock()
+    monkeypatch.setattr(chain, "time", clock)
+    polls = iter(range(100))
+
+    def committed(c, k, settled=False):
+        n = next(polls)
+        if n == 7:  # the job starts at the 7th poll (the first look is before the loop)
+            state.write_text("RUNNING")
+        return n == 10
+
+    monkeypatch.setattr(chain, "commit_record", committed)
+    said = []
+    chain.wait_for_segment(campaign, 2, poll_seconds=30, say=said.append)
+    assert clock.slept == [30, 45, 67.5, 101.25, 120, 120, 30, 45, 67.5]
+    # ensure's own look, then one per poll (each listing older than 30 s)
+    assert len(calls.read_text().splitlines()) == 1 + 9
+    waiting = [line for line in said if line.startswith("waiting for segment 2")]
+    assert [line.rsplit("chain jobs: ", 1)[1] for line in waiting] == [
+        "57 PENDING", "57 RUNNING (segment 2)"
+    ]  # fmt: skip
+
+
+def test_the_waits_of_all_experiments_share_one_squeue(tmp_path, monkeypatch):
+    """Two experiments' controller jobs (threads here, processes on a login node) that
+    wake together run one squeue; each finds its own chain's jobs in the listing."""
+    import threading
+
+    a, b = chain.job_name_of(tmp_path, "a"), chain.job_name_of(tmp_path, "b")
+    calls = tmp_path / "calls"
+    fake_slurm(
+        tmp_path, monkeypatch,
+        squeue=f"echo squeue >> {calls}\nsleep 0.5\n"
+        f"printf '1|RUNNING|(null)|None|{a}\\n2|PENDING|afterany:1|Dependency|{a}\\n"
+        f"3|RUNNING|(null)|None|{b}\\n4|RUNNING|(null)|None|other|name\\n'",
+    )  # fmt: skip
+    shared = tmp_path / ".snakemake/hpcllm/squeue.json"
+    found = {}
+
+    def wait(name):
+        found[name] = [j["id"] for j in chain.chain_jobs(name, shared, max_age=30)]
+
+    threads = [threading.Thread(target=wait, args=(n,)) for n in (a, b, a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert found == {a: ["1", "2"], b: ["3"]}
+    assert calls.read_text().splitlines() == ["squeue"]
+    assert chain.chain_jobs("other|name") == [
+        {
+            "id": "4",
+            "state": "RUNNING",
+            "dependency": "(null)",
+            "reason": "None",
+            "name": "other|name",
+        }
+    ]  # fmt: skip  (a fresh look: the name may hold the separator)
+    assert len(calls.read_text().splitlines()) == 2
+    # an old listing is not used
+    cached = json.loads(shared.read_text())
+    shared.write_text(json.dumps({**cached, "time": cached["time"] - 31}))
+    chain.chain_jobs(a, shared, max_age=30)
+    assert len(calls.read_text().splitlines()) == 3
+
+
+def test_a_shared_listing_older_than_the_chain_does_not_stop_the_wait(tmp_path, monkeypatch):
+    """Another experiment's listing, taken before this chain was submitted, shows none of
+    its jobs: the controller asks squeue itself before it calls the chain gone."""
+    name = chain.job_name_of(tmp_path, "tiny_local")
+    fake_slurm(tmp_path, monkeypatch, squeue=f"echo '57|RUNNING|(null)|None|{name}'")
+    campaign = three_segments(tmp_path, reached=4)
+    chain.save(campaign)
+    shared = tmp_path / ".snakemake/hpcllm/squeue.json"
+    shared.parent.mkdir(parents=True)
+    clock = FakeClock()
+    shared.write_text(json.dumps({"time": clock.now, "jobs": []}))  # fresh, from before
+    monkeypatch.setattr(chain, "time", clock)
+    # not committed: before the wait, at the poll, after the empty listing; then done
+    done = iter([False, False, False, False, True])
+    monkeypatch.setattr(chain, "commit_record", lambda c, k, settled=False: next(done))
+    said = []
+    chain.wait_for_segment(campaign, 2, poll_seconds=30, say=said.append)
+    assert any("chain jobs: 57 RUNNING (segment 2)" in line for line in said), said
 
 
 def test_a_stop_at_a_segment_committed_since_does_not_hold_the_chain_back(tmp_path, monkeypatch):
@@ -286,13 +400,13 @@ def test_a_chain_job_passes_on_the_chains_environment_not_what_its_job_added(tmp
 
 
 def lease_holder_slurm(tmp_path, monkeypatch, holder: str, chain_lines: str) -> Path:
-    """squeue: job ``holder`` RUNNING when asked by id, ``chain_lines`` when asked by
-    name; sbatch answering job 62; scancel logged."""
+    """squeue: job ``holder`` RUNNING when asked by id, ``chain_lines`` when asked for
+    the listing; sbatch answering job 62; scancel logged."""
     calls = tmp_path / "calls"
     return fake_slurm(
         tmp_path,
         monkeypatch,
-        squeue=f"case \"$*\" in *'-j {holder}'*) echo RUNNING;; *' -n '*) printf '{chain_lines}';; esac",
+        squeue=f"case \"$*\" in *'-j {holder}'*) echo RUNNING;; *%j*) printf '{chain_lines}';; esac",
         sbatch=f'echo sbatch "$@" >> {calls}\necho 62',
         scancel=f'echo scancel "$@" >> {calls}',
     )
@@ -307,7 +421,9 @@ def test_a_held_lease_does_not_stop_the_chain_for_good(tmp_path, monkeypatch, ho
     from hpcllm.training.checkpoints import lease
 
     monkeypatch.chdir(tmp_path)
-    lines = "57|RUNNING|(null)|None\\n61|RUNNING|(null)|None\\n" if holder_in_chain else ""
+    name = chain.job_name_of(tmp_path, "tiny_local")
+    lines = f"57|RUNNING|(null)|None|{name}\\n61|RUNNING|(null)|None|{name}\\n"
+    lines = lines if holder_in_chain else ""
     calls = lease_holder_slurm(tmp_path, monkeypatch, "57", lines)
     campaign = three_segments(tmp_path, reached=4)
     chain.save(campaign)
@@ -376,7 +492,8 @@ def test_a_chain_submitted_up_front_has_a_job_per_segment_left_and_the_retries(
 def test_the_controller_cancels_the_spares_of_a_chain_submitted_up_front(tmp_path, monkeypatch):
     """A stop: the pending jobs are cancelled and the stop named. The campaign complete:
     the pending spares are cancelled."""
-    calls = counting_slurm(tmp_path, monkeypatch, "74|PENDING|afterany:73|Dependency\\n")
+    name = chain.job_name_of(tmp_path, "tiny_local")
+    calls = counting_slurm(tmp_path, monkeypatch, f"74|PENDING|afterany:73|Dependency|{name}\\n")
     campaign = three_segments(tmp_path, reached=4)
     campaign.up_front, campaign.chain_id = True, "c1"
     chain.save(campaign)

@@ -42,7 +42,8 @@ campaign = Campaign(
 # What it finds and waits for goes to the terminal too (hpcllm.progress), the stop as one line.
 say = logging.getLogger("hpcllm.progress")
 try:
-    wait_for_segment(campaign, int(snakemake.wildcards.k), poll_seconds=5.0, say=say.info)
+    poll = snakemake.params.cluster.squeue_poll_seconds
+    wait_for_segment(campaign, int(snakemake.wildcards.k), poll_seconds=poll, say=say.info)
 except ChainStopped as e:
     say.error("%s", e)
     sys.exit(1)

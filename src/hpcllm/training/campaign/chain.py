@@ -305,11 +305,23 @@ def submitted_jobs(save: str | os.PathLike) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def chain_jobs(job_name: str) -> list[dict[str, str]]:
-    """This user's live jobs of a chain: id, state, dependency, reason (squeue by name)."""
+def chain_jobs(
+    job_name: str, shared: Path | None = None, max_age: float = 0.0
+) -> list[dict[str, str]]:
+    """This user's live jobs of a chain: id, state, dependency, reason, name. From one
+    squeue of all this user's jobs; with ``shared`` (a file of the run), a listing
+    younger than ``max_age`` seconds that another experiment's waiting controller job
+    wrote is read instead, so the login node sees one squeue per interval for all
+    experiments."""
+    listing = _shared_listing(shared, max_age) if shared else _squeue_listing()
+    jobs = [j for j in listing if j["name"] == job_name and j["state"] in LIVE_STATES]
+    return sorted(jobs, key=lambda j: int(j["id"].split("_")[0]))
+
+
+def _squeue_listing() -> list[dict[str, str]]:
     try:
         proc = subprocess.run(
-            ["squeue", "--me", "-h", "-n", job_name, "-o", "%i|%T|%E|%r"],
+            ["squeue", "--me", "-h", "-o", "%i|%T|%E|%r|%j"],
             capture_output=True,
             text=True,
             timeout=60,
@@ -320,12 +332,28 @@ def chain_jobs(job_name: str) -> list[dict[str, str]]:
         raise ChainError(f"squeue failed ({proc.returncode}): {proc.stderr.strip()}")
     jobs = []
     for line in proc.stdout.splitlines():
-        parts = line.split("|")
-        if len(parts) == 4 and parts[1] in LIVE_STATES:
-            jobs.append(
-                {"id": parts[0], "state": parts[1], "dependency": parts[2], "reason": parts[3]}
-            )
-    return sorted(jobs, key=lambda j: int(j["id"].split("_")[0]))
+        parts = line.split("|", 4)  # the name last: it is the only field that may hold a |
+        if len(parts) == 5:
+            keys = ("id", "state", "dependency", "reason", "name")
+            jobs.append(dict(zip(keys, parts, strict=True)))
+    return jobs
+
+
+def _shared_listing(path: Path, max_age: float) -> list[dict[str, str]]:
+    """The listing in ``path`` if younger than ``max_age`` seconds, else a new one written
+    there (``max_age`` 0: always new); under a lock, so waiters that wake together run one
+    squeue."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            cached = json.loads(path.read_text())
+            if 0 <= time.time() - cached["time"] < max_age:
+                return cached["jobs"]
+        jobs = _squeue_listing()
+        with atomic_path(path) as tmp:
+            tmp.write_text(json.dumps({"time": time.time(), "jobs": jobs}))
+        return jobs
 
 
 def cancel(job_ids: list[str]) -> None:
@@ -700,14 +728,21 @@ def progress(campaign: Campaign) -> str:
     )
 
 
+# How far the controller's wait backs off while nothing changes: the poll interval grows
+# by half each quiet poll up to this many times the cluster's squeue_poll_seconds.
+BACKOFF_LIMIT = 4
+
+
 def wait_for_segment(
-    campaign: Campaign, segment: int, poll_seconds: float = 10.0, say=log.info
+    campaign: Campaign, segment: int, poll_seconds: float = 30.0, say=log.info
 ) -> None:
     """The controller's rule on a Slurm cluster: make sure the chain is in Slurm (submit
     it, or reattach to the one running), then wait until segment ``segment`` is committed
     and write its record; raise :class:`ChainStopped` naming the class and job id when the
     chain stopped before (and, for a stop another chain would repeat, refusing to submit
-    a new one: :func:`ensure`)."""
+    a new one: :func:`ensure`). It asks squeue at most every ``poll_seconds``, backing off
+    to ``BACKOFF_LIMIT`` times that while the chain's jobs do not change, from a listing
+    the waits of all experiments share (:func:`chain_jobs`)."""
     if commit_record(campaign, segment):
         say(f"{campaign.name}: segment {segment} is done, {progress(campaign)} by the chain")
         _cancel_spares(campaign, say)
@@ -737,12 +772,14 @@ def wait_for_segment(
         )
     campaign = load(campaign.file())
     seen = ""
+    interval = poll_seconds
+    shared = Path(campaign.workdir) / ".snakemake" / "hpcllm" / "squeue.json"
     while True:
         if commit_record(campaign, segment):
             say(f"{campaign.name}: segment {segment} is done, {progress(campaign)}")
             _cancel_spares(campaign, say)
             return
-        jobs = chain_jobs(campaign.job_name())
+        jobs = chain_jobs(campaign.job_name(), shared, max_age=poll_seconds)
         stop = stopped(Path(campaign.workdir) / campaign.save)
         if jobs and stop and stop.get("chain") == campaign.chain_id:
             # Up front, the jobs after a stop would only start to end at once.
@@ -761,6 +798,8 @@ def wait_for_segment(
                     f"{describe_stop(campaign.name, stop)}. Run the workflow again to "
                     "submit the chain anew (a new attempt budget)."
                 )
+            if chain_jobs(campaign.job_name(), shared):  # the listing predated the chain
+                continue
             last = submitted_jobs(Path(campaign.workdir) / campaign.save)[-1:]
             where = f" (its last job: {last[0]['job']})" if last else ""
             raise ChainStopped(
@@ -774,8 +813,10 @@ def wait_for_segment(
                 f"waiting for segment {segment} of {campaign.name}, {progress(campaign)}; "
                 f"chain jobs: {now}"
             )
-            seen = now
-        time.sleep(poll_seconds)
+            seen, interval = now, poll_seconds
+        else:
+            interval = min(interval * 1.5, poll_seconds * BACKOFF_LIMIT)
+        time.sleep(interval)
 
 
 def _cancel_spares(campaign: Campaign, say=log.info) -> None:
