@@ -95,6 +95,18 @@ SCHEMA: dict[str, Any] = {
             "required": ["gpu", "cpu", "devel"],
             "properties": {"gpu": _PARTITION, "cpu": _PARTITION, "devel": _PARTITION},
         },
+        # A development QOS where a site has one in place of a devel partition: the
+        # pre-flight's jobs run in it when they fit its limits (null: not known for sure).
+        "devel_qos": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["name", "nodes", "max_minutes"],
+            "properties": {
+                "name": {"type": "string", "pattern": r"^[A-Za-z0-9_.+-]+$"},
+                "nodes": {"type": ["integer", "null"], "minimum": 1},
+                "max_minutes": {"type": ["integer", "null"], "minimum": 1},
+            },
+        },
         "gpu_partition": {
             "type": "object",
             "additionalProperties": False,
@@ -190,6 +202,22 @@ class Partitions:
 
 
 @dataclass(frozen=True)
+class DevelQos:
+    """A site's development QOS (Leonardo's boost_qos_dbg): short jobs of few nodes start
+    soon in it, on the devel partition where there is one, else the GPU partition."""
+
+    name: str
+    nodes: int | None  # the most nodes a job may ask for in it (None: not known for sure)
+    max_minutes: int | None  # its longest time limit (None: not known for sure)
+
+    def allows(self, nodes: int, minutes: int) -> bool:
+        """Whether a job of ``nodes`` and a ``minutes`` time limit fits its known limits."""
+        return (self.nodes is None or nodes <= self.nodes) and (
+            self.max_minutes is None or minutes <= self.max_minutes
+        )
+
+
+@dataclass(frozen=True)
 class ContainerBuild:
     method: str = "definition"  # one of BUILD_METHODS
     fakeroot: bool = False  # `build --fakeroot`: sites without root builds need it
@@ -256,6 +284,8 @@ class Cluster:
     squeue_poll_seconds: float = 30.0
     # A Megatron-LM checkout where jobs run without a container (None: none given).
     megatron_lm: str | None = None
+    # The development QOS the pre-flight's jobs run in (None: the site has none).
+    devel_qos: DevelQos | None = None
     # Whether the jobs' Megatron has Transformer Engine (None: by the GPU vendor).
     transformer_engine: bool | None = None
 
@@ -277,6 +307,12 @@ class Cluster:
     def cores_per_gpu(self) -> int:
         """Cores per GPU of a node: each rank's share (OMP_NUM_THREADS), at least 1."""
         return max(1, self.cpus_per_node // self.gpus_per_node) if self.gpus_per_node else 1
+
+    def devel_qos_for(self, nodes: int, minutes: int) -> str | None:
+        """The development QOS for a job of ``nodes`` and ``minutes`` (None: the site has
+        none or the job exceeds its limits; the job then keeps the profile's QOS)."""
+        qos = self.devel_qos
+        return qos.name if qos is not None and qos.allows(nodes, minutes) else None
 
     @property
     def max_minutes(self) -> int:
@@ -439,6 +475,7 @@ def load_cluster(
         slurm_from_compute_nodes=raw.get("slurm_from_compute_nodes"),
         squeue_poll_seconds=float(raw.get("squeue_poll_seconds", 30.0)),
         megatron_lm=_resolve_megatron_lm(raw.get("megatron_lm"), path),
+        devel_qos=DevelQos(**raw["devel_qos"]) if raw.get("devel_qos") else None,
         transformer_engine=raw.get("transformer_engine"),
     )
 
@@ -600,6 +637,28 @@ def _as_snakemake_reads(value: str) -> str:
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return value
     return str(read) if isinstance(read, (str, int)) else value
+
+
+def profile_resource(
+    resources: Mapping[str, Mapping[str, object]],
+    rule: str,
+    name: str,
+    environ: Mapping[str, str] | None = None,
+) -> object | None:
+    """The resource ``name`` the profile gives ``rule`` (its set-resources, else
+    default-resources; ``resources`` as for profile_errors), its variables expanded and
+    read as Snakemake reads it; None where the profile gives none."""
+    environ = os.environ if environ is None else environ
+    for scope in (rule, "default-resources"):
+        raw = resources.get(scope, {}).get(name)
+        if raw is None:
+            continue
+        if not isinstance(raw, str):
+            return raw
+        return _as_snakemake_reads(
+            VARIABLE.sub(lambda m: environ.get(m.group(1) or m.group(2), ""), raw)
+        )
+    return None
 
 
 def slurm_name_problem(name: str, value: str) -> str | None:

@@ -15,6 +15,7 @@ from hpcllm.clusters import (
     load_cluster,
     plan_errors,
     profile_errors,
+    profile_resource,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -169,6 +170,68 @@ def test_partitions_not_known_for_sure_come_from_the_environment():
     assert len(errors) == 2
     assert "partitions.cpu" in errors[0] and "export HPCLLM_CPU_PARTITION=" in errors[0]
     assert "deucalion.yaml" in errors[0]
+
+
+# Sites where development is a QOS, not a partition: (name, nodes, minutes) of devel_qos.
+DEVEL_QOS = {
+    "leonardo": ("boost_qos_dbg", 2, 30),
+    "mn5": ("acc_debug", None, None),
+    "meluxina": ("dev", None, None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEVEL_QOS))
+def test_development_is_a_qos_stated_with_its_source(name):
+    """The pre-flight's development QOS is a fact of the cluster file: its source beside
+    it, and NOT KNOWN FOR SURE where the site's limits could not be read."""
+    c = load_cluster(name, ROOT, environ=ALL_SET)
+    assert c.partitions.devel is None
+    assert (c.devel_qos.name, c.devel_qos.nodes, c.devel_qos.max_minutes) == DEVEL_QOS[name]
+    text = (ROOT / f"{name}.yaml").read_text()
+    comment = text[text.index("# devel_qos:") : text.index("\ndevel_qos:")]
+    assert "https://" in comment or "NOT KNOWN FOR SURE" in comment, comment
+    if None in DEVEL_QOS[name][1:]:
+        assert "NOT KNOWN FOR SURE: its limits" in comment, comment
+
+
+def test_a_preflight_job_beyond_the_development_qos_limits_keeps_the_profiles_qos():
+    """The canary (one node, 20 minutes) fits Leonardo's boost_qos_dbg (2 nodes, 30
+    minutes); a longer or larger job would be refused there, so it gets none."""
+    from hpcllm.preflight import canary, probe
+
+    leonardo = load_cluster("leonardo", ROOT)
+    for minutes in (probe.RUNTIME_MIN, canary.RUNTIME_MIN):
+        assert leonardo.devel_qos_for(1, minutes) == "boost_qos_dbg"
+    assert leonardo.devel_qos_for(1, 31) is None and leonardo.devel_qos_for(3, 10) is None
+    # Limits not known for sure: the pre-flight's one-node jobs are put there.
+    assert load_cluster("meluxina", ROOT).devel_qos_for(1, canary.RUNTIME_MIN) == "dev"
+    assert load_cluster("juwels", ROOT).devel_qos_for(1, 5) is None  # a devel partition
+
+
+def test_a_development_qos_states_its_limits(tmp_path):
+    write(tmp_path, LOCAL + "devel_qos: {name: dbg}\n")
+    with pytest.raises(ClusterError, match=r"devel_qos: 'nodes' is a required property"):
+        load_cluster("site", tmp_path)
+    write(tmp_path, LOCAL + "devel_qos: {name: 'a b', nodes: 1, max_minutes: null}\n")
+    with pytest.raises(ClusterError, match=r"devel_qos.name: 'a b' does not match"):
+        load_cluster("site", tmp_path)
+    write(tmp_path, LOCAL + "devel_qos: {name: dbg, nodes: 1, max_minutes: null}\n")
+    assert load_cluster("site", tmp_path).devel_qos_for(1, 600) == "dbg"
+
+
+def test_a_profile_resource_is_read_as_snakemake_reads_it():
+    """The rule's set-resources, else default-resources; variables expanded, a Python
+    literal read as one."""
+    resources = {
+        "default-resources": {"slurm_account": "$ACC", "qos": "default", "mem_mb": 1000},
+        "train_segment": {"qos": "'${Q}'"},
+    }
+    environ = {"ACC": "p1", "Q": "acc_x"}
+    assert profile_resource(resources, "train_segment", "qos", environ) == "acc_x"
+    assert profile_resource(resources, "train_segment", "slurm_account", environ) == "p1"
+    assert profile_resource(resources, "canary", "qos", environ) == "default"
+    assert profile_resource(resources, "canary", "mem_mb", environ) == 1000
+    assert profile_resource(resources, "train_segment", "constraint", environ) is None
 
 
 def test_profile_values_naming_unset_variables_are_reported():

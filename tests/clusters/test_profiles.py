@@ -442,6 +442,41 @@ def test_sbatch_line_of_the_gpu_rules(name, dry_runs):
     assert seen == set(GPU_RULES), seen
 
 
+# The QOS the profile gives the GPU jobs of the sites whose development is a QOS
+# (config/clusters: devel_qos); Leonardo's profile sets none (boost_usr_prod's normal).
+GPU_JOBS_QOS = {"leonardo": None, "meluxina": "default", "mn5": "acc_x"}
+
+
+@pytest.mark.workflow
+@pytest.mark.parametrize("name", sorted(GPU_JOBS_QOS))
+def test_the_preflight_jobs_run_in_the_development_qos(name, dry_runs):
+    """The site probe and the canaries are submitted in the cluster file's development QOS
+    on the GPU partition (these sites have no devel partition), not in the production
+    queue; the GPU jobs keep the profile's QOS."""
+    cluster = load_cluster(name, REPO / "config" / "clusters", environ=USER_ENV)
+    seen = set()
+    for rule, planned in planned_jobs(dry_runs(name)):
+        res = job_resources(planned)
+        if rule in ("site_probe", "canary"):
+            seen.add(rule)
+            assert res["qos"] == cluster.devel_qos.name, (rule, res)
+            call = submit_command(rule, res)
+            assert f"--qos={cluster.devel_qos.name}" in call, call
+            assert f"-p {cluster.partitions.gpu} " in call and "--nodes=1" in call, call
+        elif rule in GPU_RULES:
+            assert res.get("qos") == GPU_JOBS_QOS[name], (rule, res)
+    assert seen == {"site_probe", "canary"}, seen
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_no_profile_moves_the_preflight_out_of_the_cluster_files_queue(name):
+    """The pre-flight's partition and QOS are cluster facts (partitions.devel, devel_qos);
+    a profile's set-resources for its rules would override them without a word."""
+    sets = profile(name).get("set-resources", {})
+    for rule in ("site_probe", "canary"):
+        assert not {"qos", "slurm_partition"} & set(sets.get(rule, {})), (name, rule)
+
+
 def opt_in_training() -> dict:
     """The opt-in training experiment (its layout and signal time are checked)."""
     cfg = yaml.safe_load((REPO / OPT_IN[0]).read_text())

@@ -256,6 +256,77 @@ def test_slurm_from_the_node_is_an_answer_not_a_failure(tmp_path, monkeypatch, r
         assert "submitted up front from the login node" in result["detail"], result
 
 
+def fake_slurm(tmp_path, monkeypatch) -> Path:
+    """sbatch, scontrol and scancel that allow everything; sbatch's arguments are written
+    to the file returned. The probe's own job (7) runs in a development partition and QOS."""
+    bin_dir, argv = tmp_path / "bin", tmp_path / "sbatch.args"
+    bin_dir.mkdir()
+    for name, body in (
+        ("sbatch", f'echo "$@" > {argv}; echo 81'),
+        ("scontrol", 'if [ "$1" = show ]; then echo "JobId=7 Partition=devp Account=acct '
+                     'QOS=boost_qos_dbg"; else echo "pending execution"; fi'),
+        ("scancel", "true"),
+    ):  # fmt: skip
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    return argv
+
+
+# What the chain's jobs get on the sites that run the pre-flight in a development QOS:
+# the profile's train_segment partition and QOS (Leonardo's profile sets none).
+CHAIN_JOBS = {
+    "leonardo": ("boost_usr_prod", None),
+    "mn5": ("gpu-p", "acc_x"),
+    "meluxina": ("gpu", "default"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHAIN_JOBS))
+def test_the_sbatch_test_asks_for_what_the_chain_jobs_get(tmp_path, monkeypatch, name):
+    """The probe's sbatch test submits with the partition, account and QOS the profile
+    gives train_segment (whose chain jobs submit their successors), not without a QOS or
+    in the probe's own development QOS: a refusal is then about the site's policy."""
+    import yaml
+
+    environ = {"HPCLLM_ACCOUNT": "proj0042", "HPCLLM_GPU_PARTITION": "gpu-p",
+               "HPCLLM_QOS": "acc_x"}  # fmt: skip
+    profile = yaml.safe_load(
+        (Path(ROOT).parents[1] / "profiles" / name / "config.yaml").read_text()
+    )
+    resources = {"default-resources": profile["default-resources"], **profile["set-resources"]}
+    cluster = load_cluster(name, root=ROOT, environ=environ)
+    submit = probe.submit_options(cluster, resources, environ)
+    partition, qos = CHAIN_JOBS[name]
+    assert submit == {
+        "partition": partition,
+        "account": "proj0042",
+        **({"qos": qos} if qos else {}),
+    }
+    argv = fake_slurm(tmp_path, monkeypatch)
+    result = probe.check_slurm_from_node(submit)
+    assert result["allowed"], result
+    words = argv.read_text().split()
+    assert words[words.index("--partition") + 1] == partition
+    assert words[words.index("--account") + 1] == "proj0042"
+    if qos:
+        assert words[words.index("--qos") + 1] == qos
+        assert f"--qos {qos}: job 81 (held)" in result["detail"], result
+    else:
+        assert "--qos" not in words
+    assert "boost_qos_dbg" not in words and "devp" not in words  # the probe's own job's
+
+
+def test_without_submit_options_the_sbatch_test_takes_the_probes_own_partition(
+    tmp_path, monkeypatch
+):
+    argv = fake_slurm(tmp_path, monkeypatch)
+    assert probe.check_slurm_from_node()["allowed"]
+    words = argv.read_text().split()
+    assert words[words.index("--partition") + 1] == "devp" and "--qos" not in words
+
+
 def test_without_a_container_the_runtime_check_passes_and_the_inside_check_runs_here(
     tmp_path,
 ):

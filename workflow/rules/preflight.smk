@@ -31,13 +31,16 @@ rule site_probe:
         )["gres"],
         cpus_per_task=lambda wc: preflight_resources("train_segment")["cpus_per_task"],
         mem_mb=lambda wc: preflight_resources("train_segment")["mem_mb"],
-        runtime=15,
+        runtime=_probe.RUNTIME_MIN,
         slurm_extra=probe_slurm_extra,
+        **preflight_qos(_probe.RUNTIME_MIN),
     params:
         # Recorded by Snakemake: a change of what the probe checks runs it again.
         key=probe_key,
         modules=probe_modules,
         cluster=CLUSTER,
+        # What the chain's jobs are submitted with, for the probe's sbatch test.
+        submit=_probe.submit_options(CLUSTER, _profile_resources),
         answers=f"{PREFLIGHT_DIR}/probe/{{image}}.answers.json",
     script:
         "../scripts/site_probe.py"
@@ -66,6 +69,7 @@ rule canary:
         mem_mb=canary_resource("mem_mb"),
         runtime=_canary.RUNTIME_MIN,
         slurm_extra=canary_slurm_extra,
+        **preflight_qos(_canary.RUNTIME_MIN),
     params:
         # Recorded by Snakemake: a change of what the canary checks runs it again.
         key=canary_key,

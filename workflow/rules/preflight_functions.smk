@@ -215,6 +215,14 @@ def preflight_partition():
     return CLUSTER.partitions.devel or CLUSTER.partitions.gpu
 
 
+def preflight_qos(minutes):
+    """The site's development QOS for a one-node pre-flight job of ``minutes`` (`qos` of
+    its resources), where the site has one and the job fits its limits; else nothing: the
+    job keeps the profile's QOS (default-resources)."""
+    qos = CLUSTER.devel_qos_for(1, minutes)
+    return {"qos": qos} if qos else {}
+
+
 def preflight_resources(rule):
     """The GPU rule's own node as the profile gives it (GPUs, cores, memory), on
     preflight_partition; one node, one task run in the batch shell (as the GPU rules).

@@ -15,4 +15,5 @@ run_probe(
     snakemake.params.key,
     snakemake.output.record,
     snakemake.params.answers,
+    snakemake.params.submit,
 )

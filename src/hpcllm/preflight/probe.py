@@ -1,7 +1,8 @@
 """The site probe: what the plan assumes of a site, checked on one of its GPU nodes.
 
 One small job per site and image (the ``site_probe`` rule) runs :func:`run_probe` on a
-node of the devel partition (else the GPU partition: the GPUs must be seen). Each check
+node of the devel partition (else the GPU partition: the GPUs must be seen), in the
+site's development QOS where it has one (``devel_qos``). Each check
 returns a record ``{check, ok, detail}``; ``ok`` says whether the site is as the facts
 file (``config/clusters/<name>.yaml``) and the plan assume. The answers, with the date,
 the job id and the host, are written as JSON where later plans read them; a probe with a
@@ -20,15 +21,21 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from hpcllm.clusters import profile_resource
 from hpcllm.launch import RUNTIME_EXEC, Launch, container_exec, package_in_container, python_for
 
 # Megatron-LM's folder (the image's, or the facts' checkout: Cluster.megatron_dir) is first
 # on sys.path of the inside check, as pretrain_gpt.py's folder is for the job's program.
 LAUNCHER_MODULE = {"torchrun": "torch.distributed.run", "torchrun_jsc": "torchrun_jsc"}
+
+
+# The probe job's time limit in minutes.
+RUNTIME_MIN = 15
 
 
 class ProbeFailed(RuntimeError):
@@ -335,12 +342,38 @@ def _job_field(job: str, field: str) -> str | None:
     return m.group(1) if m and m.group(1) != "(null)" else None
 
 
-def check_slurm_from_node() -> dict[str, Any]:
+# The probe's ``submit`` options: their sbatch flags and the profile resources they are.
+SUBMIT_FLAGS = {"partition": "--partition", "account": "--account", "qos": "--qos"}
+_SUBMIT_RESOURCES = {"partition": "slurm_partition", "account": "slurm_account", "qos": "qos"}
+
+
+def submit_options(
+    cluster, resources: Mapping[str, Mapping[str, Any]], environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The partition, account and QOS the profile gives train_segment, whose chain jobs
+    submit their successors from compute nodes (``resources`` as for
+    hpcllm.clusters.profile_errors): the probe's sbatch test asks for the same, so that its
+    answer is about the site's policy, not about a missing QOS or the probe's own
+    development partition or QOS."""
+    found = {
+        key: profile_resource(resources, "train_segment", name, environ)
+        for key, name in _SUBMIT_RESOURCES.items()
+    }
+    found["partition"] = found["partition"] or cluster.partitions.gpu
+    return {key: str(value) for key, value in found.items() if value}
+
+
+def check_slurm_from_node(submit: dict[str, str] | None = None) -> dict[str, Any]:
     """Whether this compute node may call sbatch, scontrol requeue and scancel (a chain's
     jobs submit their successors where it may, hpcllm.training.campaign.chain_site): a held
     one-minute job submitted, requeued (Slurm answers "pending execution" to an allowed
     requeue of a pending job) and cancelled. An answer, not a failure: where the node may
-    not, a chain is submitted up front from the login node. ``allowed`` holds it."""
+    not, a chain is submitted up front from the login node. ``allowed`` holds it.
+
+    ``submit``: the partition, account and QOS the chain's jobs get (the profile's
+    train_segment), so that a refusal is about submitting from a compute node, not about a
+    missing QOS or the probe's own development QOS. Without it: the probe's own
+    partition and account."""
     from hpcllm.launch import clean_environment
 
     env = clean_environment(os.environ)
@@ -349,23 +382,28 @@ def check_slurm_from_node() -> dict[str, Any]:
     argv = ["sbatch", "--hold", "--begin", "now+3600", "--parsable", "--job-name",
             "hpcllm-probe-submit", "--time", "1", "--nodes", "1",
             "--output", "/dev/null"]  # fmt: skip
+    options = dict(submit or {})
     job = os.environ.get("SLURM_JOB_ID")
-    if job:  # the probe's own partition and account
-        for field, flag in (("Partition", "--partition"), ("Account", "--account")):
-            value = _job_field(job, field)
-            if value:
-                argv += [flag, value]
+    if submit is None and job:
+        for field, key in (("Partition", "partition"), ("Account", "account")):
+            options[key] = _job_field(job, field)
+    given = []
+    for key, flag in SUBMIT_FLAGS.items():
+        if options.get(key):
+            given += [flag, str(options[key])]
+    argv += given
     answers, allowed = [], True
     try:
         proc = _run([*argv, "--wrap", "true"], env=env, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as e:
         proc = subprocess.CompletedProcess(argv, 1, "", str(e))
     submitted = proc.stdout.strip().split(";")[0] if proc.returncode == 0 else ""
+    asked = f" {' '.join(given)}" if given else ""
     if not submitted:
         allowed = False
-        answers.append(f"sbatch refused ({_tail(proc.stderr or proc.stdout)})")
+        answers.append(f"sbatch{asked} refused ({_tail(proc.stderr or proc.stdout)})")
     else:
-        answers.append(f"sbatch: job {submitted} (held)")
+        answers.append(f"sbatch{asked}: job {submitted} (held)")
         try:
             requeue = _run(["scontrol", "requeue", submitted], env=env, timeout=60)
             said = (requeue.stderr + requeue.stdout).strip()
@@ -397,9 +435,11 @@ def run_probe(
     key: str,
     record_path: str | os.PathLike,
     answers_path: str | os.PathLike,
+    submit: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run every check; write the answers to ``answers_path`` (always) and, when every
-    check passed, the record ``record_path`` (the rule's output); else ProbeFailed."""
+    check passed, the record ``record_path`` (the rule's output); else ProbeFailed.
+    ``submit``: the sbatch options of the chain's jobs (check_slurm_from_node)."""
     from hpcllm.atomic import atomic_path
 
     checks = [check_runtime(cluster)]
@@ -411,7 +451,7 @@ def run_probe(
     checks.append(check_storage("local_storage", cluster.local_storage, cluster.path))
     checks.append(check_storage("scratch", cluster.scratch, cluster.path))
     checks.append(check_internet(cluster))
-    slurm = check_slurm_from_node()
+    slurm = check_slurm_from_node(submit)
     checks.append(slurm)
     record = {
         "cluster": cluster.name,
