@@ -263,7 +263,7 @@ class Cluster:
     # them (JSC), so jobs ask --threads-per-core=1 to get cores for their --cpus-per-task.
     threads_per_core: int = 1
     # Per GPU (local rank), the CPU cores nearest to it as a hexadecimal mask: each rank is
-    # bound to its GPU's cores (LUMI), the srun task to all of them.
+    # bound to its GPU's cores (LUMI, JUPITER, JEDI), the srun task to all of them.
     gpu_cpu_masks: tuple[str, ...] = ()
     # Variables the job script sets at start to the newest path matching a glob, for
     # version folders that change with system updates (LUMI's Cray libfabric).

@@ -19,12 +19,14 @@ REPO = Path(__file__).resolve().parents[2]
 ROOT = REPO / "config" / "clusters"
 ENV = {"HPCLLM_GPU_PARTITION": "g", "HPCLLM_CPU_PARTITION": "c", "HPCLLM_DEVEL_PARTITION": "d"}
 
-# What each rank runs first on LUMI: bind to its GCD's cores, then exec the command.
-LUMI_BIND_CODE = (
+# What each rank runs first (LUMI, JUPITER, JEDI): bind to its GPU's cores, then exec.
+RANK_BIND_CODE = (
     "import os,sys;m=int(sys.argv[1].split(',')[int(os.environ['LOCAL_RANK'])],16);"
     "os.sched_setaffinity(0,[c for c in range(m.bit_length()) if m>>c&1]);"
     "os.execvp(sys.argv[2],sys.argv[2:])"
 )
+# JUPITER's and JEDI's masks: GPU i's Grace chip, cores 72i to 72i+71 (NUMA domain i).
+GH200_MASKS = ",".join("0x" + "f" * 18 + "0" * (18 * i) for i in range(4))
 # What the batch job runs on 2 nodes, all GPUs of a node, in the image c.sif.
 PINNED = {
     "deucalion": (
@@ -35,13 +37,20 @@ PINNED = {
         "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv --bind $HPCLLM_SCRATCH c.sif"
         " torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:${MASTER_PORT} --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
     ),
+    # The task bound to the node's 288 cores, each rank to the 72 of its GPU's Grace.
     "jedi": (
-        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv --bind $SCRATCH c.sif"
-        " env -u PMIX_SECURITY_MODE torchrun_jsc --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:${MASTER_PORT} --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
+        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=mask_cpu:0x"
+        + "f" * 72
+        + " apptainer exec --nv --bind $SCRATCH c.sif"
+        " env -u PMIX_SECURITY_MODE torchrun_jsc --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:${MASTER_PORT} --rdzv_id ${SLURM_JOB_ID} --no-python"
+        " python -c " + RANK_BIND_CODE + " " + GH200_MASKS + " python train.py"
     ),
     "jupiter": (
-        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv --bind $SCRATCH c.sif"
-        " env -u PMIX_SECURITY_MODE torchrun_jsc --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:${MASTER_PORT} --rdzv_id ${SLURM_JOB_ID} --no-python python train.py"
+        "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=mask_cpu:0x"
+        + "f" * 72
+        + " apptainer exec --nv --bind $SCRATCH c.sif"
+        " env -u PMIX_SECURITY_MODE torchrun_jsc --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:${MASTER_PORT} --rdzv_id ${SLURM_JOB_ID} --no-python"
+        " python -c " + RANK_BIND_CODE + " " + GH200_MASKS + " python train.py"
     ),
     "jureca": (
         "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none apptainer exec --nv --bind $SCRATCH c.sif"
@@ -64,7 +73,7 @@ PINNED = {
         "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=mask_cpu:0xfefefefefefefefe singularity exec --rocm --bind /var/spool/slurmd,/opt/cray,/usr/lib64/libcxi.so.1,/usr/lib64/libjansson.so.4,$HPCLLM_SCRATCH,$HPCLLM_SCRATCH/hpcllm-cache/Megatron-LM-5be9626709af2722333bf54797c954c09edeada3:/opt/Megatron-LM c.sif"
         " torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint ${MASTER_ADDR}:${MASTER_PORT} --rdzv_id ${SLURM_JOB_ID} --no-python"
         " python -c "
-        + LUMI_BIND_CODE
+        + RANK_BIND_CODE
         + " 0x00fe000000000000,0xfe00000000000000,0x0000000000fe0000,0x00000000fe000000,0x00000000000000fe,0x000000000000fe00,0x000000fe00000000,0x0000fe0000000000"
         " python train.py"
     ),
@@ -599,6 +608,35 @@ def test_each_rank_is_bound_to_the_cores_of_its_gpu(tmp_path):
     launch = build_launch(cluster, nodes=2, procs_per_node=2, command=probe)
     assert "--cpu-bind=mask_cpu:0x3" in launch.argv and "--cpu-bind=none" not in launch.argv
     assert launch.argv[-len(argv) :] == argv
+
+
+@pytest.mark.parametrize("name", ["jupiter", "jedi"])
+def test_gh200_ranks_get_the_72_cores_of_their_gpus_grace(name, monkeypatch):
+    """A JUPITER/JEDI node: 4 GH200, GPU i paired with Grace chip i, whose 72 cores are
+    NUMA domain i (JSC's numactl listing). Each rank (LOCAL_RANK i drives cuda:i) is bound
+    to chip i's cores and runs 72 threads, not 72 threads floating over all 288 cores."""
+    from hpcllm.launch import _BIND_CODE
+
+    cluster = load_cluster(name, ROOT, environ=ENV)
+    assert "apps.fz-juelich.de/jsc/hps/jedi/affinity.html" in Path(cluster.path).read_text()
+    launch = build_launch(cluster, nodes=2, procs_per_node=4, command=["python", "t.py"])
+    assert "--cpu-bind=none" not in launch.argv
+    assert "--cpu-bind=mask_cpu:0x" + "f" * 72 in launch.argv  # the task: all 288 cores
+    assert launch.env["OMP_NUM_THREADS"] == "72"
+    assert launch.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # cuda:i is nvidia-smi's GPU i
+    start = launch.argv.index("--no-python") + 1
+    assert launch.argv[start : start + 3] == ["python", "-c", _BIND_CODE]
+    masks = launch.argv[start + 3]
+    # The rank's wrapper as it runs, up to the system calls.
+    bound = {}
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cores: bound.update(cores=cores))
+    monkeypatch.setattr(os, "execvp", lambda *argv: bound.update(argv=argv))
+    for rank in range(4):
+        monkeypatch.setenv("LOCAL_RANK", str(rank))
+        monkeypatch.setattr(sys, "argv", ["-c", masks, "python", "t.py"])
+        exec(_BIND_CODE, {})
+        assert bound["cores"] == list(range(72 * rank, 72 * rank + 72)), rank
+        assert bound["argv"] == ("python", ["python", "t.py"])
 
 
 @pytest.mark.parametrize(

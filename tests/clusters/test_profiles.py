@@ -613,7 +613,7 @@ def test_site_geometry_of_every_gpu_job(name, dry_runs, tmp_path):
         srun = argv[: argv.index(next(a for a in argv if a in ("apptainer", "singularity")))]
         assert srun[srun.index("--ntasks-per-node") + 1] == "1"
         assert int(argv[argv.index("--nproc_per_node") + 1]) <= gpus  # ranks per node
-        if cluster.gpu_cpu_masks:  # LUMI: bound as the site documents, not unbound
+        if cluster.gpu_cpu_masks:  # LUMI, JUPITER, JEDI: each rank on its GPU's cores
             union = 0
             for mask in cluster.gpu_cpu_masks:
                 union |= int(mask, 16)

@@ -122,6 +122,54 @@ def test_gpus_without_the_tool(tmp_path, monkeypatch):
     assert not found["ok"] and "nvidia-smi" in found["detail"]
 
 
+def gh200_node(tmp_path, monkeypatch, cpulists):
+    """nvidia-smi's GPUs 0-3 at JUPITER's PCI addresses, and their sysfs local_cpulist."""
+    tool = tmp_path / "bin" / "nvidia-smi"
+    tool.parent.mkdir(parents=True)
+    lines = "".join(f"echo '{i}, 000000{i}9:01:00.0'\n" for i in range(len(cpulists)))
+    tool.write_text(f"#!/bin/sh\n{lines}")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tool.parent}{os.pathsep}{os.environ['PATH']}")
+    sysfs = tmp_path / "devices"
+    for i, cpulist in enumerate(cpulists):
+        (sysfs / f"00{i}9:01:00.0").mkdir(parents=True)
+        (sysfs / f"00{i}9:01:00.0" / "local_cpulist").write_text(cpulist + "\n")
+    return str(sysfs)
+
+
+CHIPS = ["0-71", "72-143", "144-215", "216-287"]
+
+
+@pytest.mark.parametrize("name", ["jupiter", "jedi"])
+def test_each_gpus_mask_is_checked_against_the_cores_linux_lists_for_it(
+    tmp_path, monkeypatch, name
+):
+    """JUPITER's masks pair GPU i with Grace chip i, which JSC's pages do not state: the
+    probe compares them with each GPU's local_cpulist, and fails on another order."""
+    cluster = load_cluster(name, root=ROOT, environ={"HPCLLM_DEVEL_PARTITION": "d"})
+    found = probe.check_gpu_cores(cluster, gh200_node(tmp_path / "a", monkeypatch, CHIPS))
+    assert found["ok"], found
+    assert "every mask within its GPU's cores (4 GPUs)" in found["detail"]
+    swapped = [CHIPS[1], CHIPS[0], *CHIPS[2:]]
+    found = probe.check_gpu_cores(cluster, gh200_node(tmp_path / "b", monkeypatch, swapped))
+    assert not found["ok"]
+    assert "GPU 0: the mask's cores 0-71, its own 72-143" in found["detail"]
+    assert "GPU 1: the mask's cores 72-143, its own 0-71" in found["detail"]
+    assert "GPU 2" not in found["detail"] and f"{name}.yaml" in found["detail"]
+    three = probe.check_gpu_cores(cluster, gh200_node(tmp_path / "c", monkeypatch, CHIPS[:3]))
+    assert not three["ok"] and "GPU 3: the mask's cores 216-287, its own none" in three["detail"]
+
+
+def test_gpu_cores_unreadable_fail_the_check(tmp_path, monkeypatch):
+    cluster = load_cluster("jupiter", root=ROOT, environ={"HPCLLM_DEVEL_PARTITION": "d"})
+    gh200_node(tmp_path, monkeypatch, CHIPS)
+    found = probe.check_gpu_cores(cluster, str(tmp_path / "elsewhere"))
+    assert not found["ok"] and "local_cpulist" in found["detail"]
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    found = probe.check_gpu_cores(cluster)
+    assert not found["ok"] and "nvidia-smi" in found["detail"]
+
+
 def test_storage_writable_with_free_space_unset_variable_and_unwritable(tmp_path, monkeypatch):
     monkeypatch.setenv("HPCLLM_TEST_SCRATCH", str(tmp_path))
     found = probe.check_storage("scratch", "$HPCLLM_TEST_SCRATCH", "facts.yaml")

@@ -249,6 +249,80 @@ def check_gpus(cluster) -> dict[str, Any]:
     return check("gpus", ok, detail)
 
 
+PCI_DEVICES = "/sys/bus/pci/devices"
+
+
+def _cores(text: str) -> set[int]:
+    """The cores of a Linux CPU list ("0-71", "0-3,8-11")."""
+    cores: set[int] = set()
+    for part in text.strip().split(","):
+        if part:
+            first, _, last = part.partition("-")
+            cores.update(range(int(first), int(last or first) + 1))
+    return cores
+
+
+def _ranges(cores: set[int]) -> str:
+    """``cores`` as a CPU list: 0-71,144-215."""
+    runs: list[list[int]] = []
+    for c in sorted(cores):
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs) or "none"
+
+
+def gpu_local_cores(sysfs: str = PCI_DEVICES) -> tuple[list[set[int]] | None, str]:
+    """Per GPU in nvidia-smi's order (PCI order), the cores Linux lists as local to it
+    (its PCI device's local_cpulist; None: the tool or the file failed)."""
+    argv = ["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"]
+    try:
+        proc = _run(argv, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"{argv[0]}: {e}"
+    if proc.returncode != 0:
+        return None, f"{' '.join(argv)} failed ({proc.returncode}): {_tail(proc.stderr)}"
+    local = []
+    for line in proc.stdout.splitlines():
+        if not line.strip():
+            continue
+        try:
+            bus = line.split(",")[1].strip()  # 00000009:01:00.0; sysfs: 0009:01:00.0
+            domain, rest = bus.split(":", 1)
+            path = Path(sysfs) / f"{int(domain, 16):04x}:{rest.lower()}" / "local_cpulist"
+            local.append(_cores(path.read_text()))
+        except (OSError, ValueError, IndexError) as e:
+            return None, f"{' '.join(argv)} said {line.strip()!r}: {e}"
+    return local, " ".join(argv)
+
+
+def check_gpu_cores(cluster, sysfs: str = PCI_DEVICES) -> dict[str, Any]:
+    """Each rank's cores (gpu_cpu_masks[i]: local rank i drives CUDA device i, in PCI
+    order) among the cores local to GPU i. The facts' pairing of GPU index and chip is
+    not documented for every site (JUPITER, JEDI): a mask on another chip's cores would
+    put every rank's threads away from its GPU and memory, so the GPU jobs wait for it."""
+    local, how = gpu_local_cores(sysfs)
+    if local is None:
+        return check("gpu_cpu_masks", False, how)
+    wrong = []
+    for i, mask in enumerate(cluster.gpu_cpu_masks):
+        value = int(mask, 16)
+        cores = {c for c in range(value.bit_length()) if value >> c & 1}
+        near = local[i] if i < len(local) else set()
+        if not cores or not cores <= near:
+            wrong.append(f"GPU {i}: the mask's cores {_ranges(cores)}, its own {_ranges(near)}")
+    detail = f"{how} and each GPU's local_cpulist: " + (
+        "; ".join(wrong) if wrong else f"every mask within its GPU's cores ({len(local)} GPUs)"
+    )
+    if wrong:
+        detail += (
+            f". Put each GPU's cores in gpu_cpu_masks of {cluster.path}, in GPU order (or "
+            "remove the masks and set srun_args: [--cpu-bind=none] to run unbound)"
+        )
+    return check("gpu_cpu_masks", not wrong, detail)
+
+
 def check_network(cluster, inside: dict | None) -> dict[str, Any]:
     """The network NCCL/RCCL is told to use (NCCL_NET) is there: InfiniBand's devices on
     the node and libibverbs in the image, or the named plugin library in the image."""
@@ -447,6 +521,8 @@ def run_probe(
     checks += image_checks
     if cluster.gpu is not None:
         checks.append(check_gpus(cluster))
+        if cluster.gpu_cpu_masks and cluster.gpu.vendor == "nvidia":
+            checks.append(check_gpu_cores(cluster))
     checks.append(check_network(cluster, inside))
     checks.append(check_storage("local_storage", cluster.local_storage, cluster.path))
     checks.append(check_storage("scratch", cluster.scratch, cluster.path))
