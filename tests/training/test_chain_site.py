@@ -70,7 +70,10 @@ YES, NO, UNKNOWN = SiteAnswer(True, "probe"), SiteAnswer(False, "probe"), SiteAn
         (None, YES, True, False, "a chain of Slurm jobs by default, each submitting"),
         (None, NO, False, True, "one Slurm job per segment (training.chain unset; compute "
                                 "nodes may not call sbatch"),
-        (None, UNKNOWN, False, False, "compute nodes may (not known yet) call sbatch"),
+        (None, UNKNOWN, False, False, "one Slurm job per segment in this run (training.chain "
+                                      "unset). Whether compute nodes may call sbatch is not "
+                                      "known yet: the site probe of this run finds out, and "
+                                      "from the next run on each experiment runs as a chain"),
         (True, YES, True, False, "runs as a chain of Slurm jobs, each submitting"),
         (True, NO, True, True, "submitted up front from the login node (compute nodes may not"),
         (True, UNKNOWN, True, False, "unless the site probe finds that compute nodes may not"),

@@ -75,11 +75,20 @@ def plan_note(setting: bool | None, answer: SiteAnswer) -> str:
     """One line for the plan: how the segments are submitted, and why."""
     if setting is False:
         return "training: one Slurm job per segment (training.chain: false)"
-    if not chained(setting, answer):
-        why = "may not" if answer.allowed is False else "may (not known yet)"
+    if not chained(setting, answer) and answer.allowed is False:
         return (
-            f"training: one Slurm job per segment (training.chain unset; compute nodes "
-            f"{why} call sbatch: {answer.source}; the chain is the default where they may)"
+            "training: one Slurm job per segment (training.chain unset; compute nodes may "
+            f"not call sbatch: {answer.source}; training.chain: true submits each "
+            "experiment's chain up front from the login node instead)"
+        )
+    if not chained(setting, answer):
+        # The rule's form (a plugin job or the chain's login-node wait) is fixed when the
+        # controller reads the workflow, before this run's probe answers.
+        return (
+            "training: one Slurm job per segment in this run (training.chain unset). "
+            "Whether compute nodes may call sbatch is not known yet: the site probe of "
+            "this run finds out, and from the next run on each experiment runs as a chain "
+            "of Slurm jobs where they may. training.chain: true chains it in this run"
         )
     if up_front(answer):
         return (
