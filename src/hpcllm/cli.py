@@ -71,7 +71,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("experiment", help="the experiment's name (training.experiments.<name>)")
     p.add_argument("-d", "--directory", default=".", help="the workflow's working directory")
+    p = sub.add_parser(
+        "accept-checkpoint",
+        help="record the checksums of a committed checkpoint that has none, as its files "
+        "are now, when you know they are intact (a segment refused it as unverified)",
+    )
+    p.add_argument("save", help="the experiment's checkpoint folder, e.g. checkpoints/<name>")
     args = parser.parse_args(argv)
+    if args.command == "accept-checkpoint":
+        from hpcllm.training.checkpoints.checksums import accept_committed
+        from hpcllm.training.checkpoints.tracker import CheckpointError
+
+        try:
+            iteration = accept_committed(args.save)
+        except CheckpointError as e:
+            print(f"not accepted: {e}", file=sys.stderr)
+            return 1
+        print(
+            f"{args.save}: recorded the checksums of iteration {iteration} as its files are "
+            "now; the next segment resumes from it"
+        )
+        return 0
     if args.command == "retry-training":
         from hpcllm.training.campaign.chain import describe_stop, retry_training
 

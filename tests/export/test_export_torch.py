@@ -162,3 +162,20 @@ def test_a_deleted_checkpoint_says_how_to_keep_it(tmp_path):
     write_settings(save, weights(), {})
     with pytest.raises(ExportError, match="keep_checkpoints.every"):
         export("tiny", record(tmp_path, 2, 4), save, weights(), [], EOD, tmp_path / "out")
+
+
+def test_a_damaged_checkpoint_is_not_exported(tmp_path):
+    """A byte flipped in the committed weights (same size, torch loads it): the export
+    refuses, naming the file, and writes nothing."""
+    tokenizer = gpt2_tokenizer(tmp_path / "tok")
+    save = tmp_path / "checkpoints"
+    train_tiny(save, tokenizer[0], "rope")
+    torch.distributed.destroy_process_group()  # the engine's, left for its caller
+    write_settings(save, weights(), {})
+    model = checkpoints.model_file(save, 2)
+    data = bytearray(model.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    model.write_bytes(bytes(data))
+    with pytest.raises(ExportError, match=f"{model}: damaged.*The export of iteration 2"):
+        export("tiny", record(tmp_path, 2, 4), save, weights(), tokenizer, EOD, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import logging
 import os
 import pickle
 import shutil
@@ -166,6 +167,63 @@ def test_checksums_cover_a_megatron_torch_dist_folder(tmp_path):
     shard.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match=f"{shard}: damaged.*iteration 10, verifies"):
         check_checksums(str(save))
+
+
+def dcp_checkpoints(save: Path, iterations) -> None:
+    """Folders laid out as Megatron-LM's torch_dist checkpoints, each committed and its
+    checksums recorded as the segment records them after the engine."""
+    import torch.distributed.checkpoint as dcp
+
+    for iteration in iterations:
+        folder = checkpoints.iteration_dir(save, iteration)
+        state = {"weight": torch.arange(4096, dtype=torch.float32) * iteration}
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(folder))
+        torch.save({"iteration": iteration}, folder / "common.pt")
+        checkpoints.write_tracker(save, iteration)
+        record_checksums(str(save))
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # one process: intended
+def test_a_committed_checkpoint_without_its_checksums_is_refused_unless_accepted(tmp_path, capsys):
+    """Issue 40: the manifest of the committed iteration deleted and a shard damaged.
+    The next segment refuses it as unverified (other checkpoints have checksums), naming
+    the older one that verifies and `hpcllm accept-checkpoint`; it records nothing. Once
+    accepted, it resumes."""
+    from hpcllm import cli
+
+    save = tmp_path / "ckpt"
+    dcp_checkpoints(save, (10, 20))
+    folder = checkpoints.iteration_dir(save, 20)
+    (folder / checksums.MANIFEST).unlink()
+    shard = next(folder.glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 1
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError) as refused:
+        check_checksums(str(save))
+    message = str(refused.value)
+    assert f"{folder}: committed without its checksums" in message, message
+    assert "iteration 10, verifies" in message and "rerun.." not in message, message
+    assert f"`hpcllm accept-checkpoint {save}`" in message, message
+    assert not (folder / checksums.MANIFEST).exists()  # never recorded over the damage
+
+    assert cli.main(["accept-checkpoint", str(save)]) == 0
+    assert "recorded the checksums of iteration 20" in capsys.readouterr().out
+    check_checksums(str(save))  # the user vouched for it
+    assert cli.main(["accept-checkpoint", str(save)]) == 1
+    assert "has its checksums already" in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # one process: intended
+def test_checkpoints_that_predate_checksums_are_recorded_and_said_unverified(tmp_path, caplog):
+    save = tmp_path / "ckpt"
+    dcp_checkpoints(save, (10,))
+    (checkpoints.iteration_dir(save, 10) / checksums.MANIFEST).unlink()  # none has any
+    with caplog.at_level(logging.INFO):
+        check_checksums(str(save))
+    assert "iteration 10 predates checksums" in caplog.text
+    assert "verified against" not in caplog.text
+    assert checksums.has_manifest(save, 10)
 
 
 def engine_pids(save: Path) -> list[int]:

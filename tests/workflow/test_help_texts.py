@@ -50,6 +50,7 @@ def test_hpcllm_help_is_plain_text_and_every_option_says_what_it_does(monkeypatc
         "restart-training",
         "cancel-training",
         "retry-training",
+        "accept-checkpoint",
         "gpu-check",
     }
     from hpcllm import gpu_check

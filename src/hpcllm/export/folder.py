@@ -19,6 +19,8 @@ from typing import Any
 from hpcllm.atomic import atomic_path
 from hpcllm.export.convert import ExportError, megatron_tensors, megatron_to_hf, torch_engine_model
 from hpcllm.training.checkpoints import tracker as checkpoints
+from hpcllm.training.checkpoints.checksums import verify_iteration
+from hpcllm.training.checkpoints.tracker import CheckpointError
 from hpcllm.training.plan.settings import differences, load_recorded, param_text
 
 log = logging.getLogger(__name__)
@@ -122,6 +124,10 @@ def export(
             "it with keep_checkpoints.every (a divisor of the segment's iterations) or "
             "rerun that segment"
         )
+    try:  # the weights are what was committed (a flipped byte loads without complaint)
+        verify_iteration(save, iteration, f"The export of iteration {iteration}")
+    except CheckpointError as e:
+        raise ExportError(str(e)) from None
     engine = weights["engine"]
     _, eod_id = engine_vocabulary(tokenizer_files, eod_token)
     model = build_model(engine, source, weights, eod_id)

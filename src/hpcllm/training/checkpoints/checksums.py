@@ -125,18 +125,17 @@ def problem(folder: str | os.PathLike) -> str | None:
     return None
 
 
-def verify_committed(save: str | os.PathLike) -> int | None:
-    """Before a resume: the committed iteration's files match its manifest. Returns that
-    iteration (None for a fresh start); raises :class:`CheckpointError` naming the damaged
-    file and the newest older checkpoint that verifies."""
-    iteration = checkpoints.latest_iteration(save)
-    if iteration is None:
-        return None
-    found = problem(checkpoints.iteration_dir(save, iteration))
-    if found is None:
-        return iteration
+def records_checksums(save: str | os.PathLike) -> bool:
+    """Whether this campaign's checkpoints carry checksums (an ``iter_*`` folder of
+    ``save`` has a manifest). Then a committed one without a manifest lost it, or its job
+    ended before recording it: unverified. Otherwise they predate checksums."""
+    return any(has_manifest(save, i) for i in checkpoints.iteration_dirs(save))
+
+
+def _way_out(save: str | os.PathLike, iteration: int) -> str:
+    """The newest older checkpoint that verifies, and how to resume from it."""
     tracker = Path(save) / checkpoints.TRACKER
-    damaged = checkpoints.iteration_dir(save, iteration)
+    bad = checkpoints.iteration_dir(save, iteration)
     older = [i for i in checkpoints.iteration_dirs(save) if i < iteration]
     fallback = next(
         (
@@ -147,37 +146,88 @@ def verify_committed(save: str | os.PathLike) -> int | None:
         None,
     )
     if fallback is None:
-        way_out = (
+        return (
             f"No older checkpoint in {save} verifies; train from scratch (`hpcllm "
-            "restart-training <experiment>` moves the folder aside)."
+            "restart-training <experiment>` moves the folder aside)"
         )
-    else:
-        way_out = (
-            f"The previous committed checkpoint, iteration {fallback}, verifies: resume from "
-            f"it with `rm -r {damaged} && echo {fallback} > {tracker}`, then rerun."
-        )
-    raise CheckpointError(
-        f"{found}. Resuming iteration {iteration} would train on damaged weights. {way_out}"
+    return (
+        f"The previous committed checkpoint, iteration {fallback}, verifies: resume from "
+        f"it with `rm -r {bad} && echo {fallback} > {tracker}`, then rerun"
     )
+
+
+def verify_iteration(save: str | os.PathLike, iteration: int, reading: str) -> bool:
+    """Before ``reading`` (e.g. "Resuming iteration 8") reads iteration ``iteration`` of
+    ``save``: its files match its manifest (True), or the campaign's checkpoints predate
+    checksums (False: nothing to verify against). Raises :class:`CheckpointError` naming
+    the damaged file, or the missing manifest where the campaign records them, with the
+    newest older checkpoint that verifies."""
+    folder = checkpoints.iteration_dir(save, iteration)
+    if not (folder / MANIFEST).is_file():
+        if not records_checksums(save):
+            return False
+        raise CheckpointError(
+            f"{folder}: committed without its checksums ({MANIFEST} is missing, while other "
+            f"checkpoints of {save} have theirs: it was deleted, or the job that saved it "
+            f"ended before recording them), so its files cannot be verified. {reading} "
+            f"might read damaged weights. {_way_out(save, iteration)}. If you know its "
+            f"files are intact: `hpcllm accept-checkpoint {save}` records their checksums "
+            "as they are, then rerun"
+        )
+    found = problem(folder)
+    if found is not None:
+        raise CheckpointError(
+            f"{found}. {reading} would read damaged weights. {_way_out(save, iteration)}"
+        )
+    return True
+
+
+def verify_committed(save: str | os.PathLike) -> int | None:
+    """Before a resume: the committed iteration's files match its manifest. Returns that
+    iteration (None for a fresh start); raises :class:`CheckpointError` naming the damaged
+    file and the newest older checkpoint that verifies."""
+    iteration = checkpoints.latest_iteration(save)
+    if iteration is None:
+        return None
+    verify_iteration(save, iteration, f"Resuming iteration {iteration}")
+    return iteration
 
 
 def check_checksums(save: str) -> None:
     """Before an engine starts: the committed checkpoint is what was committed (the
-    manifest above); CheckpointError naming the damaged file if not."""
+    manifest above); CheckpointError naming the damaged file, or the missing manifest, if
+    not."""
     dropped = drop_uncommitted(save)
     if dropped:
         log.info("%s: dropped the checksums of uncommitted iterations %s", save, dropped)
-    recorded = record_committed(save)
-    if recorded is not None:
+    iteration = checkpoints.latest_iteration(save)
+    if iteration is None:
+        return
+    if not verify_iteration(save, iteration, f"Resuming iteration {iteration}"):
+        record_committed(save)
         log.warning(
-            "%s: iteration %d has no recorded checksums (written without them, or its job "
-            "ended before it recorded them): recorded now, so not verified this once",
+            "%s: iteration %d predates checksums (no checkpoint here has them): recorded "
+            "now, so it is not verified this once",
             save,
-            recorded,
+            iteration,
         )
-    iteration = verify_committed(save)
-    if iteration:
-        log.info("%s: iteration %d verified against its checksums", save, iteration)
+        return
+    log.info("%s: iteration %d verified against its checksums", save, iteration)
+
+
+def accept_committed(save: str | os.PathLike) -> int:
+    """``hpcllm accept-checkpoint``: record the checksums of the committed iteration as
+    its files are now (the user vouches for them); the iteration."""
+    iteration = checkpoints.latest_iteration(save)
+    if iteration is None:
+        raise CheckpointError(f"{save}: no committed checkpoint ({checkpoints.TRACKER})")
+    folder = checkpoints.iteration_dir(save, iteration)
+    if (folder / MANIFEST).is_file():
+        raise CheckpointError(
+            f"{folder}: has its checksums already ({MANIFEST}); nothing to accept"
+        )
+    write_manifest(folder)
+    return iteration
 
 
 def record_checksums(save: str) -> None:
