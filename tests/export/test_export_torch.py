@@ -176,6 +176,8 @@ def test_a_damaged_checkpoint_is_not_exported(tmp_path):
     data = bytearray(model.read_bytes())
     data[len(data) // 2] ^= 0xFF
     model.write_bytes(bytes(data))
-    with pytest.raises(ExportError, match=f"{model}: damaged.*The export of iteration 2"):
+    with pytest.raises(
+        ExportError, match=f"{model}: damaged.*The export of iteration 2 would convert damaged"
+    ):
         export("tiny", record(tmp_path, 2, 4), save, weights(), tokenizer, EOD, tmp_path / "out")
     assert not (tmp_path / "out").exists()

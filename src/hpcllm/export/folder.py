@@ -125,7 +125,7 @@ def export(
             "rerun that segment"
         )
     try:  # the weights are what was committed (a flipped byte loads without complaint)
-        verify_iteration(save, iteration, f"The export of iteration {iteration}")
+        verify_iteration(save, iteration, f"The export of iteration {iteration} would convert")
     except CheckpointError as e:
         raise ExportError(str(e)) from None
     engine = weights["engine"]

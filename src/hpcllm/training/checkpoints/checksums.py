@@ -157,8 +157,8 @@ def _way_out(save: str | os.PathLike, iteration: int) -> str:
 
 
 def verify_iteration(save: str | os.PathLike, iteration: int, reading: str) -> bool:
-    """Before ``reading`` (e.g. "Resuming iteration 8") reads iteration ``iteration`` of
-    ``save``: its files match its manifest (True), or the campaign's checkpoints predate
+    """Before ``reading`` (e.g. "Resuming iteration 8 would train on") reads iteration
+    ``iteration`` of ``save``: its files match its manifest (True), or the campaign's checkpoints predate
     checksums (False: nothing to verify against). Raises :class:`CheckpointError` naming
     the damaged file, or the missing manifest where the campaign records them, with the
     newest older checkpoint that verifies."""
@@ -170,15 +170,13 @@ def verify_iteration(save: str | os.PathLike, iteration: int, reading: str) -> b
             f"{folder}: committed without its checksums ({MANIFEST} is missing, while other "
             f"checkpoints of {save} have theirs: it was deleted, or the job that saved it "
             f"ended before recording them), so its files cannot be verified. {reading} "
-            f"might read damaged weights. {_way_out(save, iteration)}. If you know its "
+            f"weights that may be damaged. {_way_out(save, iteration)}. If you know its "
             f"files are intact: `hpcllm accept-checkpoint {save}` records their checksums "
             "as they are, then rerun"
         )
     found = problem(folder)
     if found is not None:
-        raise CheckpointError(
-            f"{found}. {reading} would read damaged weights. {_way_out(save, iteration)}"
-        )
+        raise CheckpointError(f"{found}. {reading} damaged weights. {_way_out(save, iteration)}")
     return True
 
 
@@ -189,7 +187,7 @@ def verify_committed(save: str | os.PathLike) -> int | None:
     iteration = checkpoints.latest_iteration(save)
     if iteration is None:
         return None
-    verify_iteration(save, iteration, f"Resuming iteration {iteration}")
+    verify_iteration(save, iteration, f"Resuming iteration {iteration} would train on")
     return iteration
 
 
@@ -203,7 +201,7 @@ def check_checksums(save: str) -> None:
     iteration = checkpoints.latest_iteration(save)
     if iteration is None:
         return
-    if not verify_iteration(save, iteration, f"Resuming iteration {iteration}"):
+    if not verify_iteration(save, iteration, f"Resuming iteration {iteration} would train on"):
         record_committed(save)
         log.warning(
             "%s: iteration %d predates checksums (no checkpoint here has them): recorded "
