@@ -60,8 +60,10 @@ rule canary:
     threads: 1
     resources:
         slurm_partition=preflight_partition(),
-        nodes=1,
-        tasks=1,
+        # Two nodes where the plan's jobs of its type run on more than one: the real
+        # rendezvous and an all-reduce over the fabric (hpcllm.preflight.canary).
+        nodes=canary_nodes_of,
+        tasks=canary_nodes_of,
         tasks_per_gpu=0,
         mpi="",
         gres=canary_resource("gres"),
@@ -69,11 +71,13 @@ rule canary:
         mem_mb=canary_resource("mem_mb"),
         runtime=_canary.RUNTIME_MIN,
         slurm_extra=canary_slurm_extra,
-        **preflight_qos(_canary.RUNTIME_MIN),
+        # (for two nodes: the QOS where a two-node canary fits it)
+        **preflight_qos(_canary.RUNTIME_MIN, nodes=2),
     params:
         # Recorded by Snakemake: a change of what the canary checks runs it again.
         key=canary_key,
         source=canary_source_of,
+        nodes=canary_nodes_of,
         cluster=CLUSTER,
         work=f"{PREFLIGHT_DIR}/canary/{{kind}}",
         time_limit_s=canary_time_limit_s,
