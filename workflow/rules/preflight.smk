@@ -59,6 +59,7 @@ rule canary:
         "../../envs/workflow.yaml"
     threads: 1
     resources:
+        # the development QOS where a two-node canary fits it
         **preflight_qos(_canary.RUNTIME_MIN, nodes=2),
         slurm_partition=preflight_partition(),
         # Two nodes where the plan's jobs of its type run on more than one: the real
@@ -72,7 +73,6 @@ rule canary:
         mem_mb=canary_resource("mem_mb"),
         runtime=_canary.RUNTIME_MIN,
         slurm_extra=canary_slurm_extra,
-        # (for two nodes: the QOS where a two-node canary fits it)
     params:
         # Recorded by Snakemake: a change of what the canary checks runs it again.
         key=canary_key,
