@@ -195,13 +195,14 @@ def test_development_is_a_qos_stated_with_its_source(name):
 
 
 def test_a_preflight_job_beyond_the_development_qos_limits_keeps_the_profiles_qos():
-    """The canary (one node, 20 minutes) fits Leonardo's boost_qos_dbg (2 nodes, 30
-    minutes); a longer or larger job would be refused there, so it gets none."""
+    """The probe (one node, 15 minutes) and a canary (two nodes, 20 minutes) fit
+    Leonardo's boost_qos_dbg (2 nodes, 30 minutes); a longer or larger job would be
+    refused there, so it gets none."""
     from hpcllm.preflight import canary, probe
 
     leonardo = load_cluster("leonardo", ROOT)
-    for minutes in (probe.RUNTIME_MIN, canary.RUNTIME_MIN):
-        assert leonardo.devel_qos_for(1, minutes) == "boost_qos_dbg"
+    assert leonardo.devel_qos_for(1, probe.RUNTIME_MIN) == "boost_qos_dbg"
+    assert leonardo.devel_qos_for(2, canary.RUNTIME_MIN) == "boost_qos_dbg"
     assert leonardo.devel_qos_for(1, 31) is None and leonardo.devel_qos_for(3, 10) is None
     # Limits not known for sure: the pre-flight's one-node jobs are put there.
     assert load_cluster("meluxina", ROOT).devel_qos_for(1, canary.RUNTIME_MIN) == "dev"

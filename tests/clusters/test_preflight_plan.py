@@ -23,9 +23,12 @@ def test_juwels_plans_probe_and_canary_before_the_segments(tmp_path, no_slurm): 
     text = out.stdout + out.stderr
     blocks = {m.group(1): m.group(0) for m in re.finditer(r"rule (\w+):\n(?:    .*\n)+", text)}
     probe, canary, segment = blocks["site_probe"], blocks["canary"], blocks["train_segment"]
-    # one devel node with the GPUs and the node of train_segment's profile resources
-    for block in (probe, canary):
-        assert "slurm_partition=develbooster" in block and "nodes=1," in block, block
+    # devel nodes with the GPUs and the node of train_segment's profile resources: one
+    # for the probe, two for the canary of the 4-node segments (a rendezvous and an
+    # all-reduce across nodes)
+    for block, nodes in ((probe, 1), (canary, 2)):
+        assert "slurm_partition=develbooster" in block and f"nodes={nodes}," in block, block
+        assert f"tasks={nodes}," in block, block
         assert "gres=gpu:4" in block and "cpus_per_task=48" in block, block
     assert "results/preflight/juwels/probe/megatron-nvidia.json" in canary
     assert "kind=train_megatron" in canary

@@ -247,6 +247,27 @@ def test_language_canary_is_one_node_of_the_points_layout():
     assert small["model_overrides"]["model"]["num_attention_heads"] % small["tp"] == 0
 
 
+def test_a_canary_runs_on_two_nodes_where_its_jobs_run_on_more_than_one():
+    """Data parallel across the two nodes (TP and PP inside one): the rendezvous, the
+    network plugin and a gradient all-reduce that leaves the node."""
+    from hpcllm.preflight.canary import canary_nodes, train_canary_experiment
+
+    assert [canary_nodes(n) for n in (1, 2, 4, 128)] == [1, 2, 2, 2]
+    point = {
+        "id": "x", "nodes": 16, "procs_per_node": 4, "gpus": 64, "tp": 4, "pp": 4, "dp": 4,
+        "sequence_parallel": True, "micro_batch": 1, "global_batch": 1536, "iterations": 50,
+        "warmup_iterations": 10, "seq_length": 2048, "preset": "gpt3_175b",
+        "model_overrides": {},
+    }  # fmt: skip
+    small = language_canary_point(point, juwels(), nodes=2)
+    assert (small["nodes"], small["min_nodes"], small["gpus"]) == (2, 2, 8)
+    assert (small["tp"], small["pp"], small["dp"], small["global_batch"]) == (4, 1, 2, 2)
+    raw = {"preset": "opengptx_800m", "layout": {"nodes": 4, "tp": 2}}
+    exp = train_canary_experiment(raw, juwels(), nodes=2)
+    assert exp["layout"]["nodes"] == 2 and exp["layout"]["procs_per_node"] == 4
+    assert exp["layout"]["tp"] == 2 and exp["batch"] == {"micro": 1, "global": 4}
+
+
 def test_a_record_made_again_is_said(tmp_path):
     record, image = tmp_path / "canary.json", tmp_path / "a.sif"
     assert rerun_warning(str(record), "k1", None) is None  # a first run

@@ -271,9 +271,10 @@ def preflight(work: Path, what: str) -> dict:
 
 def test_the_probe_and_a_canary_per_job_type_ran_before_the_gpu_jobs(rehearsal, slurm_cluster):
     """Pre-flight (workflow/rules/preflight.smk) through real sbatch: per image a site probe
-    whose answers are recorded, per GPU job type a canary on one node of the real launch,
-    the training canary through a checkpoint save and a resume from it; every GPU job
-    started in the image after its canary ended."""
+    whose answers are recorded, per GPU job type a canary of the real launch on two nodes
+    (the rehearsal's jobs of every type run on both: the rendezvous and an all-reduce
+    across nodes), the training canary through a checkpoint save and a resume from it;
+    every GPU job started in the image after its canary ended."""
     work, _, execs = rehearsal
     jobs, kinds = jobs_of(work), canary_kinds(work)
     states = {j["id"]: j for j in slurm_cluster.jobs()}
@@ -304,10 +305,12 @@ def test_the_probe_and_a_canary_per_job_type_ran_before_the_gpu_jobs(rehearsal, 
     of_kind = {"train_megatron": "train_segment", "language_megatron": "bench_language",
                "vision": "bench_vision"}  # fmt: skip
     for job, kind in kinds.items():
-        assert preflight(work, f"canary/{kind}")["job_id"] == job
-        assert states[job]["state"] == "COMPLETED" and states[job]["nodes"] in ("n1", "n2")
+        record = preflight(work, f"canary/{kind}")
+        assert record["job_id"] == job and record["nodes"] == 2, record
+        assert states[job]["state"] == "COMPLETED" and states[job]["nodes"] == "n[1-2]"
         mine = [e for e in execs if e["job"] == job]
-        assert mine and {e["env"]["CUDA_VISIBLE_DEVICES"] for e in mine} == {"0,1"}, mine
+        assert {e["node"] for e in mine} == {"n1", "n2"}, mine  # ranks on both nodes
+        assert {e["env"]["CUDA_VISIBLE_DEVICES"] for e in mine} == {"0,1"}, mine
         assert max(e["time"] for e in mine) < first_gpu_exec[of_kind[kind]], kind
     train = preflight(work, "canary/train_megatron")
     steps = [(s["resumed_from_iteration"], s["last_iteration"]) for s in train["segments"]]

@@ -129,10 +129,11 @@ def _segment_cases(name, prepared, cluster, tokenizer_files, paths) -> list[dict
 
 def experiment_cases(tmp: Path) -> list[dict]:
     """The shipped experiments' segments on every GPU cluster, and their training canaries
-    (one node, a tiny model of the experiment's layout: train_canary_experiment)."""
+    (two nodes for a multi-node experiment, a tiny model of the experiment's layout:
+    train_canary_experiment)."""
     import copy
 
-    from hpcllm.preflight.canary import train_canary_experiment
+    from hpcllm.preflight.canary import canary_nodes, train_canary_experiment
     from hpcllm.training.plan.experiment import prepare_experiment
 
     tokenizer_dir = gpt2_tokenizer_files(tmp / "tokenizer")
@@ -144,7 +145,8 @@ def experiment_cases(tmp: Path) -> list[dict]:
             text = _text_for(raw)
             prepared = prepare_experiment(name, copy.deepcopy(raw), text, cluster)
             cases += _segment_cases(f"train {name}", prepared, cluster, tokenizer_files, paths)
-            canary = train_canary_experiment(copy.deepcopy(raw), cluster)
+            nodes = canary_nodes(prepared.experiment["layout"].get("nodes", 1))
+            canary = train_canary_experiment(copy.deepcopy(raw), cluster, nodes)
             prepared = prepare_experiment(f"canary_{name}", canary, text, cluster)
             cases += _segment_cases(
                 f"canary train {name}", prepared, cluster, tokenizer_files, paths
@@ -154,19 +156,23 @@ def experiment_cases(tmp: Path) -> list[dict]:
 
 def bench_cases(tmp: Path) -> list[dict]:
     """Every point of the shipped language sweep on every GPU cluster, and the language
-    canary of each (one node, a tiny model, 3 iterations: language_canary_point)."""
-    from hpcllm.preflight.canary import language_canary_point
+    canary of each (two nodes where the sweep has multi-node points, a tiny model, 3
+    iterations: language_canary_point)."""
+    from hpcllm.preflight.canary import canary_nodes, language_canary_point
 
     schema = yaml.safe_load((REPO / "workflow/schemas/benchmarks.schema.yaml").read_text())
     experiments = {"language": "config/experiments/language.yaml"}
     cases = []
     for cluster in gpu_clusters():
         canaries = {}
-        for point in expand_all(experiments, facts_of(cluster), root=REPO, schema=schema):
+        points = expand_all(experiments, facts_of(cluster), root=REPO, schema=schema)
+        nodes = canary_nodes(max(p.row()["nodes"] for p in points))
+        for point in points:
             row = point.row()
             cases.append(_bench_case(f"bench {point.id} on {cluster.name}", row, tmp, cluster))
             name = f"canary bench {point.id} on {cluster.name}"
-            canary = _bench_case(name, language_canary_point(row, cluster), tmp, cluster)
+            small = language_canary_point(row, cluster, nodes)
+            canary = _bench_case(name, small, tmp, cluster)
             # distinct canaries only: many points scale down to the same command line
             key = json.dumps([canary["argv"], canary["world_size"], canary["env"]])
             canaries.setdefault(key, canary)

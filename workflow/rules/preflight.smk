@@ -21,6 +21,7 @@ rule site_probe:
         "../../envs/workflow.yaml"
     threads: 1
     resources:
+        **preflight_qos(_probe.RUNTIME_MIN),
         slurm_partition=preflight_partition(),
         nodes=1,
         tasks=1,
@@ -33,7 +34,6 @@ rule site_probe:
         mem_mb=lambda wc: preflight_resources("train_segment")["mem_mb"],
         runtime=_probe.RUNTIME_MIN,
         slurm_extra=probe_slurm_extra,
-        **preflight_qos(_probe.RUNTIME_MIN),
     params:
         # Recorded by Snakemake: a change of what the probe checks runs it again.
         key=probe_key,
@@ -59,9 +59,13 @@ rule canary:
         "../../envs/workflow.yaml"
     threads: 1
     resources:
+        # the development QOS where a two-node canary fits it
+        **preflight_qos(_canary.RUNTIME_MIN, nodes=2),
         slurm_partition=preflight_partition(),
-        nodes=1,
-        tasks=1,
+        # Two nodes where the plan's jobs of its type run on more than one: the real
+        # rendezvous and an all-reduce over the fabric (hpcllm.preflight.canary).
+        nodes=canary_nodes_of,
+        tasks=canary_nodes_of,
         tasks_per_gpu=0,
         mpi="",
         gres=canary_resource("gres"),
@@ -69,11 +73,11 @@ rule canary:
         mem_mb=canary_resource("mem_mb"),
         runtime=_canary.RUNTIME_MIN,
         slurm_extra=canary_slurm_extra,
-        **preflight_qos(_canary.RUNTIME_MIN),
     params:
         # Recorded by Snakemake: a change of what the canary checks runs it again.
         key=canary_key,
         source=canary_source_of,
+        nodes=canary_nodes_of,
         cluster=CLUSTER,
         work=f"{PREFLIGHT_DIR}/canary/{{kind}}",
         time_limit_s=canary_time_limit_s,

@@ -117,9 +117,35 @@ def canary_source(kind):
     raise WorkflowError(f"canary {kind}: the plan has no job of this type")
 
 
+def canary_nodes(kind):
+    """Two nodes where the plan's jobs of this type run on more than one, else one
+    (hpcllm.preflight.canary.canary_nodes)."""
+    family, _, engine = kind.partition("_")
+    if family == "train":
+        sizes = [
+            EXPERIMENTS[name].experiment["layout"].get("nodes", 1)
+            for name in [*_planned_experiments(), *EXPERIMENTS]
+            if EXPERIMENTS[name].experiment["engine"] == engine
+        ]
+    else:
+        sizes = [
+            point["nodes"]
+            for point in BENCH_POINTS.values()
+            if point["benchmark"] == family
+            and (family == "vision" or point["engine"] == engine)
+        ]
+    return _canary.canary_nodes(max(sizes, default=1))
+
+
+def canary_nodes_of(wildcards):
+    return canary_nodes(wildcards.kind)
+
+
 def _train_canary(kind):
     name = canary_source(kind)
-    return _canary.train_canary_experiment(TRAINING["experiments"][name], CLUSTER)
+    return _canary.train_canary_experiment(
+        TRAINING["experiments"][name], CLUSTER, canary_nodes(kind)
+    )
 
 
 def canary_geometry(kind):
@@ -131,7 +157,7 @@ def canary_geometry(kind):
         }
     point = BENCH_POINTS[canary_source(kind)]
     if kind == "vision":
-        scaled = _canary.vision_canary_point(point, CLUSTER)
+        scaled = _canary.vision_canary_point(point, CLUSTER, canary_nodes(kind))
         keys = (
             "model",
             "model_impl",
@@ -141,7 +167,7 @@ def canary_geometry(kind):
             "stage_in",
         )
     else:
-        scaled = _canary.language_canary_point(point, CLUSTER)
+        scaled = _canary.language_canary_point(point, CLUSTER, canary_nodes(kind))
         keys = ("engine", "preset", "model_overrides", "tp", "pp", "dp", "precision")
         keys += ("sequence_parallel", "distributed_optimizer", "seq_length")
     return {k: scaled.get(k) for k in ("nodes", "procs_per_node", *keys)}
@@ -215,11 +241,11 @@ def preflight_partition():
     return CLUSTER.partitions.devel or CLUSTER.partitions.gpu
 
 
-def preflight_qos(minutes):
-    """The site's development QOS for a one-node pre-flight job of ``minutes`` (`qos` of
-    its resources), where the site has one and the job fits its limits; else nothing: the
-    job keeps the profile's QOS (default-resources)."""
-    qos = CLUSTER.devel_qos_for(1, minutes)
+def preflight_qos(minutes, nodes=1):
+    """The site's development QOS for a pre-flight job of ``nodes`` and ``minutes`` (`qos`
+    of its resources), where the site has one and the job fits its limits; else nothing:
+    the job keeps the profile's QOS (default-resources)."""
+    qos = CLUSTER.devel_qos_for(nodes, minutes)
     return {"qos": qos} if qos else {}
 
 

@@ -164,7 +164,9 @@ def tokenizer_inputs(wildcards):
 
 
 # Given (type: files) tokenizers: rule tokenizer_folder's (a tokenizer.json, or GPT-2 files).
-GIVEN_TOKENIZERS = "|".join(n for n, t in TOKENIZERS.items() if t["type"] == "files") or "NONE"
+GIVEN_TOKENIZERS = (
+    "|".join(n for n, t in TOKENIZERS.items() if t["type"] == "files") or "NONE"
+)
 
 
 def tokenized_shard_prefixes(wildcards):

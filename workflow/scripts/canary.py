@@ -20,4 +20,5 @@ run_canary(
     inputs=dict(snakemake.input.items()),
     schema=snakemake.params.schema,
     time_limit_s=snakemake.params.time_limit_s,
+    nodes=snakemake.params.nodes,
 )

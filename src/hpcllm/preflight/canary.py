@@ -1,8 +1,11 @@
 """Canaries: each GPU job type's real command line, image and launch script at minimal size.
 
 A canary takes a job the plan will run (a training experiment, a language or vision
-benchmark point) and scales it down to one node, a tiny model of the same parallel layout
-(as far as one node holds it) and a few iterations, then runs it through the very code
+benchmark point) and scales it down to one node, or two where jobs of its type run on more
+than one (:func:`canary_nodes`: the rendezvous across nodes, the network plugin and a
+gradient all-reduce over the fabric, which one node never exercises), a tiny model of the
+same parallel layout (as far as one node holds it) and a few iterations, then runs it
+through the very code
 the GPU job runs (:func:`hpcllm.training.campaign.segment.run_segment`,
 :func:`hpcllm.bench.language.run_language_point`,
 :func:`hpcllm.bench.runner.run_vision_point`, all launched by :mod:`hpcllm.launch`):
@@ -38,6 +41,15 @@ class CanaryFailed(RuntimeError):
     """The canary did not get through; its GPU jobs are held back."""
 
 
+def canary_nodes(largest_job_nodes: int) -> int:
+    """The canary's nodes for a job type whose largest planned job has
+    ``largest_job_nodes``: two where that is more than one (a failure that shows only
+    across nodes, such as a wrong rendezvous host, a bad NCCL_SOCKET_IFNAME or a fabric
+    fault, would otherwise hit every multi-node job in turn, each until its time limit);
+    else one."""
+    return 2 if largest_job_nodes > 1 else 1
+
+
 def one_node_layout(tp: int, pp: int, gpus: int) -> tuple[int, int, int]:
     """TP, PP and DP on one node of ``gpus`` GPUs, keeping as much of the layout as fits."""
     tp = max(1, min(tp, gpus))
@@ -60,9 +72,10 @@ def tiny_model(tp: int, pp: int) -> dict[str, int]:
     }
 
 
-def train_canary_experiment(raw: dict[str, Any], cluster) -> dict[str, Any]:
+def train_canary_experiment(raw: dict[str, Any], cluster, nodes: int = 1) -> dict[str, Any]:
     """The training canary's experiment: ``raw`` (an experiment's config, defaults filled
-    in) on one node, a tiny model of its layout, 2 segments of 2 iterations, a save at 2."""
+    in) on ``nodes`` nodes (TP and PP inside one, data parallel across them), a tiny model
+    of its layout, 2 segments of 2 iterations, a save at 2."""
     exp = copy.deepcopy(raw)
     lay = exp.setdefault("layout", {})
     gpus = max(1, cluster.gpus_per_node)
@@ -72,12 +85,12 @@ def train_canary_experiment(raw: dict[str, Any], cluster) -> dict[str, Any]:
     tp, pp, dp = one_node_layout(
         resolved["layout"].get("tp", 1), resolved["layout"].get("pp", 1), gpus
     )
-    lay.update(nodes=1, procs_per_node=gpus, tp=tp, pp=pp)
+    lay.update(nodes=nodes, procs_per_node=gpus, tp=tp, pp=pp)
     if tp == 1:
         lay["sequence_parallel"] = False
     exp["model"] = {**exp.get("model", {}), **tiny_model(tp, pp)}
     exp["model"].pop("ffn_hidden_size", None)
-    exp["batch"] = {"micro": 1, "global": dp}
+    exp["batch"] = {"micro": 1, "global": dp * nodes}
     exp["optim"] = {**exp.get("optim", {}), "warmup_iters": 1}
     exp.update(
         segments=2,
@@ -93,19 +106,21 @@ def train_canary_experiment(raw: dict[str, Any], cluster) -> dict[str, Any]:
     return exp
 
 
-def language_canary_point(point: dict[str, Any], cluster) -> dict[str, Any]:
-    """The language canary's point: ``point`` on one node, a tiny model, 3 iterations."""
+def language_canary_point(point: dict[str, Any], cluster, nodes: int = 1) -> dict[str, Any]:
+    """The language canary's point: ``point`` on ``nodes`` nodes (TP and PP inside one,
+    data parallel across them), a tiny model, 3 iterations."""
     gpus = max(1, cluster.gpus_per_node)
     tp, pp, dp = one_node_layout(point["tp"], point["pp"], gpus)
+    dp *= nodes
     model = tiny_model(tp, pp)
     overrides = point.get("model_overrides") or {}
     return {
         **point,
         "id": "canary_language",
-        "nodes": 1,
-        "min_nodes": 1,
+        "nodes": nodes,
+        "min_nodes": nodes,
         "procs_per_node": gpus,
-        "gpus": gpus,
+        "gpus": gpus * nodes,
         "tp": tp,
         "pp": pp,
         "dp": dp,
@@ -126,16 +141,16 @@ def language_canary_point(point: dict[str, Any], cluster) -> dict[str, Any]:
     }
 
 
-def vision_canary_point(point: dict[str, Any], cluster) -> dict[str, Any]:
-    """The vision canary's point: ``point`` on one node, one epoch of 3 batches."""
+def vision_canary_point(point: dict[str, Any], cluster, nodes: int = 1) -> dict[str, Any]:
+    """The vision canary's point: ``point`` on ``nodes`` nodes, one epoch of 3 batches."""
     gpus = max(1, cluster.gpus_per_node)
     return {
         **point,
         "id": "canary_vision",
-        "nodes": 1,
-        "min_nodes": 1,
+        "nodes": nodes,
+        "min_nodes": nodes,
         "procs_per_node": gpus,
-        "gpus": gpus,
+        "gpus": gpus * nodes,
         "epochs": 1,
         "measured_epoch": 1,
         "max_batches_per_epoch": 3,
@@ -198,6 +213,7 @@ def write_record(path: str | os.PathLike, kind: str, cluster, key: str, **fields
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "job_id": os.environ.get("SLURM_JOB_ID"),
         "host": socket.gethostname(),
+        "node_list": os.environ.get("SLURM_JOB_NODELIST"),
         "ok": True,
         **fields,
     }
@@ -264,19 +280,22 @@ def run_train_canary(
     shutil.rmtree(save, ignore_errors=True)  # proven; not kept
     return write_record(
         record_path, kind, cluster, key, engine=prepared.experiment["engine"],
-        image=container, gpus=prepared.layout.gpus, latest_checkpoint=saved, segments=steps,
+        image=container, nodes=prepared.experiment["layout"]["nodes"], gpus=prepared.layout.gpus,
+        latest_checkpoint=saved, segments=steps,
     )  # fmt: skip
 
 
-def _bench_record(kind: str, cluster, key: str, run: dict, log_path, record_path, container):
+def _bench_record(
+    kind: str, cluster, key: str, run: dict, log_path, record_path, container, point: dict
+):
     if run["status"] != "ok":
         raise _failed(
             kind, cluster, run["status"], log_path,
             f"the run ended with exit code {run['returncode']}",
         )  # fmt: skip
     return write_record(
-        record_path, kind, cluster, key, image=container, wall_time_s=run["wall_time_s"],
-        command=run["command"],
+        record_path, kind, cluster, key, image=container, nodes=point["nodes"],
+        gpus=point["gpus"], wall_time_s=run["wall_time_s"], command=run["command"],
     )  # fmt: skip
 
 
@@ -289,7 +308,7 @@ def run_language_canary(
     folder = _fresh(Path(work))
     log_path, run_path = folder / "run.log", folder / "run.json"
     run = run_language_point(point, str(log_path), str(run_path), cluster, container, time_limit_s)
-    return _bench_record(kind, cluster, key, run, log_path, record_path, container)
+    return _bench_record(kind, cluster, key, run, log_path, record_path, container, point)
 
 
 def run_vision_canary(
@@ -304,7 +323,7 @@ def run_vision_canary(
         point, lmdb, str(log_path), str(folder / "run.json"), str(folder / "settings.json"),
         cluster, container, time_limit_s, val_lmdb,
     )  # fmt: skip
-    return _bench_record(kind, cluster, key, run, log_path, record_path, container)
+    return _bench_record(kind, cluster, key, run, log_path, record_path, container, point)
 
 
 def bench_point(config: dict, cluster, point_id: str, schema: str) -> dict[str, Any]:
@@ -328,24 +347,25 @@ def bench_point(config: dict, cluster, point_id: str, schema: str) -> dict[str, 
 def run_canary(
     kind: str, source: str, config: dict, cluster, key: str, work, record_path,
     container: str | None = None, inputs: dict | None = None, schema: str | None = None,
-    time_limit_s: float | None = None,
+    time_limit_s: float | None = None, nodes: int = 1,
 ) -> dict:  # fmt: skip
     """The canary of ``kind`` (train_<engine>, language_<engine>, vision) scaled down from
-    ``source`` (an experiment's name or a benchmark point's id) of the plan's config."""
+    ``source`` (an experiment's name or a benchmark point's id) of the plan's config, on
+    ``nodes`` nodes (:func:`canary_nodes`)."""
     family = kind.partition("_")[0]
     if family == "train":
         from hpcllm.training.plan.experiment import prepare_experiment
 
-        raw = train_canary_experiment(config["training"]["experiments"][source], cluster)
+        raw = train_canary_experiment(config["training"]["experiments"][source], cluster, nodes)
         prepared = prepare_experiment(f"canary_{kind}", raw, config["text"], cluster)
         return run_train_canary(kind, prepared, work, record_path, cluster, key, container)
     point = bench_point(config, cluster, source, schema)
     if family == "language":
-        point = language_canary_point(point, cluster)
+        point = language_canary_point(point, cluster, nodes)
         return run_language_canary(
             kind, point, work, record_path, cluster, key, container, time_limit_s
         )
-    point = vision_canary_point(point, cluster)
+    point = vision_canary_point(point, cluster, nodes)
     inputs = inputs or {}
     return run_vision_canary(
         kind, point, inputs["lmdb"], inputs.get("val"), work, record_path, cluster, key,
