@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from hpcllm.atomic import atomic_path
-from hpcllm.bench.summary import compact_table
+from hpcllm.bench.summary import compact_table, hold_notes
 
 # The figures of a benchmark section, in reading order: (file stem, caption).
 BENCH_FIGURES = (
@@ -143,9 +143,10 @@ def benchmark_sections(
         ok = int((rows["status"] == "ok").sum())
         title = BENCHMARK_TITLES.get(bench, bench)
         contents.append((f"bench-{bench}", title))
+        holds = "".join(f'<p class="meta">{html.escape(n)}</p>' for n in hold_notes(rows))
         parts.append(
             f'<h3 id="bench-{html.escape(bench)}">{html.escape(title)}</h3>'
-            f'<p class="meta">{ok} of {len(rows)} runs ok.</p>{table_html(table)}'
+            f'<p class="meta">{ok} of {len(rows)} runs ok.</p>{table_html(table)}{holds}'
         )
     figures = [_figure(plots[k], cap) for k, cap in BENCH_FIGURES if k in plots]
     if figures:

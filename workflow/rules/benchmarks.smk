@@ -1,6 +1,8 @@
 # Benchmark sweeps: one job per sweep point, then the summary, the plots and the report.
 # The points come from the experiments in config `benchmarks.experiments` expanded for the
-# cluster (hpcllm.bench.sweeps); docs/benchmarks.md describes them.
+# cluster (hpcllm.bench.sweeps); docs/benchmarks.md describes them. A point runs after
+# the smaller points of its series and is held, not run, when one of them failed in the
+# network or at start-up (hpcllm.bench.hold; bench_after in benchmarks_functions.smk).
 
 
 include: "benchmarks_functions.smk"

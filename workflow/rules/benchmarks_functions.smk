@@ -2,6 +2,7 @@
 # benchmarks.smk, which includes this file first).
 from snakemake.exceptions import WorkflowError
 
+from hpcllm.bench.hold import held_by, smaller_points
 from hpcllm.bench.sweeps import SweepError, expand_all, facts_of, point_time_limit
 from hpcllm.configuration import load_schema
 from hpcllm.containers import image_for
@@ -30,6 +31,7 @@ _split_errors = vision_split_errors(BENCH["experiments"], config["vision"]["data
 if _split_errors:
     raise WorkflowError("\n".join(_split_errors))
 BENCH_PLOTS = ("efficiency", "throughput", "batch_time_cdf", "loss")
+BENCH_SMALLER = smaller_points(BENCH_POINTS.values())
 
 
 def bench_ids(benchmark):
@@ -54,6 +56,20 @@ if "bench_preflight" not in globals():  # a Snakefile without preflight.smk's in
         return []
 
 
+def bench_after(point):
+    """The timings files of the smaller points of the point's series (hpcllm.bench.hold):
+    it runs after them, so that their records are there when its job looks for a failure
+    that holds it. Ancient (their times not compared): a smaller point's rerun does not
+    rerun it, except the rerun of the point that held it, which releases it. Timings, not
+    records: deleting a point's folder to rerun it reruns that point alone."""
+    holder = held_by(f"results/bench/{point['benchmark']}/{point['id']}/run.json")
+    files = []
+    for other in BENCH_SMALLER[point["id"]]:
+        path = f"results/timings/bench_{point['benchmark']}/{other}.tsv"
+        files.append(path if other == holder else ancient(path))
+    return files
+
+
 def bench_vision_inputs(wildcards):
     point = BENCH_POINTS[wildcards.point]
     inputs = {"lmdb": f"data/vision/{point['dataset']}/{point['split']}.lmdb"}
@@ -62,6 +78,7 @@ def bench_vision_inputs(wildcards):
     if bench_container("vision"):
         inputs["container"] = bench_container("vision", check=True)
     inputs["preflight"] = bench_preflight(point)  # the canary (preflight.smk)
+    inputs["after"] = bench_after(point)
     return inputs
 
 
@@ -75,6 +92,7 @@ def bench_language_inputs(wildcards):
     if bench_container("language"):
         inputs["container"] = bench_container("language", check=True)
     inputs["preflight"] = bench_preflight(point)  # the canary (preflight.smk)
+    inputs["after"] = bench_after(point)
     return inputs
 
 

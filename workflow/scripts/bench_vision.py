@@ -5,19 +5,24 @@ from hpcllm.offline import go_offline
 go_offline()  # a compute job: no Hugging Face hub lookups (docs/clusters.md)
 
 from hpcllm import logs
-from hpcllm.bench.runner import run_vision_point
+from hpcllm.bench.hold import hold_if_failed_below
+from hpcllm.bench.runner import run_vision_point, write_vision_settings
 from hpcllm.clusters import load_cluster
 
 logs.setup(snakemake.log[0])
 point = snakemake.params.point
-run_vision_point(
-    point,
-    snakemake.input.lmdb,
-    snakemake.output.log,
-    snakemake.output.record,
-    snakemake.output.settings,
-    load_cluster(point["cluster"]),
-    container=snakemake.params.container,
-    time_limit_s=snakemake.params.time_limit_s,
-    val_lmdb=snakemake.input.get("val"),
-)
+# A smaller point of the series failed in the network or at start-up: held, not run.
+if hold_if_failed_below(point, snakemake.output.log, snakemake.output.record):
+    write_vision_settings(point, snakemake.output.settings)
+else:
+    run_vision_point(
+        point,
+        snakemake.input.lmdb,
+        snakemake.output.log,
+        snakemake.output.record,
+        snakemake.output.settings,
+        load_cluster(point["cluster"]),
+        container=snakemake.params.container,
+        time_limit_s=snakemake.params.time_limit_s,
+        val_lmdb=snakemake.input.get("val"),
+    )

@@ -3,7 +3,9 @@
 A benchmark run that fails (out of memory at too few nodes, a node that dies) is a
 result, not a reason to stop the sweep: the run's record says how it failed, the bench
 job itself succeeds, and the summary shows the point as failed. To run a failed point
-again, force it (``snakemake --forcerun bench_language`` or delete its folder).
+again, force it (``snakemake --forcerun <its run.json>`` or delete its folder). A failure
+of the network or at start-up holds the larger points of its series instead of letting
+each of them meet it (:mod:`hpcllm.bench.hold`).
 The log is written under a temporary name and renamed when the run ends.
 
 Inside a container the commands run the image's Python, which has no ``hpcllm``
@@ -163,11 +165,16 @@ def run_vision_point(
     val_lmdb: str | None = None,
 ) -> dict:
     """Write the point's settings, run :mod:`hpcllm.bench.vision_train` on its nodes."""
+    write_vision_settings(point, settings_path)
+    launch = vision_launch(point, lmdb, settings_path, cluster, container, val_lmdb)
+    return run_launch(launch, point, log_path, record_path, time_limit_s)
+
+
+def write_vision_settings(point: dict, settings_path: str | Path) -> None:
+    """The settings file :mod:`hpcllm.bench.vision_train` reads (also a held point's)."""
     settings = {**point, "model": point["model"], "precision": point["precision"]}
     with atomic_paths(settings_path) as (tmp,):
         Path(tmp).write_text(json.dumps(settings, indent=1) + "\n")
-    launch = vision_launch(point, lmdb, settings_path, cluster, container, val_lmdb)
-    return run_launch(launch, point, log_path, record_path, time_limit_s)
 
 
 def vision_launch(

@@ -1,9 +1,11 @@
 """One row per run: every parameter of its sweep point, every metric, and a status.
 
 Status: ``ok``; a failure class from :mod:`hpcllm.failures.classify` (``out_of_memory``,
-``node_failure``, ``time_limit``, ``nccl_error``, ``cancelled``, ``error``); ``truncated``
-(the log was cut off: metrics are from the complete lines); ``no_iterations`` (the log
-holds no training record); ``missing`` (neither record nor log exists).
+``node_failure``, ``time_limit``, ``nccl_error``, ``rendezvous_error``, ``cancelled``,
+``error``); ``held`` (not run: a smaller point of its series failed in the network or at
+start-up, :mod:`hpcllm.bench.hold`; the row names it); ``truncated`` (the log was cut
+off: metrics are from the complete lines); ``no_iterations`` (the log holds no training
+record); ``missing`` (neither record nor log exists).
 """
 
 from __future__ import annotations
@@ -17,11 +19,14 @@ import pandas as pd
 
 from hpcllm.atomic import atomic_path
 from hpcllm.bench import metrics
+from hpcllm.bench.hold import HELD, nodes_text
 from hpcllm.bench.logparse import parse_megatron_log, parse_vision_log
 from hpcllm.failures.classify import classify_log
 
 log = logging.getLogger(__name__)
 GROUP = ["benchmark", "experiment", "model", "scaling", "precision"]
+# What a held point's record names: the point that holds it, its nodes, class and log.
+HOLD_COLUMNS = ("held_by", "held_by_nodes", "held_by_status", "held_by_log")
 
 
 def run_dir(results: str | Path, benchmark: str, point_id: str) -> Path:
@@ -38,6 +43,10 @@ def run_row(point: dict, directory: str | Path, slurm_logs: list[Path] = ()) -> 
     row["returncode"] = record.get("returncode")
     row["wall_time_s"] = record.get("wall_time_s")
     row["slurm_job_id"] = record.get("slurm_job_id")
+    if record.get("status") == HELD:  # not run: no metrics, not a failure of its own
+        row["status"] = HELD
+        row.update({k: record.get(k) for k in HOLD_COLUMNS})
+        return row
     if not log_path.is_file():
         row["status"] = record.get("status", "missing") if record else "missing"
         if row["status"] == "missing":
@@ -209,6 +218,7 @@ COMPACT_COLUMNS = (
     ("efficiency_batch_time", "eff batch", 2),
     ("tflops_per_gpu", "TFLOP/s/GPU", None),  # see SIGNIFICANT_DIGITS
     ("status", "status", None),
+    ("held_by_text", "held by", None),
 )
 # Columns rounded to significant digits instead: a CPU process's 0.004 TFLOP/s would
 # read 0.0 with one decimal.
@@ -235,6 +245,7 @@ def compact_table(df: pd.DataFrame) -> pd.DataFrame:
     images = df.get("images_per_s_per_gpu", pd.Series(math.nan, index=df.index))
     df["throughput_per_gpu"] = tokens.where(language, images)
     df["unit"] = ["tokens" if is_lang else "images" for is_lang in language]
+    df["held_by_text"] = [held_by_text(row) for _, row in df.iterrows()]
     out = pd.DataFrame(index=df.index)
     for col, heading, digits in COMPACT_COLUMNS:
         values = df[col] if col in df else pd.Series(math.nan, index=df.index)
@@ -246,6 +257,31 @@ def compact_table(df: pd.DataFrame) -> pd.DataFrame:
     return out.dropna(axis="columns", how="all").reset_index(drop=True)
 
 
+def held_by_text(row: pd.Series) -> str | None:
+    """A held row's "held by" cell: the nodes and failure class of the point holding it."""
+    if row.get("status") != HELD:
+        return None
+    return f"{nodes_text(int(row['held_by_nodes']))}, {row['held_by_status']}"
+
+
+def hold_notes(df: pd.DataFrame) -> list[str]:
+    """One line per point that holds others: which it holds, its class and log, and how
+    to release them."""
+    if "held_by" not in df:
+        return []
+    notes = []
+    held = df[df["status"] == HELD]
+    for holder, rows in held.groupby("held_by", sort=True):
+        first = rows.iloc[0]
+        record = str(Path(first["held_by_log"]).with_name("run.json"))
+        notes.append(
+            f"held, not run: {', '.join(rows['id'])}: {holder} failed with "
+            f"{first['held_by_status']} (log: {first['held_by_log']}); rerun it (delete "
+            f"its folder, or snakemake --forcerun {record}) and they run after it"
+        )
+    return notes
+
+
 def format_table(table: pd.DataFrame) -> str:
     """The compact table as fixed-width text (missing values blank), for logs and terminals."""
     if table.empty:
@@ -254,8 +290,9 @@ def format_table(table: pd.DataFrame) -> str:
 
 
 def write_compact(df: pd.DataFrame, path: str | Path) -> str:
-    """Write the compact table as text next to the full CSV; returns the text."""
-    text = format_table(compact_table(df)) + "\n"
+    """Write the compact table as text next to the full CSV, with a line on each point
+    that holds others; returns the text."""
+    text = "".join(line + "\n" for line in [format_table(compact_table(df)), *hold_notes(df)])
     with atomic_path(path) as tmp:
         Path(tmp).write_text(text)
     return text

@@ -382,7 +382,7 @@ def _peak(cluster: ClusterFacts, precision: str) -> float | None:
     return cluster.peak_tflops.get(key)
 
 
-def _point_id(exp: str, model: str, scaling: str, precision: str, nodes: int) -> str:
+def point_id(exp: str, model: str, scaling: str, precision: str, nodes: int) -> str:
     return f"{exp}.{model}.{scaling}.{precision}.n{nodes:04d}"
 
 
@@ -462,7 +462,7 @@ def _expand_language(name: str, exp: dict, cluster: ClusterFacts, notes: list[st
                         settings["eod_token"] = exp["eod_token"]
                     points.append(
                         Point(
-                            id=_point_id(name, model, scaling, precision, nodes),
+                            id=point_id(name, model, scaling, precision, nodes),
                             benchmark="language",
                             experiment=name,
                             model=model,
@@ -551,7 +551,7 @@ def _expand_vision(name: str, exp: dict, cluster: ClusterFacts, notes: list[str]
                 }
                 points.append(
                     Point(
-                        id=_point_id(name, model, scaling, precision, nodes),
+                        id=point_id(name, model, scaling, precision, nodes),
                         benchmark="vision",
                         experiment=name,
                         model=model,

@@ -4,7 +4,7 @@ One classifier for both: benchmarks record the class in their summary, training 
 decide from it whether Snakemake's next attempt may continue (``TRANSIENT``) or must stop.
 Causes are checked in the order below: a node that died or a time limit takes the job
 down with NCCL errors on every other rank, and an out-of-memory rank does the same, so
-the NCCL patterns come last.
+the NCCL patterns come after them, and the rendezvous' after the engine's own refusals.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ FAILURES = (
     "out_of_memory",
     "cancelled",
     "nccl_error",
+    "rendezvous_error",
     "missing_file",
     "config_error",
     "error",
@@ -28,7 +29,9 @@ FAILURES = (
 # Classes another attempt can get past: the job ran out of time, lost a node, was
 # preempted or signalled, or the network failed. Out of memory, a missing file or a
 # configuration the engine refuses fail the same way every time; a job a user cancelled
-# stays cancelled.
+# stays cancelled. The launchers not meeting at their rendezvous (a wrong host, an
+# interface that does not reach it) repeats too: it was an unnamed error before it had
+# its class, and is not retried either.
 TRANSIENT = frozenset({"node_failure", "time_limit", "signal", "preempted", "nccl_error"})
 
 # Slurm job/step states (sacct/squeue) that name the cause directly.
@@ -92,6 +95,20 @@ _PATTERNS: list[tuple[str, re.Pattern]] = [
             # Megatron-LM's argument checks (asserts in validate_args), our own refusals
             r"AssertionError|argparse|error: unrecognized arguments|error: argument|"
             r"ValueError: |CheckpointError: |DataError: |SettingsChanged: ",
+        ),
+    ),
+    (
+        # torchrun's c10d rendezvous and the TCP store of torch.distributed: the
+        # processes of the job never met (a wrong host, an unreachable interface or port).
+        # Only the messages of meeting, not DistNetworkError at large: a rank that fails
+        # ends the others' store connections, which they log as one too.
+        "rendezvous_error",
+        re.compile(
+            r"Rendezvous(?:Timeout|Connection)Error|TCP client failed to connect|"
+            r"The client socket has timed out after .* while trying to connect to|"
+            r"Timed out after \d+ seconds waiting for clients|"
+            r"The server socket has failed to (?:bind|listen)|"
+            r"network addresses of \(.*\) cannot be retrieved"
         ),
     ),
     (

@@ -435,7 +435,8 @@ def _changed_settings(save: Path, prepared, cluster) -> str | None:
 
 
 def sweep_status(workdir: Path, points: dict[str, dict], jobs) -> dict[str, dict[str, Any]]:
-    """Per benchmark experiment: points, done, running, failed {point: class}."""
+    """Per benchmark experiment: points, done, running, failed {point: class}, held
+    {point: the point holding it} (hpcllm.bench.hold: not run, not a failure of its own)."""
     out: dict[str, dict[str, Any]] = {}
     running = {
         j["comment"].split("_wildcards_", 1)[-1]
@@ -445,14 +446,17 @@ def sweep_status(workdir: Path, points: dict[str, dict], jobs) -> dict[str, dict
     for point_id, point in points.items():
         sweep = out.setdefault(
             point.get("experiment", point["benchmark"]),
-            {"points": 0, "done": 0, "running": 0, "failed": {}},
+            {"points": 0, "done": 0, "running": 0, "failed": {}, "held": {}},
         )
         sweep["points"] += 1
         record = workdir / "results" / "bench" / point["benchmark"] / point_id / "run.json"
         if record.is_file():
-            status = json.loads(record.read_text()).get("status", "ok")
+            data = json.loads(record.read_text())
+            status = data.get("status", "ok")
             if status == "ok":
                 sweep["done"] += 1
+            elif status == "held":
+                sweep["held"][point_id] = data.get("held_by")
             else:
                 sweep["failed"][point_id] = status
         elif point_id in running:
@@ -552,9 +556,10 @@ def format_status(
         lines.append("benchmarks")
     for name, s in sweeps.items():
         failed = ", ".join(f"{p} ({c})" for p, c in s["failed"].items()) or "none"
+        held = ", ".join(f"{p} (by {b})" for p, b in s.get("held", {}).items())
         lines.append(
             f"  {name}: {s['done']}/{s['points']} points done, {s['running']} running, "
-            f"failed: {failed}"
+            f"failed: {failed}" + (f", held: {held}" if held else "")
         )
     return "\n".join(lines) if lines else "nothing configured"
 
