@@ -108,8 +108,10 @@ def test_an_attempt_that_left_no_end_is_classified_from_slurm(tmp_path):
     assert "out_of_memory" in why
     # a job Slurm forgot (its batch host died): transient, and it made progress
     assert attempts.refusal(attempts.load(path), 2, 10, state_of=lambda job: None) is None
-    assert "added no iteration" in attempts.refusal(
-        attempts.load(path), 2, 0, state_of=lambda job: "NODE_FAIL"
+    # without progress: a node failure cut it short, a time limit did not
+    assert attempts.refusal(attempts.load(path), 2, 0, state_of=lambda job: "NODE_FAIL") is None
+    assert "ran until its time limit and added no iteration" in attempts.refusal(
+        attempts.load(path), 2, 0, state_of=lambda job: "TIMEOUT"
     )
 
 
@@ -136,9 +138,58 @@ def test_a_job_a_user_cancelled_is_not_retried_a_preempted_one_is(tmp_path):
     assert "failed with cancelled" in why and "job 77" in why
     assert attempts.refusal(attempts.load(path), 2, 12, state_of=lambda job: "PREEMPTED") is None
     assert attempts.refusal(attempts.load(path), 2, 12, state_of=lambda job: "FAILED") is None
-    # no progress: the chain stops naming Slurm's class, not the "signal" the job recorded
-    why = attempts.refusal(attempts.load(path), 2, 0, state_of=lambda job: "PREEMPTED")
-    assert "(job 77, preempted) added no iteration" in why
+    # no progress: a preemption cut it short, which says nothing about the next attempt
+    assert attempts.refusal(attempts.load(path), 2, 0, state_of=lambda job: "PREEMPTED") is None
+
+
+def _timed_attempt(tmp_path, ran_for, failure="signal", end=True):
+    """Attempt 1 of a job with an hour to run that trained nothing in ``ran_for`` seconds
+    (the margin and Slurm's signal lead: 600 s); ``end``: whether it recorded its end."""
+    path = tmp_path / "seg2.attempts.json"
+    entry = attempts.record_start(
+        path, 1, 12, environ={"SLURM_JOB_ID": "301"}, deadline=time.time() + 3600, time_lead=600
+    )
+    entry.started -= ran_for  # it started ran_for seconds ago, and ends now
+    entry.deadline -= ran_for
+    attempts._save(path, [entry])
+    if end:
+        attempts.record_end(path, entry, 12, failure, f"{failure} happened")
+    return path
+
+
+def test_an_attempt_killed_long_before_its_time_limit_gets_its_next_attempt(tmp_path):
+    """Issue 40: the engine SIGKILLed from outside 44 s into the start-up of an hour's
+    segment (class signal, no iteration) proves nothing about the runtime: attempt 2 runs.
+    An attempt that ran into its time limit without an iteration is refused."""
+    early = _timed_attempt(tmp_path / "early", 44)
+    assert attempts.refusal(attempts.load(early), 2, 12, state_of=lambda job: None) is None
+    late = _timed_attempt(tmp_path / "late", 3600 - 300)  # Slurm's --signal, 300 s before
+    why = attempts.refusal(attempts.load(late), 2, 12, state_of=lambda job: None)
+    assert "(job 301, signal) ran until its time limit and added no iteration" in why
+    assert "longer runtime" in why
+    # the engine's own stop for time is refused whenever it came
+    timed = _timed_attempt(tmp_path / "timed", 44, failure="time_limit")
+    assert "ran until" in attempts.refusal(attempts.load(timed), 2, 12, state_of=lambda j: None)
+
+
+def test_an_attempt_that_died_with_its_host_ended_when_it_last_renewed_its_lease(tmp_path):
+    """No end recorded and Slurm has forgotten the job: when it died is the last renewal of
+    the lease it left in the checkpoint folder."""
+    save = tmp_path / "ckpt"
+    save.mkdir()
+    path = _timed_attempt(tmp_path, 44, end=False)
+    (entry,) = attempts.load(path)
+    holder = lease.Holder(entry.job_id, entry.host, 1, entry.started + 30)
+    lease._write(save, holder)
+    entries = attempts.load(path)
+    assert attempts.refusal(entries, 2, 12, state_of=lambda j: None, save=save) is None
+    lease._write(save, lease.Holder(entry.job_id, entry.host, 1, entry.deadline - 100))
+    why = attempts.refusal(entries, 2, 12, state_of=lambda j: None, save=save)
+    assert "ran until its time limit and added no iteration" in why
+    # another job's lease tells nothing about this one: refused as before
+    lease._write(save, lease.Holder("999", entry.host, 1, entry.started + 30))
+    why = attempts.refusal(entries, 2, 12, state_of=lambda j: None, save=save)
+    assert "was not seen cut short from outside, and added no iteration" in why
 
 
 def test_a_new_snakemake_run_starts_a_new_chain_and_keeps_the_history(tmp_path):

@@ -1,6 +1,7 @@
 """A training segment's checkpoints and processes, on real tiny trainings: checksums
 recorded at commit and verified before a resume (both engines' layouts), progress
-counted from what an attempt trained, no engine outliving a segment stopped by Ctrl-C."""
+counted from what an attempt trained, an attempt cut short during its start-up retried,
+a segment's record kept through reruns, no engine outliving a segment stopped by Ctrl-C."""
 
 from __future__ import annotations
 
@@ -24,12 +25,13 @@ import torch
 from support import hang_guard
 
 from hpcllm.clusters import load_cluster
-from hpcllm.training.campaign import attempts
+from hpcllm.training.campaign import attempts, records
 from hpcllm.training.campaign.segment import SegmentIncomplete, run_segment
 from hpcllm.training.checkpoints import checksums
 from hpcllm.training.checkpoints import tracker as checkpoints
 from hpcllm.training.checkpoints.checksums import check_checksums, record_checksums
 from hpcllm.training.checkpoints.tracker import CheckpointError
+from hpcllm.training.plan import settings as tracked
 from hpcllm.training.plan.data import Blend
 from hpcllm.training.plan.experiment import Paths, prepare_experiment
 
@@ -273,6 +275,103 @@ def test_an_attempt_killed_between_saves_counts_what_it_trained(setup, first_seg
         attempts.load(attempts.attempts_path(log)), 2, PER_SEGMENT, state_of=lambda job: None
     )
     assert why is None, why
+
+
+def test_an_engine_killed_during_its_start_up_gets_its_next_attempt(setup, tmp_path, monkeypatch):
+    """Issue 40: the engine SIGKILLed from outside during a segment's start-up, the job
+    having an hour to run. It added no iteration, but it was cut short, not out of time:
+    the next attempt runs (it was refused with "Give the segment a longer runtime")."""
+    prepared, cluster, cache = setup
+    monkeypatch.setenv("SLURM_JOB_END_TIME", str(int(time.time()) + 3600))
+    paths = paths_in(tmp_path, 1, cache)
+    save = Path(paths.save)
+    done = threading.Event()
+
+    def kill_the_engine_once_it_runs() -> None:
+        deadline = time.time() + hang_guard(30)  # the data checks and the launch: ~5 s
+        while not done.is_set() and time.time() < deadline:
+            pids = engine_pids(save)
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+            if pids:
+                return
+            time.sleep(0.005)
+
+    killer = threading.Thread(target=kill_the_engine_once_it_runs)
+    killer.start()
+    try:
+        with pytest.raises(SegmentIncomplete, match="during the engine's start-up|before the"):
+            run_segment(NAME, prepared, 1, paths, cluster, attempt=1)
+    finally:
+        done.set()
+        killer.join()
+    why = attempts.refusal(
+        attempts.load(attempts.attempts_path(paths.engine_log)), 2, 0, state_of=lambda j: None
+    )
+    assert why is None, why
+    (entry,) = attempts.load(attempts.attempts_path(paths.engine_log))
+    assert (entry.failure, entry.reached_iteration, entry.logged_iteration) == ("signal", 0, None)
+    assert entry.deadline - entry.ended > 3000, entry  # ended far before its time limit
+
+
+def test_a_rerun_after_a_refused_settings_change_keeps_the_segments_record(
+    setup, first_segment, tmp_path
+):
+    """Issue 40: a changed lr is refused (Snakemake had deleted seg1.json before the job);
+    the rerun with the settings back finds segment 1 trained and restores the record of
+    the job that trained it, not one of its own with seconds 0.0."""
+    prepared, cluster, cache = setup
+    folder = copy_of(first_segment, tmp_path)  # the checkpoints, not seg1.json
+    shutil.copytree(first_segment / "logs", folder / "logs")
+    trained = (first_segment / "seg1.json").read_text()
+    paths = paths_in(folder, 1, cache)
+    experiment = prepared.experiment
+    other_lr = {**experiment, "optim": {**experiment["optim"], "lr": experiment["optim"]["lr"] / 2}}
+    with pytest.raises(tracked.SettingsChanged):
+        run_segment(NAME, dataclasses.replace(prepared, experiment=other_lr), 1, paths, cluster)
+    assert not Path(paths.record).exists()
+    record = run_segment(NAME, prepared, 1, paths, cluster)
+    assert Path(paths.record).read_text() == trained
+    assert (record["resumed_from_iteration"], record["first_iteration"]) == (0, 1)
+    assert record["seconds"] > 0
+
+
+def test_a_record_not_kept_is_written_as_trained_by_no_job(setup, first_segment, tmp_path):
+    """Checkpoints from before records were kept: the rerun of a trained segment says
+    plainly that it trained nothing, with no seconds or resume point of its own."""
+    prepared, cluster, cache = setup
+    folder = copy_of(first_segment, tmp_path)
+    shutil.copytree(first_segment / "logs", folder / "logs")
+    records.kept_path(folder / "ckpt", 1).unlink(missing_ok=True)
+    paths = paths_in(folder, 1, cache)
+    record = run_segment(NAME, prepared, 1, paths, cluster)
+    assert json.loads(Path(paths.record).read_text()) == record
+    assert record["trained_by_this_job"] is False and "trained nothing" in record["written_by"]
+    assert "seconds" not in record and "resumed_from_iteration" not in record, record
+    assert (record["first_iteration"], record["last_iteration"]) == (1, PER_SEGMENT)
+    assert not records.kept_path(folder / "ckpt", 1).exists()  # no history made up
+
+
+def test_a_segment_resumed_before_its_start_says_so_and_a_forced_rerun_keeps_it(
+    setup, first_segment, tmp_path
+):
+    """Issue 40: the tracker pointed back to iteration 15, segment 2 (iterations 31..60)
+    trains 16..60: its record says first_iteration 16, not 31 with resumed_from 15. A
+    forced rerun of segment 2 afterwards (the checkpoint at 60) keeps that record."""
+    prepared, cluster, cache = setup
+    folder = copy_of(first_segment, tmp_path)
+    checkpoints.write_tracker(folder / "ckpt", SAVE_EVERY)
+    paths = paths_in(folder, 2, cache)
+    record = run_segment(NAME, prepared, 2, paths, cluster)
+    assert (record["first_iteration"], record["resumed_from_iteration"]) == (
+        SAVE_EVERY + 1,
+        SAVE_EVERY,
+    )
+    assert record["last_iteration"] == 2 * PER_SEGMENT and record["seconds"] > 0
+    trained = Path(paths.record).read_text()
+    Path(paths.record).unlink()  # what Snakemake does before a forced job
+    assert run_segment(NAME, prepared, 2, paths, cluster) == record
+    assert Path(paths.record).read_text() == trained
 
 
 def test_ctrl_c_to_the_segment_leaves_no_engine_behind(setup, tmp_path):

@@ -159,6 +159,25 @@ def test_the_changed_segment_refuses_the_old_checkpoint_then_a_restart_trains_af
     assert settings["weights"]["optim.lr"] == 0.002
 
 
+def test_the_segments_records_survive_a_refused_change_and_a_forced_rerun(work):
+    """Issue 40: Snakemake deletes seg1.json before the job that refuses a changed lr; the
+    run with the lr back, and a --forcerun of seg1.json, find both segments trained and
+    restore the records of the jobs that trained them (not seconds 0.0, resumed_from 8)."""
+    results = work / f"results/train/{NAME}"
+    trained = {k: (results / f"seg{k}.json").read_text() for k in (1, 2)}
+    proc = snakemake(work, "--configfile", configure(work, optim__lr=0.002), check=False)
+    assert proc.returncode != 0 and not (results / "seg1.json").exists()
+    runs = launches(work, 1), launches(work, 2)
+    snakemake(work, "--configfile", configure(work))
+    assert {k: (results / f"seg{k}.json").read_text() for k in (1, 2)} == trained
+    proc = snakemake(
+        work, "--configfile", configure(work), "--forcerun", f"results/train/{NAME}/seg1.json"
+    )
+    assert "nothing to train" in (work / f"logs/train_segment/{NAME}/seg2.log").read_text()
+    assert {k: (results / f"seg{k}.json").read_text() for k in (1, 2)} == trained
+    assert (launches(work, 1), launches(work, 2)) == runs  # no engine started
+
+
 def test_a_forced_rerun_on_a_checkpoint_of_other_settings_is_refused(work):
     """Without Snakemake's params trigger (only file times), forcing the last segment: it
     must not report the old checkpoint as trained with the new settings."""

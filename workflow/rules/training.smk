@@ -55,7 +55,8 @@ rule train_segment:
         k=r"[1-9]\d*",
     # A segment that stopped for a transient reason (time limit, node failure,
     # preemption, a signal) is resubmitted and resumes from the newest checkpoint; the
-    # attempt itself refuses to train after a deterministic failure or no progress.
+    # attempt itself refuses to train after a deterministic failure, or after an attempt
+    # that ran until its time limit without progress (one cut short from outside retries).
     # Only the controller retries: inside a Slurm job a retry would run in the same
     # allocation, whose time is up.
     # In a chain the chain's jobs make the attempts (hpcllm.training.campaign.chain).

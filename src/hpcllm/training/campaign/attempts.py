@@ -7,14 +7,18 @@ attempt leaves an entry in ``logs/train_segment/<experiment>/seg<k>.attempts.jso
 checkpoint iteration it started from and reached, and its failure class
 (:mod:`hpcllm.failures.classify`).
 
-The next attempt runs only while attempts make progress and fail for a transient reason
-(time limit, node failure, preemption, a signal, NCCL). A deterministic failure (out of
-memory, a missing file, a configuration the engine refuses) or an attempt that trained no
-iteration stops the chain with its class and job id. Progress is what the attempt trained
-(the iterations its engine logged), not only what it saved: an engine killed between two
-saves trained, and the next attempt may well reach the save. An attempt that left no end
-record (its batch host died, or the time limit killed it) is classified from Slurm's state
-of its job, and from its progress (its part of the engine log).
+The next attempt runs only while attempts fail for a transient reason (time limit, node
+failure, preemption, a signal, NCCL) and do not run out of time without progress. A
+deterministic failure (out of memory, a missing file, a configuration the engine refuses)
+stops the chain with its class and job id; so does an attempt that ran until its job's
+time limit and trained no iteration (the runtime is too short for the start-up). An
+attempt cut short from outside (preempted, its node failed, killed long before its time
+limit) proves nothing about the runtime: the next attempt runs even when it trained
+nothing. Progress is what the attempt trained (the iterations its engine logged), not only
+what it saved: an engine killed between two saves trained, and the next attempt may well
+reach the save. An attempt that left no end record (its batch host died, or the time limit
+killed it) is classified from Slurm's state of its job, its progress from its part of the
+engine log, and its end from the last renewal of its checkpoint-folder lease.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pathlib import Path
 
 from hpcllm.atomic import atomic_path
 from hpcllm.failures.classify import classify_text, is_transient
+from hpcllm.training.checkpoints import lease
 from hpcllm.training.checkpoints.lease import squeue_job
 from hpcllm.training.engines.log_lines import parse_log_lines
 
@@ -45,6 +50,10 @@ class Attempt:
     ended: float | None = None
     logged_iteration: int | None = None  # the last iteration its engine logged
     log_offset: int | None = None  # where its part of the engine log starts
+    deadline: float | None = None  # when its job's time ends (None: no limit known)
+    # seconds before the deadline from which the segment stops for time (its margin, or
+    # Slurm's --signal): an attempt that ended before then did not run out of time
+    time_lead: float | None = None
 
 
 def attempts_path(engine_log: str | os.PathLike) -> Path:
@@ -73,7 +82,13 @@ def current_chain(attempts: list[Attempt]) -> list[Attempt]:
 
 
 def record_start(
-    path, attempt: int, start_iteration: int, environ=os.environ, log_offset: int | None = None
+    path,
+    attempt: int,
+    start_iteration: int,
+    environ=os.environ,
+    log_offset: int | None = None,
+    deadline: float | None = None,
+    time_lead: float | None = None,
 ) -> Attempt:
     """Append this attempt's entry before anything runs."""
     entry = Attempt(
@@ -83,6 +98,8 @@ def record_start(
         start_iteration=start_iteration,
         started=time.time(),
         log_offset=log_offset,
+        deadline=deadline,
+        time_lead=time_lead,
     )
     _save(path, [*load(path), entry])
     return entry
@@ -142,15 +159,50 @@ def classify_unfinished(entry: Attempt, state: str | None) -> str:
     return classify_text("", state) or "node_failure"
 
 
+def last_alive(entry: Attempt, save: str | os.PathLike | None) -> float | None:
+    """When attempt ``entry`` ended: recorded at its end, or, when it recorded none (its
+    host died with it), the last renewal of the checkpoint folder's lease it left behind
+    (renewed every ``lease.RENEW_SECONDS``); None when neither tells."""
+    if entry.ended is not None:
+        return entry.ended
+    holder = lease.read(save) if save is not None else None
+    if holder and (holder.job_id, holder.host) == (entry.job_id, entry.host):
+        return holder.renewed
+    return None
+
+
+def ran_out_of_time(
+    entry: Attempt, state: str | None, save: str | os.PathLike | None = None
+) -> bool | None:
+    """Whether attempt ``entry`` ran until its job's time limit (True) or was cut short
+    from outside (False: Slurm's state says preempted or node failure, or it ended well
+    before its time limit: a kill, a crash of its node); None when nothing tells. Outside
+    Slurm no time limit stops a segment."""
+    slurm = classify_text("", state)
+    if slurm in ("preempted", "node_failure"):
+        return False
+    if slurm == "time_limit" or entry.failure == "time_limit":
+        return True
+    ended = last_alive(entry, save)
+    if ended is None:
+        return None
+    if entry.deadline is None:
+        return False if entry.job_id is None else None  # a Slurm job of unknown limit
+    # slack: the lease's renewal period (an end read from the lease is up to that early)
+    return ended >= entry.deadline - (entry.time_lead or 0) - lease.RENEW_SECONDS
+
+
 def refusal(
     attempts: list[Attempt],
     attempt: int,
     latest_iteration: int,
     state_of=slurm_state,
     engine_log: str | os.PathLike | None = None,
+    save: str | os.PathLike | None = None,
 ) -> str | None:
     """Why attempt ``attempt`` must not run (a message naming class and job id), or None.
-    ``engine_log`` gives the iterations of an attempt that recorded no end."""
+    ``engine_log`` gives the iterations of an attempt that recorded no end, and the lease
+    in the checkpoint folder ``save`` when it ended."""
     if attempt <= 1:
         return None
     previous = [a for a in current_chain(attempts) if a.attempt < attempt]
@@ -171,11 +223,15 @@ def refusal(
             f"would repeat: {last.message or 'see its logs'}. Fix the cause and rerun."
         )
     trained = trained_to(last, engine_log)
-    if max(latest_iteration, trained or 0) <= last.start_iteration:
-        return (
-            f"attempt {last.attempt} ({job}, {failure or 'no class'}) added no iteration "
-            f"(its engine trained none past iteration {last.start_iteration}, the checkpoint "
-            f"is still at iteration {latest_iteration}): a further attempt would most likely "
-            "do the same. Give the segment a longer runtime or look at its logs, then rerun."
-        )
-    return None
+    if max(latest_iteration, trained or 0) > last.start_iteration:
+        return None
+    ran_out = ran_out_of_time(last, state, save)
+    if ran_out is False:
+        return None  # cut short from outside: it says nothing about the next attempt
+    how = "ran until its time limit and" if ran_out else "was not seen cut short from outside, and"
+    return (
+        f"attempt {last.attempt} ({job}, {failure or 'no class'}) {how} added no iteration "
+        f"(its engine trained none past iteration {last.start_iteration}, the checkpoint "
+        f"is still at iteration {latest_iteration}): a further attempt would most likely "
+        "do the same. Give the segment a longer runtime or look at its logs, then rerun."
+    )

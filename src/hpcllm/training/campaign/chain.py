@@ -15,10 +15,12 @@ issues 133 and 109, snakemake issue 4084), so a campaign that must outlive its c
   (:func:`hpcllm.training.campaign.segment.run_segment`: the lease, the settings check, the
   attempts file; never Snakemake's records). At its end it cancels its successor when the
   campaign is complete, or when the next attempt would be refused (a deterministic class,
-  an attempt that added no iteration, ``max_attempts`` of the segment used): so after a
-  deterministic failure in segment 2, segment 3 never starts on GPUs. At most two jobs of
-  an experiment are in Slurm at once, and the successor waits for its predecessor to end:
-  one writer per checkpoint folder, which the lease guarantees anyway.
+  an attempt that ran until its time limit and added no iteration, ``max_attempts`` of the
+  segment used): so after a deterministic failure in segment 2, segment 3 never starts on
+  GPUs. At most two jobs of an experiment are in Slurm at once, and the successor waits for
+  its predecessor to end: one writer per checkpoint folder, which the lease guarantees
+  anyway. The job that trains a segment keeps its record's copy in ``chain/seg<k>.json``
+  (:mod:`hpcllm.training.campaign.records`), which the controller copies back.
 - A stopped chain leaves ``chain/stopped.json`` (segment, class, job id, message); the
   jobs submitted are logged in ``chain/jobs.jsonl``.
 - The controller run again (:func:`wait_for_segment`) submits nothing while the chain is
@@ -62,7 +64,7 @@ from typing import Any
 from hpcllm.atomic import atomic_path
 from hpcllm.failures.classify import classify_text, is_transient
 from hpcllm.launch import clean_environment as _clean_environment
-from hpcllm.training.campaign import attempts
+from hpcllm.training.campaign import attempts, records
 from hpcllm.training.checkpoints import lease
 from hpcllm.training.checkpoints import tracker as checkpoints
 
@@ -563,7 +565,6 @@ def step(campaign_file: str | os.PathLike, environ: Mapping[str, str] = os.envir
         _stop(campaign, segment, failure, me, f"{type(e).__name__}: {e}")
         cancel([successor] if successor else [])
         raise
-    keep_record(campaign, segment)
     if next_segment(campaign) is None:
         log.info("%s: the campaign is complete", campaign.name)
         cancel([successor] if successor else [])
@@ -630,24 +631,11 @@ def _lease_held(
     return 1
 
 
-def kept_record(campaign: Campaign, segment: int) -> Path:
-    """The chain's own copy of a segment's result record (Snakemake deletes the output of
-    a job it reruns; this copy it does not know)."""
-    return campaign.folder() / f"seg{segment}.json"
-
-
-def keep_record(campaign: Campaign, segment: int) -> None:
-    record = Path(campaign.workdir) / campaign.paths(segment).record
-    if record.is_file():
-        with atomic_path(kept_record(campaign, segment)) as tmp:
-            tmp.write_bytes(record.read_bytes())
-
-
 # ---- on the login node
 
 
 def commit_record(campaign: Campaign, segment: int, settled: bool = False) -> bool:
-    """Write segment ``segment``'s result record from the chain's copy when the checkpoint
+    """Write segment ``segment``'s result record from its kept copy when the checkpoint
     reached its target and was trained with the current settings; whether it did.
     ``settled``: no chain job runs, so a missing copy will not come (made from the log)."""
     from hpcllm.models.megatron_args import transformer_impl_for
@@ -663,11 +651,11 @@ def commit_record(campaign: Campaign, segment: int, settled: bool = False) -> bo
         raise tracked.SettingsChanged(
             tracked.refusal_message(campaign.name, campaign.save, changed)
         )
-    kept = kept_record(campaign, segment)
+    kept = records.kept(Path(campaign.workdir) / campaign.save, segment, campaign.target(segment))
     record = Path(campaign.workdir) / campaign.paths(segment).record
     record.parent.mkdir(parents=True, exist_ok=True)
-    if kept.is_file():
-        text = kept.read_text()
+    if kept is not None:
+        text = kept
     elif settled:  # committed before the chain kept records (or by a run without one)
         text = json.dumps(_record_from_log(campaign, segment), indent=2) + "\n"
     else:
@@ -679,25 +667,14 @@ def commit_record(campaign: Campaign, segment: int, settled: bool = False) -> bo
 
 def _record_from_log(campaign: Campaign, segment: int) -> dict[str, Any]:
     """A committed segment's record from its engine log (the fields the job would write)."""
-    from hpcllm.training.engines.log_lines import parse_log_lines
-
-    exp, stop = campaign.prepared.experiment, campaign.target(segment)
-    engine_log = Path(campaign.workdir) / campaign.paths(segment).engine_log
-    text = engine_log.read_text(errors="replace") if engine_log.is_file() else ""
-    lines = [r for r in parse_log_lines(text) if r["iteration"] <= stop]
-    return {
-        "experiment": campaign.name,
-        "engine": exp["engine"],
-        "segment": segment,
-        "segments": exp["segments"],
-        "first_iteration": campaign.target(segment - 1) + 1,
-        "last_iteration": stop,
-        "consumed_samples": stop * campaign.prepared.layout.global_batch,
-        "lm_loss": lines[-1].get("lm loss") if lines else None,
-        "gpus": campaign.prepared.layout.gpus,
-        "checkpoint": str(checkpoints.iteration_dir(campaign.save, stop)),
-        "written_by": "the controller, from the engine log (the chain kept no record)",
-    }
+    return records.untrained(
+        campaign.name,
+        campaign.prepared,
+        segment,
+        campaign.save,
+        Path(campaign.workdir) / campaign.paths(segment).engine_log,
+        "the controller, from the engine log (the chain kept no record)",
+    )
 
 
 def describe_jobs(jobs: list[dict[str, str]], running_segment: int | None = None) -> str:

@@ -13,7 +13,6 @@ checkpoint folder's lease (:mod:`hpcllm.training.checkpoints.lease`): one writer
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -23,7 +22,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hpcllm.atomic import atomic_path
 from hpcllm.failures.classify import (
     classify_text,
     killed_by_sigkill,
@@ -32,7 +30,7 @@ from hpcllm.failures.classify import (
 )
 from hpcllm.models.megatron_args import exit_duration_minutes, transformer_impl_for
 from hpcllm.progress import Progress
-from hpcllm.training.campaign import attempts
+from hpcllm.training.campaign import attempts, records
 from hpcllm.training.campaign.engine_process import Signals, run_launch, segment_launch
 from hpcllm.training.checkpoints import lease
 from hpcllm.training.checkpoints import tracker as checkpoints
@@ -125,6 +123,16 @@ def warn_early_signal(experiment: dict[str, Any], left: float | None) -> float |
     return left
 
 
+def time_lead(experiment: dict[str, Any]) -> float:
+    """Seconds before its job's end from which a segment stops for time: the engine exits
+    ``margin_seconds`` before it, Slurm's --signal comes up to ``signal_seconds`` + 30 s
+    before it."""
+    limits = experiment.get("time") or {}
+    return max(
+        limits.get("margin_seconds") or 0, (limits.get("signal_seconds") or 0) + SLURM_SIGNAL_PERIOD
+    )
+
+
 def iteration_progress(what: str, engine_log: Path, start: int, stop: int) -> Callable[[], None]:
     """Reads the iterations the engine logged since now; a progress line (iterations of
     this segment, rate, ETA) at the progress interval."""
@@ -170,7 +178,11 @@ def run_segment(
     record_file = attempts.attempts_path(paths.engine_log)
     start_iteration = checkpoints.latest_iteration(paths.save) or 0
     why = attempts.refusal(
-        attempts.load(record_file), attempt, start_iteration, engine_log=paths.engine_log
+        attempts.load(record_file),
+        attempt,
+        start_iteration,
+        engine_log=paths.engine_log,
+        save=paths.save,
     )
     if why:
         raise SegmentRefused(f"segment {segment} of {name}, attempt {attempt} not run: {why}")
@@ -178,7 +190,16 @@ def run_segment(
         log.info("lease on %s: %s", paths.save, holder.describe())
         start_iteration = checkpoints.latest_iteration(paths.save) or 0
         log_offset = _size(paths.engine_log)
-        entry = attempts.record_start(record_file, attempt, start_iteration, log_offset=log_offset)
+        left = remaining_job_seconds()
+        deadline = time.time() + left if left is not None else None
+        entry = attempts.record_start(
+            record_file,
+            attempt,
+            start_iteration,
+            log_offset=log_offset,
+            deadline=deadline,
+            time_lead=time_lead(prepared.experiment) if deadline is not None else None,
+        )
 
         def end(failure: str | None, message: str = "", reached: int | None = None) -> None:
             if reached is None:
@@ -187,7 +208,9 @@ def run_segment(
             attempts.record_end(record_file, entry, reached, failure, message, logged)
 
         try:
-            record = _train_segment(name, prepared, segment, paths, cluster, container, signals)
+            record = _train_segment(
+                name, prepared, segment, paths, cluster, container, signals, deadline
+            )
         except SegmentIncomplete as e:
             end(e.failure, str(e))
             if signals.interrupted:  # Ctrl-C: the engine has stopped; end as Ctrl-C ends
@@ -220,7 +243,10 @@ def _train_segment(
     cluster,
     container: str | None,
     signals: Signals,
+    deadline: float | None = None,
 ) -> dict[str, Any]:
+    """Train to the segment's target; ``deadline``: when the job's time ends (None: no
+    limit)."""
     from hpcllm.clusters import MEGATRON_IN_IMAGE
     from hpcllm.launch import python_for
 
@@ -238,10 +264,19 @@ def _train_segment(
     )
     check_checksums(paths.save)
     check_segment_data(prepared)
+    if start_iteration >= stop:
+        log.warning(
+            "%s already holds iteration %d >= this segment's target %d: nothing to train",
+            paths.save,
+            start_iteration,
+            stop,
+        )
+        # A rerun (forced, or after Snakemake deleted the record) keeps the segment's history.
+        return records.settled(name, prepared, segment, paths, start_iteration)
     started = time.time()
     engine_log = Path(paths.engine_log)
     log_offset = engine_log.stat().st_size if engine_log.exists() else 0
-    if start_iteration < stop and signals.received is None:
+    if signals.received is None:
         command = engine_command(
             experiment,
             layout,
@@ -249,7 +284,7 @@ def _train_segment(
             prepared.tokenizer_files,
             paths,
             segment,
-            exit_duration(experiment, warn_early_signal(experiment, remaining_job_seconds())),
+            exit_duration(experiment, warn_early_signal(experiment, _left(deadline))),
             eod_token=prepared.eod_token,
             transformer_impl=transformer_impl_for(cluster),
             python=python_for(container),
@@ -281,13 +316,6 @@ def _train_segment(
         oom_kills = (oom_after or 0) - (oom_before or 0) if oom_before is not None else 0
     else:
         rc, oom_kills = None, 0
-    if start_iteration >= stop:
-        log.warning(
-            "%s already holds iteration %d >= this segment's target %d: nothing to train",
-            paths.save,
-            start_iteration,
-            stop,
-        )
     reached = checkpoints.latest_iteration(paths.save) or 0
     if reached < stop:
         text = engine_log.read_text(errors="replace")[log_offset:] if engine_log.exists() else ""
@@ -323,7 +351,9 @@ def _train_segment(
         "engine": experiment["engine"],
         "segment": segment,
         "segments": experiment["segments"],
-        "first_iteration": target_iteration(experiment, segment - 1) + 1,
+        # the segment's first iteration, or earlier where the checkpoint was (a changed
+        # iterations_per_segment, a checkpoint pointed back): this job trained from there
+        "first_iteration": min(target_iteration(experiment, segment - 1), start_iteration) + 1,
         "last_iteration": stop,
         "resumed_from_iteration": start_iteration,
         "consumed_samples": stop * layout.global_batch,
@@ -339,9 +369,12 @@ def _train_segment(
                         experiment["model"]["seq_length"], experiment.get("log_interval", 1))  # fmt: skip
     if energy:
         record["energy_j"], record["energy_tokens"] = round(energy[0], 3), energy[1]
-    with atomic_path(paths.record) as tmp:
-        tmp.write_text(json.dumps(record, indent=2) + "\n")
+    records.write_trained(record, paths)
     return record
+
+
+def _left(deadline: float | None) -> float | None:
+    return deadline - time.time() if deadline is not None else None
 
 
 def segment_failure(
