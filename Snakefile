@@ -5,8 +5,8 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 # Command-line traps of the config options (a target read as a config file, a second
-# --configfile) and the built-in config's YAML syntax, named before the config is read and
-# checked (hpcllm/commandline.py).
+# --configfile), the built-in config's YAML syntax and keys given twice in a config file,
+# named before the config is read and checked (hpcllm/commandline.py).
 import os
 import sys
 
@@ -26,6 +26,16 @@ if workflow.is_main_process:
 _problem = commandline.yaml_syntax_error("config/config.yaml")
 if _problem:
     raise WorkflowError(_problem)
+# A key given twice in one config file: Snakemake's YAML loader keeps the last one silently.
+# Jobs re-read the files the controller has checked.
+if workflow.is_main_process:
+    _problems = [
+        p
+        for _path in ["config/config.yaml", *workflow.overwrite_configfiles]
+        for p in commandline.duplicate_keys(_path)
+    ]
+    if _problems:
+        raise WorkflowError("\n".join(_problems))
 
 
 configfile: "config/config.yaml"

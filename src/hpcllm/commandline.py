@@ -4,7 +4,9 @@
   is read as a config file (``snakemake --configfile my.yaml results/x.json``);
 - a second ``--configfile`` replaces the first (argparse keeps the last list);
 - a YAML syntax error in the built-in config file is reported by Snakemake without file or
-  line (a ``--configfile``'s is too, but Snakemake reads those before the Snakefile).
+  line (a ``--configfile``'s is too, but Snakemake reads those before the Snakefile);
+- a key given twice in one mapping of a config file: YAML loaders keep the last value
+  without a word (Snakemake's included), so the first one is silently lost.
 """
 
 from __future__ import annotations
@@ -100,3 +102,75 @@ def yaml_syntax_error(path: str | os.PathLike) -> str | None:
     except yaml.YAMLError as e:
         return f"{path}: YAML syntax error: {e}"
     return None
+
+
+def shown_path(path: str | os.PathLike) -> str:
+    """``path`` as a message shows it: relative to the working directory where it is
+    inside it (Snakemake makes the --configfile paths absolute), else as it is."""
+    relative = os.path.relpath(os.path.abspath(path))
+    outside = relative == os.pardir or relative.startswith(os.pardir + os.sep)
+    return str(path) if outside else relative
+
+
+def duplicate_keys(path: str | os.PathLike) -> list[str]:
+    """``file:line: key a.b.c is given twice ...`` for each key repeated within one mapping
+    of the YAML (or JSON) file ``path``; [] when there is none or it does not parse (its
+    syntax error is reported elsewhere)."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            root = yaml.compose(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (OSError, yaml.YAMLError):
+        return []
+    problems: list[str] = []
+    shown = shown_path(path)
+    seen_nodes: set[int] = set()  # an alias points at a node already walked
+
+    def walk(node, keys: list[str]) -> None:
+        if id(node) in seen_nodes:
+            return
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict[tuple[str, str], int] = {}
+            for key_node, value_node in node.value:
+                if not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: *defaults`: keys given beside it override it, by design
+                name = [*keys, key_node.value]
+                line = key_node.start_mark.line + 1
+                # The resolved tag with the text: `1` and `"1"` are different keys.
+                ident = (key_node.tag, key_node.value)
+                if ident in first:
+                    problems.append(
+                        f"{shown}:{line}: key {'.'.join(name)} is given twice in this file "
+                        f"(first at line {first[ident]}); YAML keeps only the last value, "
+                        "silently. Remove one of them (or merge what each one sets)."
+                    )
+                else:
+                    first[ident] = line
+                walk(value_node, name)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                walk(item, [*keys[:-1], f"{keys[-1]}[{i}]"] if keys else [f"[{i}]"])
+
+    if root is not None:
+        walk(root, [])
+    return problems
+
+
+def read_config_files(paths: Iterable[str | os.PathLike]) -> list[tuple[str, object]]:
+    """(path, content) of each config file that exists and parses, in the order given (for
+    the messages that name the file a key came from)."""
+    import yaml
+
+    files = []
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+            files.append((shown_path(path), data))
+        except (OSError, yaml.YAMLError):
+            continue
+    return files

@@ -17,7 +17,7 @@ from support import REPO
 
 from hpcllm.evaluation.model import EvaluationError
 from hpcllm.evaluation.run import stage_tasks
-from hpcllm.evaluation.tasks import plan_problems, resolve_task, staging_problem
+from hpcllm.evaluation.tasks import plan_problems, resolve_task, staging_problem, unknown_tasks
 
 TASKS_DIR = REPO / "resources" / "eval_tasks"  # the shipped tasks
 
@@ -112,6 +112,47 @@ def test_unknown_task_is_named_with_the_key():
         EvaluationError, match=r"training.experiments.x.evaluate.tasks: no task 'no_such_task'"
     ):
         resolve_task("no_such_task", TASKS_DIR, None, "training.experiments.x.evaluate.tasks")
+
+
+def test_unknown_tasks_are_named_at_plan_time_with_the_known_ones():
+    """On every site, before training (issue 40 item 9); lm-eval's task files are read,
+    nothing is looked up online."""
+    key = "training.experiments.x.evaluate.tasks"
+    assert unknown_tasks("x", ["module_purpose", "arc_easy", "hellaswag"], TASKS_DIR) == []
+    problems = unknown_tasks("x", ["module_purpose", "no_such_task", "arc_esy", "mmlu"], TASKS_DIR)
+    assert len(problems) == 3
+    assert problems[0].startswith(
+        f"{key}: no task 'no_such_task': neither {TASKS_DIR / 'no_such_task.yaml'} (this "
+        "project's tasks: module_purpose) nor one of lm-eval's "
+    )
+    assert problems[0].endswith(
+        " tasks (`lm-eval ls tasks` lists them). Correct the name, or add a task file there "
+        "(docs/evaluation.md)."
+    )
+    assert "tasks (closest: arc_easy, " in problems[1]
+    assert problems[2].startswith(f"{key}: 'mmlu' is a group of lm-eval's tasks (")
+    assert "name its tasks one by one" in problems[2]
+
+
+def test_no_tasks_does_not_start_lm_eval(tmp_path, monkeypatch):
+    """evaluate.tasks: [] is perplexity only; lm-eval stops on an empty list ("No tasks
+    specified"). The workflow plans no tasks job; asked for by name, it records none."""
+    from hpcllm.evaluation import harness
+    from hpcllm.evaluation.run import evaluate_tasks
+
+    def no_lm_eval(*args, **kwargs):
+        raise AssertionError("lm-eval started without tasks")
+
+    monkeypatch.setattr(harness, "run_tasks", no_lm_eval)
+    folder = tmp_path / "results/export/tiny/iter_0000030"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "export.json").write_text('{"iteration": 30}')
+    (tmp_path / "tasks.json").write_text('{"tasks": []}')
+    record = evaluate_tasks(str(folder / "export.json"), str(tmp_path / "tasks.json"), 30,
+                            shots=0, limit=None, output=str(tmp_path / "out.json"),
+                            cache_dir=str(tmp_path / "cache"), requested_device="cpu")  # fmt: skip
+    assert record["tasks"] == {} and json.loads((tmp_path / "out.json").read_text()) == record
 
 
 def test_perplexity_on_the_validation_split(export_record, tokenized):

@@ -119,3 +119,20 @@ def test_a_cluster_profile_plans_export_and_evaluation_with_their_cost(tmp_path)
         assert line in cost, cost[:1500]
     block = re.search(r"^rule evaluate_tasks:\n(.*?)\n\n", out, re.S | re.M).group(1)
     assert "gres=gpu:1" in block and "slurm_partition=booster" in block, block
+
+
+def test_no_tasks_evaluates_the_perplexity_alone(evaluated):
+    """evaluate.tasks: [] is documented as perplexity only; the tasks job failed in lm-eval
+    ("No tasks specified"), leaving no scores and a stale results page (issue 40 item 9).
+    Now no tasks job is planned, and the table is written again from the perplexity (the
+    same export and settings: that job is not rerun). Last in this module: it changes the
+    table the tests above read."""
+    proc = run_snakemake(evaluated, SCORES, "--profile", "profiles/local", "--configfile",
+                         configure(evaluated, tasks=[]))  # fmt: skip
+    assert planned(proc.stdout + proc.stderr) == {"evaluation_table": 1}
+    with open(evaluated / SCORES) as f:
+        rows = list(csv.DictReader(f))
+    assert [r["task"] for r in rows] == [
+        "validation perplexity (sample_en)",
+        "validation perplexity (all)",
+    ]

@@ -59,3 +59,22 @@ def test_table_and_page_show_the_current_exports_scores_only(tmp_path):
     with pytest.raises(EvaluationError, match="measured on another export"):
         write_table("tiny", str(tmp_path / "tasks.json"), str(tmp_path / "perplexity.json"),
                     str(export), table)  # fmt: skip
+
+
+def test_no_tasks_makes_a_table_of_the_perplexity_alone(tmp_path):
+    """evaluate.tasks: [] (perplexity only): no tasks record; lm-eval refuses an empty list."""
+    export = tmp_path / "results/export/tiny/iter_0000030/export.json"
+    export.parent.mkdir(parents=True)
+    export.write_text('{"iteration": 30}')
+    _, ppl = records(tmp_path, export)
+    table = tmp_path / "results/eval/tiny/scores.csv"
+    rows = write_table("tiny", None, ppl, str(export), table)
+    assert [r["task"] for r in rows] == [
+        "validation perplexity (sample_en)",
+        "validation perplexity (all)",
+    ]
+    assert {r["iteration"] for r in rows} == {30} and rows[0]["export_digest"] == file_digest(
+        export
+    )
+    shown, why = current_scores(table, export, 30)
+    assert why is None and len(shown) == 2

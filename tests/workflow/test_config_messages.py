@@ -7,7 +7,12 @@ import shutil
 import pytest
 from support import REPO, run_snakemake
 
-from hpcllm.commandline import repeated_configfile, target_like_configfiles, yaml_syntax_error
+from hpcllm.commandline import (
+    duplicate_keys,
+    repeated_configfile,
+    target_like_configfiles,
+    yaml_syntax_error,
+)
 from hpcllm.configuration import vision_split_errors
 from hpcllm.text.tokenizers_config import retrain_warning
 
@@ -75,6 +80,30 @@ def test_a_yaml_syntax_error_names_file_line_and_column(tmp_path):
     assert yaml_syntax_error(path) is None
 
 
+def test_a_key_given_twice_in_a_config_file_is_named_by_file_line_and_key(tmp_path):
+    """YAML loaders, Snakemake's included, keep the last value silently (issue 40 item 9)."""
+    path = tmp_path / "my.yaml"
+    path.write_text(
+        "text:\n  sources:\n    web:\n      type: local\n      files: a.jsonl\n"
+        "      max_documents: 10\n      max_documents: 20\n"
+        "base: &base {shots: 0}\nevaluate:\n  <<: *base\n  shots: 1\n"
+        "lists:\n  - {a: 1}\n  - {a: 1, a: 2}\n"
+    )
+    assert duplicate_keys(path) == [
+        f"{path}:7: key text.sources.web.max_documents is given twice in this file (first "
+        "at line 6); YAML keeps only the last value, silently. Remove one of them (or merge "
+        "what each one sets).",
+        f"{path}:14: key lists[1].a is given twice in this file (first at line 14); YAML "
+        "keeps only the last value, silently. Remove one of them (or merge what each one "
+        "sets).",
+    ]
+    # A key beside a merge (<<) overrides it, as YAML means it; keys equal in text only.
+    path.write_text("a: &x {k: 1}\nb:\n  <<: *x\n  k: 2\n1: one\n'1': text\n")
+    assert duplicate_keys(path) == []
+    path.write_text("a: [1\n")  # a syntax error is said elsewhere
+    assert duplicate_keys(path) == [] and duplicate_keys(tmp_path / "missing.yaml") == []
+
+
 @pytest.mark.workflow
 def test_a_dry_run_says_why_a_new_source_retrains_the_tokenizer(workdir):
     # As after a run of the built-in config: the tokenizer and every source's shards exist.
@@ -101,6 +130,11 @@ def test_a_dry_run_says_why_a_new_source_retrains_the_tokenizer(workdir):
         "extra is new (no shard tokenized yet)" in out
     ), out[-3000:]
     assert "text.tokenizers.sample_bpe.sources: [sample_en, sample_multilingual, fineweb]" in out
+    # The examples' cap on fineweb is said in the plan, with the file that sets it.
+    assert (
+        "text.sources.fineweb reads at most 200 documents (max_documents, set in "
+        f"{REPO / 'config/examples/local.yaml'}), split evenly over its 2 shards." in out
+    )
 
 
 @pytest.mark.workflow

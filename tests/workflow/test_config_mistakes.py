@@ -118,3 +118,57 @@ def test_a_dry_run_refuses_an_account_the_slurm_plugin_would_cut(workdir):
         "the profile's default-resources takes slurm_account from $HPCLLM_ACCOUNT, which is "
         "'proj1\\nproj2': an account is one name" in out
     ), out[-3000:]
+
+
+@pytest.mark.workflow
+def test_a_dry_run_refuses_a_source_that_inherits_an_example_sources_keys(workdir):
+    """README's way to add one's sources to the examples: --configfile
+    config/examples/local.yaml my.yaml. A local `fineweb` there got the example hub
+    source's dataset, mirror, name and max_documents (issue 40 item 8)."""
+    (workdir / "mine").mkdir()
+    (workdir / "mine/docs.jsonl").write_text('{"text": "mine"}\n')
+    (workdir / "my.yaml").write_text(
+        "text:\n  sources:\n    fineweb:\n      type: local\n      files: mine/docs.jsonl\n"
+    )
+    proc = run_snakemake(workdir, "-n", "--configfile", "my.yaml", check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert (
+        "text.sources.fineweb is type: local (in my.yaml), but it has dataset, mirror, name, "
+        "keys of a hub source that a local source does not read. They come from "
+        f"{REPO / 'config/examples/local.yaml'}, where a hub source is also named fineweb"
+        in " ".join(out.split())
+    ), out[-3000:]
+    assert "Give your source a name of its own" in out
+
+
+@pytest.mark.workflow
+def test_a_dry_run_refuses_a_key_given_twice_in_a_config_file(workdir):
+    (workdir / "twice.yaml").write_text(
+        "training:\n  experiments:\n    tiny_local:\n      segments: 2\n      segments: 4\n"
+    )
+    proc = run_snakemake(workdir, "-n", "--configfile", "twice.yaml", check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert (
+        "twice.yaml:5: key training.experiments.tiny_local.segments is given twice in this "
+        "file (first at line 4)" in out
+    ), out[-3000:]
+
+
+@pytest.mark.workflow
+def test_a_dry_run_refuses_an_unknown_evaluation_task(workdir):
+    """It was accepted on sites whose login nodes reach the hub; the staging job refused it
+    after training (issue 40 item 9)."""
+    (workdir / "eval.yaml").write_text(
+        "training:\n  experiments:\n    tiny_local:\n      evaluate:\n"
+        "        tasks: [module_purpose, no_such_task]\n"
+    )
+    proc = run_snakemake(workdir, "-n", "--configfile", "eval.yaml", check=False)
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode != 0
+    assert (
+        "training.experiments.tiny_local.evaluate.tasks: no task 'no_such_task': neither "
+        "resources/eval_tasks/no_such_task.yaml (this project's tasks: module_purpose) nor "
+        "one of lm-eval's" in out
+    ), out[-3000:]

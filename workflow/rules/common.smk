@@ -7,7 +7,9 @@ from types import SimpleNamespace
 
 from snakemake.utils import validate
 
-from hpcllm.configuration import SECTIONS, check_section, unset_nulls
+from hpcllm.commandline import read_config_files
+from hpcllm.configuration import SECTIONS, ConfigError, check_section, unset_nulls
+from hpcllm.text.source_keys import cap_lines, source_key_problems
 from hpcllm.text.sources import offline_source_error, resolve_local_files
 from hpcllm.text.tokenizers_config import plan_problem as tokenizer_plan_problem
 from hpcllm.text.tokenizers_config import retrain_warning, tokenizer_files
@@ -27,6 +29,13 @@ if _unset and workflow.is_main_process:
 if workflow.is_main_process:
     check_section("", config, f"{HPCLLM_ROOT}/workflow/schemas/config.schema.yaml")
 validate(config, "../schemas/config.schema.yaml")
+# The config files in the order Snakemake merges them (the last one's keys win), for the
+# messages that name the file a key came from.
+CONFIG_FILES = (
+    read_config_files(["config/config.yaml", *workflow.overwrite_configfiles])
+    if workflow.is_main_process
+    else []
+)
 # Each section has its own schema file; validate fills in the defaults (one file at a
 # time: snakemake's validate does not fill defaults behind a $ref to another file).
 for _section in SECTIONS:
@@ -37,10 +46,23 @@ for _section in SECTIONS:
             config[_section],
             f"{HPCLLM_ROOT}/workflow/schemas/{_section}.schema.yaml",
         )
+        # Keys a source's type does not read (inherited from a source of the same name in
+        # an earlier config file); before validate sets the defaults of both types.
+        if _section == "text":
+            _problems = source_key_problems(
+                config["text"].get("sources", {}), CONFIG_FILES
+            )
+            if _problems:
+                raise ConfigError("\n".join(_problems))
     validate(config[_section], f"../schemas/{_section}.schema.yaml")
 
 TEXT = config["text"]
 SOURCES = TEXT["sources"]
+# A cap on a source's documents is said in the plan: one inherited from another config
+# file (a source of the same name) tokenized 200 of a user's 2,000 documents unseen.
+if workflow.is_main_process:
+    for _line in cap_lines(SOURCES, CONFIG_FILES):
+        logger.info(_line)
 TOKENIZERS = TEXT["tokenizers"]
 TOKENIZE = TEXT["tokenize"]
 # What the jobs of each rule depend on, and only that. Params are part of what

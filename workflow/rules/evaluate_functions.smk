@@ -17,6 +17,23 @@ EVAL_TASKS_DIR = (
 )
 
 
+# A task name that is neither the project's nor lm-eval's stops the plan on every site
+# (the staging job found it only after training). Only in the main process: it scans
+# lm-eval's task files (under a second, and only for names not shipped here).
+if workflow.is_main_process:
+    from hpcllm.evaluation.tasks import unknown_tasks as _unknown_eval_tasks
+
+    _problems = [
+        p
+        for _name in EVALUATED
+        for p in _unknown_eval_tasks(
+            _name, EXPERIMENTS[_name].experiment["evaluate"]["tasks"], EVAL_TASKS_DIR
+        )
+    ]
+    if _problems:
+        raise _WorkflowError("\n".join(_problems))
+
+
 # Where the login nodes have no internet, task data not staged stop the plan here,
 # naming where to stage them (elsewhere the login-node rule downloads them). Only in the
 # main process: finding lm-eval's tasks scans its task files (seconds).
@@ -68,12 +85,16 @@ def eval_export_record(wildcards):
 
 
 def eval_table_inputs(wildcards):
+    """The evaluations the table gathers: no tasks job where evaluate.tasks is empty
+    (perplexity only; lm-eval refuses an empty task list)."""
     folder = eval_dir(wildcards)
-    return {
-        "tasks": f"{folder}/tasks.json",
+    inputs = {
         "perplexity": f"{folder}/perplexity.json",
         "export": eval_export_record(wildcards),
     }
+    if eval_settings(wildcards)["tasks"]:
+        inputs["tasks"] = f"{folder}/tasks.json"
+    return inputs
 
 
 def eval_source_prefixes(wildcards):

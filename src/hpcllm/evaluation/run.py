@@ -58,7 +58,10 @@ def evaluate_tasks(
     tasks = [TaskSource(**t) for t in json.loads(Path(manifest).read_text())["tasks"]]
     model = model_folder(export_record)
     dev = device(requested_device)
-    result = run_tasks(model, tasks, shots, limit, dev, cache_dir)
+    # No tasks (evaluate.tasks: [], perplexity only): lm-eval stops on an empty list
+    # ("No tasks specified"), so it is not started; the workflow plans no such job, this
+    # is for the file asked for by name.
+    result = run_tasks(model, tasks, shots, limit, dev, cache_dir) if tasks else {"tasks": {}}
     record = {"export": export_record, "export_digest": file_digest(export_record),
               "iteration": iteration, "device": dev, "shots": shots, "limit": limit,
               **result}  # fmt: skip

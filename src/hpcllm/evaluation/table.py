@@ -29,12 +29,13 @@ def check_current(record_path: str | os.PathLike, record: dict, export_record: s
         )
 
 
-def rows(experiment: str, tasks: dict, ppl: dict) -> list[dict]:
-    iteration, digest = tasks["iteration"], tasks["export_digest"]
+def rows(experiment: str, tasks: dict | None, ppl: dict) -> list[dict]:
+    """The table's rows; ``tasks`` None: no tasks (evaluate.tasks: [], perplexity only)."""
+    digest = ppl["export_digest"]
     out = []
-    for task, scores in tasks["tasks"].items():
+    for task, scores in (tasks or {}).get("tasks", {}).items():
         for metric, m in scores["metrics"].items():
-            out.append({"experiment": experiment, "iteration": iteration, "task": task,
+            out.append({"experiment": experiment, "iteration": tasks["iteration"], "task": task,
                         "metric": metric, "value": m["value"], "stderr": m["stderr"],
                         "shots": scores["shots"], "items": scores["items"],
                         "export_digest": digest})  # fmt: skip
@@ -48,16 +49,19 @@ def rows(experiment: str, tasks: dict, ppl: dict) -> list[dict]:
 
 def write_table(
     experiment: str,
-    tasks_json: str | os.PathLike,
+    tasks_json: str | os.PathLike | None,
     perplexity_json: str | os.PathLike,
     export_record: str,
     output: str | os.PathLike,
 ) -> list[dict]:
+    """``tasks_json`` None: the experiment evaluates no tasks (perplexity only)."""
     records = {}
     for path in (tasks_json, perplexity_json):
+        if path is None:
+            continue
         records[path] = json.loads(Path(path).read_text())
         check_current(path, records[path], export_record)
-    table = rows(experiment, records[tasks_json], records[perplexity_json])
+    table = rows(experiment, records.get(tasks_json), records[perplexity_json])
     with atomic_path(output) as tmp, open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, COLUMNS)
         writer.writeheader()

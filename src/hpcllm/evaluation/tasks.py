@@ -17,6 +17,7 @@ import importlib.util
 import os
 import re
 from dataclasses import asdict, dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -43,20 +44,101 @@ def shipped_task(name: str, tasks_dir: str | os.PathLike) -> Path | None:
     return path if path.is_file() else None
 
 
-def lm_eval_task_yaml(name: str) -> Path | None:
-    """The YAML file of lm-eval's own task ``name`` (a scan of its task files for
-    ``task: <name>``: seconds, where lm-eval's full task index takes a minute)."""
-    spec = importlib.util.find_spec("lm_eval")
+def _lm_eval_tasks_root() -> Path:
+    spec = importlib.util.find_spec("lm_eval")  # finds the package without importing it
     if spec is None or spec.origin is None:
         raise EvaluationError(
             "lm-eval is not installed in this environment: pip install -e '.[train]'"
         )
-    root = Path(spec.origin).parent / "tasks"
-    line = re.compile(rf"^task:\s*['\"]?{re.escape(name)}['\"]?\s*$", re.M)
-    for path in sorted(root.rglob("*.yaml")):
-        if line.search(path.read_text(errors="replace")):
+    return Path(spec.origin).parent / "tasks"
+
+
+@cache
+def _task_files(root: Path) -> tuple[Path, ...]:
+    return tuple(sorted(root.rglob("*.yaml")))
+
+
+def _names_line(key: str, name: str | None = None) -> re.Pattern:
+    value = re.escape(name) if name else r"([^\s'\"#]+)"
+    return re.compile(rf"^{key}:[ \t]*['\"]?{value}['\"]?[ \t]*(?:#.*)?$", re.M)
+
+
+@cache
+def lm_eval_index() -> tuple[dict[str, Path], dict[str, Path]]:
+    """lm-eval's task names and group names, each with its YAML file: a scan of its task
+    files for ``task: <name>`` and ``group: <name>`` lines (about a second, where lm-eval's
+    own TaskManager index takes a minute); once per process."""
+    tasks: dict[str, Path] = {}
+    groups: dict[str, Path] = {}
+    task_line, group_line = _names_line("task"), _names_line("group")
+    for path in _task_files(_lm_eval_tasks_root()):
+        text = path.read_text(errors="replace")
+        for found, pattern in ((tasks, task_line), (groups, group_line)):
+            for match in pattern.finditer(text):
+                found.setdefault(match.group(1), path)
+    return tasks, groups
+
+
+def lm_eval_task_yaml(name: str) -> Path | None:
+    """The YAML file of lm-eval's own task ``name``. Most are ``<name>.yaml``: those files
+    are read first, the whole index only where none of them says ``task: <name>``."""
+    line = _names_line("task", name)
+    for path in _task_files(_lm_eval_tasks_root()):
+        if path.stem == name and line.search(path.read_text(errors="replace")):
             return path
-    return None
+    return lm_eval_index()[0].get(name)
+
+
+def shipped_tasks(tasks_dir: str | os.PathLike) -> list[str]:
+    """The names of the project's own tasks (``<tasks_dir>/<name>.yaml``)."""
+    return sorted(p.stem for p in Path(tasks_dir).glob("*.yaml"))
+
+
+def unknown_task(name: str, tasks_dir: str | os.PathLike, key: str) -> str:
+    """The message for a task name found neither among the project's tasks nor among
+    lm-eval's: the key, the name, the known ones (lm-eval's closest) and what to do."""
+    import difflib
+
+    shipped = shipped_tasks(tasks_dir)
+    try:
+        tasks, groups = lm_eval_index()
+    except EvaluationError:
+        tasks, groups = {}, {}
+    if name in groups:
+        return (
+            f"{key}: '{name}' is a group of lm-eval's tasks ({groups[name]}), and only single "
+            "tasks are supported: name its tasks one by one (docs/evaluation.md)."
+        )
+    close = difflib.get_close_matches(name, [*shipped, *tasks], n=5, cutoff=0.6)
+    return (
+        f"{key}: no task '{name}': neither {Path(tasks_dir) / (name + '.yaml')} (this "
+        f"project's tasks: {', '.join(shipped) or 'none'}) nor one of lm-eval's "
+        f"{len(tasks):,} tasks"
+        + (f" (closest: {', '.join(close)}; " if close else " (")
+        + "`lm-eval ls tasks` lists them). Correct the name, or add a task file there "
+        "(docs/evaluation.md)."
+    )
+
+
+def unknown_tasks(experiment: str, tasks: list[str], tasks_dir: str | os.PathLike) -> list[str]:
+    """At plan time, on every site: each task of ``experiment`` that is neither the
+    project's nor lm-eval's, by its key (the staging job on the login node found it only
+    after training). Without network: lm-eval's task files are scanned. Where lm-eval is
+    not installed beside Snakemake its names cannot be checked here; the staging job
+    (in the jobs' environment) checks them."""
+    key = f"training.experiments.{experiment}.evaluate.tasks"
+    shipped = set(shipped_tasks(tasks_dir))
+    problems = []
+    for name in tasks:
+        if name in shipped:
+            continue
+        try:
+            found = lm_eval_task_yaml(name)
+        except EvaluationError:
+            continue  # lm-eval not installed here
+        if found is None:
+            problems.append(unknown_task(name, tasks_dir, key))
+    return problems
 
 
 def load_task_config(path: str | os.PathLike, resolve_functions: bool = True) -> dict[str, Any]:
@@ -79,11 +161,7 @@ def resolve_task(
     """Find task ``name`` (``key`` names it in the config for messages)."""
     path = shipped_task(name, tasks_dir) or lm_eval_task_yaml(name)
     if path is None:
-        raise EvaluationError(
-            f"{key}: no task '{name}': neither {Path(tasks_dir) / (name + '.yaml')} nor a task "
-            "of lm-eval by that name (`lm-eval ls tasks` lists them). Correct the name, or "
-            "add a task file there (docs/evaluation.md)."
-        )
+        raise EvaluationError(unknown_task(name, tasks_dir, key))
     cfg = load_task_config(path, resolve_functions=False)
     dataset = cfg.get("dataset_path")
     if not dataset:
