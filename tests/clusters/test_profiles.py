@@ -462,7 +462,8 @@ def test_the_preflight_jobs_run_in_the_development_qos(name, dry_runs):
             assert res["qos"] == cluster.devel_qos.name, (rule, res)
             call = submit_command(rule, res)
             assert f"--qos={cluster.devel_qos.name}" in call, call
-            assert f"-p {cluster.partitions.gpu} " in call and "--nodes=1" in call, call
+            nodes = 1 if rule == "site_probe" else 2  # a canary of multi-node jobs: two
+            assert f"-p {cluster.partitions.gpu} " in call and f"--nodes={nodes}" in call, call
         elif rule in GPU_RULES:
             assert res.get("qos") == GPU_JOBS_QOS[name], (rule, res)
     assert seen == {"site_probe", "canary"}, seen

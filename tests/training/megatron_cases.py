@@ -166,7 +166,7 @@ def bench_cases(tmp: Path) -> list[dict]:
     for cluster in gpu_clusters():
         canaries = {}
         points = expand_all(experiments, facts_of(cluster), root=REPO, schema=schema)
-        nodes = canary_nodes(max(p.row()["nodes"] for p in points))
+        nodes = canary_nodes(max((p.row()["nodes"] for p in points), default=1))
         for point in points:
             row = point.row()
             cases.append(_bench_case(f"bench {point.id} on {cluster.name}", row, tmp, cluster))
