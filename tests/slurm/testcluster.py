@@ -125,20 +125,13 @@ def gres_conf(root: Path) -> str:
     return f"NodeName={','.join(NODES)} Name=gpu File={files}\n"
 
 
-# Clusters this process has started: a second one (a benchmark's own, beside the test
-# session's) takes other job ids and another name, or two jobs of one id and node name
-# would run on this host at once.
-_STARTED = [0]
-
-
-def first_job_id(ctld_port: int, started: int = 0) -> int:
+def first_job_id(ctld_port: int) -> int:
     """One of 14 blocks of 1000 job ids, below the 15000 ids after which hpcllm.launch's
     job ports repeat. The clusters of a parallel test run (pytest-xdist's workers gw0,
-    gw1, ...) each take blocks of their own: three per worker (its session's cluster and
-    two more), distinct for up to four workers; a cluster started by hand takes the block
-    its (free, so random) controller port picks."""
+    gw1, ...) each take their worker's block, so no two share one; a cluster started by
+    hand takes the block its (free, so random) controller port picks."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    block = 3 * int(worker[2:]) + started % 3 if worker[2:].isdigit() else ctld_port
+    block = int(worker[2:]) if worker[2:].isdigit() else ctld_port
     return 1000 * (1 + block % 14)
 
 
@@ -152,7 +145,7 @@ def slurm_conf(root: Path, name: str, ctld_port: int, node_ports: dict[str, int]
         # Job ids of their own for each test cluster on this host: a job's rendezvous port
         # comes from its id (hpcllm.launch.JOB_PORT_SHELL), and two clusters counting from
         # 1 would give their concurrent jobs the same port.
-        f"FirstJobId={first_job_id(ctld_port, _STARTED[0])}",
+        f"FirstJobId={first_job_id(ctld_port)}",
         "AuthType=auth/munge",
         "CredType=cred/munge",
         f"AuthInfo=socket={root}/munge.socket",
@@ -416,10 +409,8 @@ def start(root: Path, timeout: float = 300) -> TestCluster:
     ensure_node_names_resolve()
     conf = root / "etc" / "slurm.conf"  # etc/ is mounted over /etc/slurm for the nodes
     conf.parent.mkdir(exist_ok=True)
-    # names this cluster's jobs' processes (environ)
-    name = f"hpcllmtest{os.getpid()}" + (f"x{_STARTED[0]}" if _STARTED[0] else "")
+    name = f"hpcllmtest{os.getpid()}"  # names this session's jobs' processes (environ)
     conf.write_text(slurm_conf(root, name, free_port(), {n: free_port() for n in NODES}))
-    _STARTED[0] += 1
     make_gpu_devices(root)
     (conf.parent / "gres.conf").write_text(gres_conf(root))
     for sub in ("state", *(f"spool-{n}" for n in NODES)):
