@@ -24,6 +24,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -199,7 +200,10 @@ def main(argv: list[str] | None = None) -> dict:
     target = [f"data/tokenized/bench/volume_text_document.{e}" for e in ("bin", "idx")]
     load_before = os.getloadavg()
     shutil.rmtree(work / "cluster", ignore_errors=True)  # a cluster's state is its own
-    with testcluster.running(work / "cluster") as cluster:
+    # A short folder: slurmstepd's socket, <root>/spool-n1/n1_<job>.<step>, must fit a Unix
+    # socket path (107 bytes); under a deep work folder the jobs were cancelled at launch.
+    root = Path(tempfile.mkdtemp(prefix="hpcllm-tc-"))
+    with testcluster.running(root) as cluster:
         snakemake = str(Path(sys.executable).parent / "snakemake")
         cmd = [
             snakemake,
