@@ -202,8 +202,10 @@ def main(argv: list[str] | None = None) -> dict:
     shutil.rmtree(work / "cluster", ignore_errors=True)  # a cluster's state is its own
     # A short folder: slurmstepd's socket, <root>/spool-n1/n1_<job>.<step>, must fit a Unix
     # socket path (107 bytes); under a deep work folder the jobs were cancelled at launch.
-    root = Path(tempfile.mkdtemp(prefix="hpcllm-tc-"))
-    with testcluster.running(root) as cluster:
+    with (
+        tempfile.TemporaryDirectory(prefix="hpcllm-tc-") as root,
+        testcluster.running(Path(root)) as cluster,
+    ):
         snakemake = str(Path(sys.executable).parent / "snakemake")
         cmd = [
             snakemake,

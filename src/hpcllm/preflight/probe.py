@@ -130,6 +130,17 @@ def _tail(text: str, lines: int = 5) -> str:
     return " | ".join(text.strip().splitlines()[-lines:])
 
 
+def _tool_output(argv: list[str]) -> tuple[str | None, str]:
+    """A node tool's stdout, or None and why it failed (not found, timed out, an error)."""
+    try:
+        proc = _run(argv, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"{argv[0]}: {e}"
+    if proc.returncode != 0:
+        return None, f"{' '.join(argv)} failed ({proc.returncode}): {_tail(proc.stderr)}"
+    return proc.stdout, ""
+
+
 def check_runtime(cluster) -> dict[str, Any]:
     if not cluster.uses_containers:
         return check(
@@ -215,17 +226,14 @@ _AMD = re.compile(r"GPU\[(\d+)\].*Card (?:series|model)\s*:\s*(.+)$")
 def gpu_names(vendor: str) -> tuple[list[str] | None, str]:
     """The node's GPUs as nvidia-smi / rocm-smi lists them (None: the tool failed)."""
     argv = ["nvidia-smi", "-L"] if vendor == "nvidia" else ["rocm-smi", "--showproductname"]
-    try:
-        proc = _run(argv, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return None, f"{argv[0]}: {e}"
-    if proc.returncode != 0:
-        return None, f"{' '.join(argv)} failed ({proc.returncode}): {_tail(proc.stderr)}"
+    out, failed = _tool_output(argv)
+    if out is None:
+        return None, failed
     if vendor == "nvidia":
-        names = [m.group(1) for line in proc.stdout.splitlines() if (m := _NVIDIA.match(line))]
+        names = [m.group(1) for line in out.splitlines() if (m := _NVIDIA.match(line))]
     else:
         by_index = {}
-        for line in proc.stdout.splitlines():
+        for line in out.splitlines():
             m = _AMD.search(line)
             if m:
                 by_index.setdefault(m.group(1), m.group(2).strip())
@@ -277,14 +285,11 @@ def gpu_local_cores(sysfs: str = PCI_DEVICES) -> tuple[list[set[int]] | None, st
     """Per GPU in nvidia-smi's order (PCI order), the cores Linux lists as local to it
     (its PCI device's local_cpulist; None: the tool or the file failed)."""
     argv = ["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"]
-    try:
-        proc = _run(argv, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return None, f"{argv[0]}: {e}"
-    if proc.returncode != 0:
-        return None, f"{' '.join(argv)} failed ({proc.returncode}): {_tail(proc.stderr)}"
+    out, failed = _tool_output(argv)
+    if out is None:
+        return None, failed
     local = []
-    for line in proc.stdout.splitlines():
+    for line in out.splitlines():
         if not line.strip():
             continue
         try:
