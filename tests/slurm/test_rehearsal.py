@@ -354,7 +354,13 @@ def test_a_failed_canary_holds_the_gpu_jobs_back(failed_canary):
     # after it): no training segment, no benchmark point.
     assert sorted(new.values()) == ["canary"], (new, output[-3000:])
     engine_log = "results/preflight/rehearsal/canary/train_megatron/seg1.engine.log"
-    assert f"canary train_megatron on rehearsal failed (config_error; see {engine_log})" in output
+    said = [line for line in output.splitlines() if "canary" in line]
+    assert (
+        f"canary train_megatron on rehearsal failed (config_error; see {engine_log})" in output
+    ), (
+        said,
+        (work / engine_log).read_text()[-3000:],
+    )
     assert "unrecognized arguments: --exit-signal-handler" in (work / engine_log).read_text()
     assert not (work / "results/preflight/rehearsal/canary/train_megatron.json").exists()
     assert not (work / f"results/train/{EXPERIMENT}").exists()

@@ -46,6 +46,21 @@ from hpcllm.training.checkpoints import lease
         # the engine died from a forwarded signal before it could say anything
         ("torchrun: Received 15 death signal, shutting down workers", 15, "signal"),
         ("[WARNING] Received Signals.SIGTERM death signal, shutting down workers", None, "signal"),
+        # one node's engine refused its options; srun then terminated the other node's
+        # task, whose torchrun logs the signal (the 2-node canary on a slow machine)
+        (
+            "pretrain_gpt.py: error: unrecognized arguments: --exit-signal-handler\n"
+            "srun: error: n1: task 0: Exited with exit code 1\n"
+            "srun: launch/slurm: _step_signal: Terminating StepId=4014.0\n"
+            "[WARNING] Received 15 death signal, shutting down workers\n"
+            "torch.distributed.elastic.multiprocessing.api.SignalException: Process 7 got signal: 15",
+            None, "config_error",
+        ),
+        (
+            "torch.distributed.DistStoreError: TCP client failed to connect to n1:29500\n"
+            "[WARNING] Received 15 death signal, shutting down workers",
+            None, "rendezvous_error",
+        ),
         ("", 15, "signal"),
         ("", None, "error"),
     ],

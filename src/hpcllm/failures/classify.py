@@ -5,6 +5,8 @@ decide from it whether Snakemake's next attempt may continue (``TRANSIENT``) or 
 Causes are checked in the order below: a node that died or a time limit takes the job
 down with NCCL errors on every other rank, and an out-of-memory rank does the same, so
 the NCCL patterns come after them, and the rendezvous' after the engine's own refusals.
+A launcher's report of a signal comes last but one: srun signals a step's other tasks
+when one fails, so it is a consequence wherever a cause shows too.
 """
 
 from __future__ import annotations
@@ -61,9 +63,7 @@ _PATTERNS: list[tuple[str, re.Pattern]] = [
         "signal",
         re.compile(
             # torch engine; Megatron-LM (--exit-signal-handler); the segment before the engine
-            r"^exiting at iteration \d+ \(signal\)|exiting program at iteration \d+|"
-            # torchrun (the elastic agent) signalled before its workers could act on it
-            r"Received (?:\d+|Signals\.SIG\w+) death signal|SignalException",
+            r"^exiting at iteration \d+ \(signal\)|exiting program at iteration \d+",
             re.M,
         ),
     ),
@@ -110,6 +110,14 @@ _PATTERNS: list[tuple[str, re.Pattern]] = [
             r"The server socket has failed to (?:bind|listen)|"
             r"network addresses of \(.*\) cannot be retrieved"
         ),
+    ),
+    (
+        # torchrun (the elastic agent) signalled before its workers could act on it. After
+        # the causes: where one node's task fails, srun terminates the step's other tasks
+        # ("Terminating StepId"), whose torchrun logs this; the failed task's reason is
+        # the cause. Alone (no cause in the log), the job was signalled.
+        "signal",
+        re.compile(r"Received (?:\d+|Signals\.SIG\w+) death signal|SignalException"),
     ),
     (
         "error",
