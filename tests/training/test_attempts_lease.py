@@ -46,6 +46,8 @@ from hpcllm.training.checkpoints import lease
         # the engine died from a forwarded signal before it could say anything
         ("torchrun: Received 15 death signal, shutting down workers", 15, "signal"),
         ("[WARNING] Received Signals.SIGTERM death signal, shutting down workers", None, "signal"),
+        ("slurmstepd: error: *** STEP 7.0 ON n1 CANCELLED AT 2026-11-26T20:01:39 ***", None, "cancelled"),
+        ("slurmstepd: error: *** JOB 7 ON n1 CANCELLED AT 2026-11-26T20:01:39 ***", None, "cancelled"),
         # one node's engine refused its options; srun then terminated the other node's
         # task, whose torchrun logs the signal (the 2-node canary on a slow machine)
         (
@@ -53,6 +55,7 @@ from hpcllm.training.checkpoints import lease
             "srun: error: n1: task 0: Exited with exit code 1\n"
             "srun: launch/slurm: _step_signal: Terminating StepId=4014.0\n"
             "[WARNING] Received 15 death signal, shutting down workers\n"
+            "slurmstepd: error: *** STEP 2014.0 ON n1 CANCELLED AT 2026-11-26T20:01:39 ***\n"
             "torch.distributed.elastic.multiprocessing.api.SignalException: Process 7 got signal: 15",
             None, "config_error",
         ),

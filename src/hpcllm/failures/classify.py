@@ -5,8 +5,9 @@ decide from it whether Snakemake's next attempt may continue (``TRANSIENT``) or 
 Causes are checked in the order below: a node that died or a time limit takes the job
 down with NCCL errors on every other rank, and an out-of-memory rank does the same, so
 the NCCL patterns come after them, and the rendezvous' after the engine's own refusals.
-A launcher's report of a signal comes last but one: srun signals a step's other tasks
-when one fails, so it is a consequence wherever a cause shows too.
+A launcher's report of a signal and a step's cancellation come last but one: srun
+terminates a step's other tasks when one fails, so they are a consequence wherever a
+cause shows too.
 """
 
 from __future__ import annotations
@@ -75,7 +76,12 @@ _PATTERNS: list[tuple[str, re.Pattern]] = [
             re.I,
         ),
     ),
-    ("cancelled", re.compile(r"CANCELLED AT|scancel|PREEMPTION", re.I)),
+    # a job cancelled (scancel, preemption); a step's own "*** STEP ... CANCELLED AT" is
+    # matched last but one, below
+    (
+        "cancelled",
+        re.compile(r"\*\*\* JOB \d+\S* ON \S+ CANCELLED AT|scancel|PREEMPTION", re.I),
+    ),
     (
         "nccl_error",
         re.compile(
@@ -119,6 +125,9 @@ _PATTERNS: list[tuple[str, re.Pattern]] = [
         "signal",
         re.compile(r"Received (?:\d+|Signals\.SIG\w+) death signal|SignalException"),
     ),
+    # slurmstepd's line for a step that srun terminated after one of its tasks failed:
+    # a consequence, like the signal above; alone, the step was cancelled
+    ("cancelled", re.compile(r"\*\*\* STEP \S+ ON \S+ CANCELLED AT")),
     (
         "error",
         re.compile(
