@@ -95,6 +95,9 @@ SCHEMA: dict[str, Any] = {
             "required": ["gpu", "cpu", "devel"],
             "properties": {"gpu": _PARTITION, "cpu": _PARTITION, "devel": _PARTITION},
         },
+        # Why CPU-only jobs hold GPU nodes here (partitions.cpu null), with the source: the
+        # plan says it beside the GPU-hours they take.
+        "no_cpu_partition": {"type": "string"},
         # A development QOS where a site has one in place of a devel partition: the
         # pre-flight's jobs run in it when they fit its limits (null: not known for sure).
         "devel_qos": {
@@ -286,6 +289,8 @@ class Cluster:
     megatron_lm: str | None = None
     # The development QOS the pre-flight's jobs run in (None: the site has none).
     devel_qos: DevelQos | None = None
+    # Why CPU-only jobs hold GPU nodes here, with its source (None: not said).
+    no_cpu_partition: str | None = None
     # Whether the jobs' Megatron has Transformer Engine (None: by the GPU vendor).
     transformer_engine: bool | None = None
 
@@ -476,6 +481,7 @@ def load_cluster(
         squeue_poll_seconds=float(raw.get("squeue_poll_seconds", 30.0)),
         megatron_lm=_resolve_megatron_lm(raw.get("megatron_lm"), path),
         devel_qos=DevelQos(**raw["devel_qos"]) if raw.get("devel_qos") else None,
+        no_cpu_partition=raw.get("no_cpu_partition"),
         transformer_engine=raw.get("transformer_engine"),
     )
 

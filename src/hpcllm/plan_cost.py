@@ -81,6 +81,24 @@ def describe(costs: list[RuleCost], cluster: str) -> list[str]:
     return lines
 
 
+def describe_cpu_only(
+    cpu_costs: list[RuleCost], all_costs: list[RuleCost], cluster: str, why: str | None
+) -> list[str]:
+    """Where CPU-only jobs hold GPU nodes: which rules, their share of the GPU-hours, and
+    why (the cluster file's ``no_cpu_partition``, with its source)."""
+    if not cpu_costs:
+        return []
+    share = sum(c.gpu_hours for c in cpu_costs)
+    total = sum(c.gpu_hours for c in all_costs)
+    rules = ", ".join(c.rule for c in cpu_costs)
+    return [
+        f"CPU-only jobs on GPU nodes on {cluster}: {rules}: {share:,.1f} of the "
+        f"{total:,.1f} GPU-hours, each for its time limit (prepare_data_cache's and "
+        "export_model's sized from their work). Why: "
+        + (why or "the cluster file names no CPU partition (partitions.cpu: null)")
+    ]
+
+
 def over_limit(costs: list[RuleCost], max_gpu_hours: float, cluster: str) -> str | None:
     """A message naming the key to raise when the plan asks for more than the limit.
 

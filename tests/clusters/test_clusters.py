@@ -45,6 +45,8 @@ def test_facts_load_and_are_consistent(name):
         return
     assert c.uses_slurm and c.gpus_per_node in (4, 8) and c.gpu is not None
     assert c.partitions.gpu, "every GPU cluster has a GPU partition"
+    # where CPU-only jobs hold GPU nodes, the file says why, for the plan
+    assert bool(c.no_cpu_partition) == c.whole_nodes, name
     assert c.gpu.peak_bf16_tflops > c.gpu.peak_fp32_tflops
     # Caches go to the project's scratch, never to $HOME.
     for var in ("HF_HOME", "TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR", "XDG_CACHE_HOME"):

@@ -1,12 +1,16 @@
 """The cost line of a plan: node-hours and GPU-hours per rule, and the limit."""
 
+import math
+
 import pytest
 
+from hpcllm.cpu_limits import cpu_job_minutes, export_minutes, index_cache_minutes
 from hpcllm.plan_cost import (
     Job,
     TrainingEstimate,
     cost_per_rule,
     describe,
+    describe_cpu_only,
     measured_tflops,
     over_limit,
     runtime_minutes,
@@ -64,6 +68,33 @@ def test_cpu_jobs_on_whole_gpu_nodes_are_priced():
     assert costs["train_tokenizer"].gpu_hours == 8
     lines = describe(list(costs.values()), "juwels")
     assert lines[-1] == "  total: 25.0 node-hours, 100.0 GPU-hours"
+
+
+def test_cpu_only_work_on_gpu_nodes_is_said_with_its_share_and_why():
+    cpu = cost_per_rule([Job("prepare_data_cache", 1, 36), Job("export_model", 1, 17)], 4)
+    gpu = cost_per_rule([Job("train_segment", 4, 1060)], 4)
+    lines = describe_cpu_only(cpu, cpu + gpu, "juwels", "no CPU budget (JSC, https://x)")
+    assert lines == [
+        "CPU-only jobs on GPU nodes on juwels: export_model, prepare_data_cache: 3.5 of the "
+        "286.2 GPU-hours, each for its time limit (prepare_data_cache's and export_model's "
+        "sized from their work). Why: no CPU budget (JSC, https://x)"
+    ]
+    assert describe_cpu_only([], gpu, "lumi", None) == []
+
+
+def test_cpu_job_limits_sized_from_the_work_where_they_hold_gpu_nodes():
+    """The 800M campaign (10 x 3000 iterations x 512 samples; 0.9B parameters) on a
+    whole-node site: limits from the measured rates with their margin, not 2 h each; on
+    a CPU partition the 2 h stay, and a 175B export gets the hours it needs anywhere."""
+    samples = 10 * 3000 * 512
+    assert index_cache_minutes(samples) == 10 + math.ceil(10 * samples / (965_848 / 8.6) / 60)
+    assert 30 <= index_cache_minutes(samples) <= 40
+    assert 15 <= export_minutes(900_000_000) <= 20
+    assert cpu_job_minutes(120, 36, whole_nodes=True, max_minutes=1440) == 36
+    assert cpu_job_minutes(120, 36, whole_nodes=False, max_minutes=1440) == 120
+    big = export_minutes(175_000_000_000)
+    assert big > 120 and cpu_job_minutes(120, big, False, 1440) == big
+    assert cpu_job_minutes(120, big, True, 240) == 240  # at most the site's longest
 
 
 def test_time_limit_from_work_gpt3_175b_on_16_lumi_nodes():

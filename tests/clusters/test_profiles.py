@@ -172,6 +172,15 @@ def test_dry_run_per_profile(name, dry_runs):
     if cluster.partitions.cpu is None:  # CPU jobs hold whole GPU nodes: priced too
         for rule in (tokenize, "merge_tokenized", "train_tokenizer", "prepare_data_cache"):
             assert re.search(rf"\n  {rule}: \d+ job\(s\), [\d.,]+ node-hours", out), rule
+        # ... said, with the site's reason and its source, and the index cache's limit is
+        # sized from its samples, not 2 h of a GPU node
+        said = re.search(rf"\nCPU-only jobs on GPU nodes on {name}: (.*): [\d.,]+ of the", out)
+        assert said and "prepare_data_cache" in said.group(1), out[-3000:]
+        assert f"Why: {cluster.no_cpu_partition}" in out
+        cache = {int(r["runtime"]) for rule, r in jobs if rule == "prepare_data_cache"}
+        assert cache and max(cache) < 120, cache
+    else:  # on CPU nodes: nothing to say
+        assert "CPU-only jobs on GPU nodes" not in out
     assert re.search(r"Time to train on .*\n  opengptx_800m: [\d.]+B tokens", out)
     total = re.search(r"\n  total: [\d.,]+ node-hours, ([\d.,]+) GPU-hours", out)
     if float(total.group(1).replace(",", "")) > 500:

@@ -92,6 +92,7 @@ from hpcllm.plan_cost import (
     MAX_GPU_HOURS_KEY,
     TrainingEstimate,
     cost_per_rule,
+    describe_cpu_only,
     describe_training,
     measured_tflops,
     over_limit,

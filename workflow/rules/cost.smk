@@ -61,18 +61,20 @@ def training_estimates(names):
     return estimates
 
 
+def asks_for_gpus(job):
+    res = job.resources
+    return "gpu" in str(res.get("gres") or "") or bool(
+        res.get("gpu") or res.get("gpus")
+    )
+
+
 def holds_gpu_nodes(job):
     """Whether a Slurm job of the plan holds GPU nodes: it asks for GPUs, or every job
     here gets whole GPU nodes (a GPU site without a CPU partition). Not job.is_local: a
     dry run executes locally, so to it every job is local."""
     if job.rule.name in workflow._localrules or job.rule.norun:
         return False
-    if CLUSTER.whole_nodes:
-        return True
-    res = job.resources
-    return "gpu" in str(res.get("gres") or "") or bool(
-        res.get("gpu") or res.get("gpus")
-    )
+    return CLUSTER.whole_nodes or asks_for_gpus(job)
 
 
 def planned_job(job):
@@ -104,17 +106,26 @@ def check_plan_cost(dag):
     (exactly those: -F, -R, --forcerun, --until and targets included), and the time to
     train the experiments among them; stop a real run over the limit (a dry run only
     warns)."""
-    jobs, experiments = [], set()
+    jobs, cpu_only, experiments = [], [], set()
     for job in dag.needrun_jobs():
         if job.rule.name == "train_segment":
             experiments.add(job.wildcards["experiment"])
         if holds_gpu_nodes(job):
             jobs.append(planned_job(job))
+            if not asks_for_gpus(job):
+                cpu_only.append(jobs[-1])
     for name in sorted(experiments):
         for warning in SEGMENT_JOBS[name].warnings:
             logger.warning(f"Warning: {warning}")
     costs = cost_per_rule(jobs, CLUSTER.billed_gpus_per_node)
     for line in describe_cost(costs, CLUSTER.name):
+        logger.info(line)
+    for line in describe_cpu_only(
+        cost_per_rule(cpu_only, CLUSTER.billed_gpus_per_node),
+        costs,
+        CLUSTER.name,
+        CLUSTER.no_cpu_partition,
+    ):
         logger.info(line)
     for line in describe_training(
         training_estimates(sorted(experiments)), CLUSTER.name

@@ -24,7 +24,7 @@ rule export_model:
         "../../envs/workflow.yaml"
     threads: 1
     resources:
-        runtime=120,
+        runtime=export_runtime,
         mem_mb=export_mem_mb,
     params:
         prepared=prepared_experiment,

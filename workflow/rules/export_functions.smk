@@ -63,12 +63,24 @@ def export_transformer_impl(wildcards):
     return transformer_impl_for(CLUSTER)
 
 
-def export_mem_mb(wildcards):
-    """Three copies of the model in fp32 (the checkpoint's tensors, the converted model,
-    the files being written), at least 4 GB."""
+def export_parameters(wildcards):
     model = EXPERIMENTS[wildcards.experiment].experiment["model"]
     h, layers = model["hidden_size"], model["num_layers"]
     ffn = model.get("ffn_hidden_size") or 4 * h
     vocab = model.get("vocab_size") or 50304
-    params = layers * (4 * h * h + 2 * h * ffn) + vocab * h
-    return max(4000, int(3 * 4 * params / 1e6))
+    return layers * (4 * h * h + 2 * h * ffn) + vocab * h
+
+
+def export_mem_mb(wildcards):
+    """Three copies of the model in fp32 (the checkpoint's tensors, the converted model,
+    the files being written), at least 4 GB."""
+    return max(4000, int(3 * 4 * export_parameters(wildcards) / 1e6))
+
+
+def export_runtime(wildcards):
+    """The export's time limit: sized from the model where the job holds a GPU node
+    (hpcllm.cpu_limits), 120 minutes or more elsewhere."""
+    from hpcllm.cpu_limits import cpu_job_minutes, export_minutes
+
+    sized = export_minutes(export_parameters(wildcards))
+    return cpu_job_minutes(120, sized, CLUSTER.whole_nodes, CLUSTER.max_minutes)

@@ -23,7 +23,7 @@ rule prepare_data_cache:
         "../../envs/workflow.yaml"
     threads: 1
     resources:
-        runtime=120,
+        runtime=index_cache_runtime,
         mem_mb=8000,
     params:
         prepared=prepared_experiment,

@@ -135,6 +135,21 @@ def data_settings(wildcards):
     return param_text(data_settings(EXPERIMENTS[wildcards.experiment]))
 
 
+def index_cache_runtime(wildcards):
+    """prepare_data_cache's time limit: sized from the samples it indexes where the job
+    holds a GPU node (hpcllm.cpu_limits), 120 minutes or more elsewhere."""
+    from hpcllm.cpu_limits import cpu_job_minutes, index_cache_minutes
+
+    prepared = EXPERIMENTS[wildcards.experiment]
+    exp = prepared.experiment
+    samples = (
+        exp["segments"] * exp["iterations_per_segment"] * prepared.layout.global_batch
+    )
+    return cpu_job_minutes(
+        120, index_cache_minutes(samples), CLUSTER.whole_nodes, CLUSTER.max_minutes
+    )
+
+
 def previous_segment(wildcards):
     """Segment k-1's result record (none for the first segment)."""
     k = int(wildcards.k)

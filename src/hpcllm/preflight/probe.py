@@ -89,9 +89,10 @@ def image_modules(
 
 def facts_of(cluster) -> dict[str, Any]:
     """The cluster's facts as loaded (environment references unexpanded), without where
-    they were read from."""
+    they were read from and the plan's notes (no job checks them)."""
     facts = dataclasses.asdict(cluster)
     facts.pop("path", None)
+    facts.pop("no_cpu_partition", None)
     return facts
 
 
