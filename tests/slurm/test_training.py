@@ -938,11 +938,15 @@ def test_where_compute_nodes_may_not_submit_the_chain_is_submitted_up_front(
     assert chain.committed_iteration(work / SAVE) == 12  # with no controller alive
     assert not refused.exists(), refused.read_text()  # no job asked what the site refuses
     jobs = {j["id"]: j for j in cluster.jobs() if j["name"] == name}
-    assert [jobs[i]["state"] for i in ids] == ["COMPLETED"] * 5, jobs
-    for spare in ids[3:]:
-        log = (work / f"logs/train_segment/{EXPERIMENT}/chain/{spare}.log").read_text()
-        assert "every segment is committed; nothing to train" in log, log
-        assert "run_segment" not in log and "successor" not in log, log
+    # The first spare finds the campaign complete and ends the chain (exit 3); Slurm
+    # cancels the second, which never starts.
+    states = [jobs[i]["state"] for i in ids]
+    assert states == ["COMPLETED"] * 3 + ["FAILED", "CANCELLED"], jobs
+    log = (work / f"logs/train_segment/{EXPERIMENT}/chain/{ids[3]}.log").read_text()
+    assert "every segment is committed; nothing to train" in log, log
+    assert "this job ends the chain with exit status 3" in log, log
+    assert "run_segment" not in log and "successor" not in log, log
+    assert not (work / f"logs/train_segment/{EXPERIMENT}/chain/{ids[4]}.log").exists()
 
     slurmruns.run(work, cluster, "--configfile", *configs, "--unlock")
     rerun = slurmruns.start(work, cluster, *args, log=work / "rerun.out", env=env)
@@ -953,3 +957,39 @@ def test_where_compute_nodes_may_not_submit_the_chain_is_submitted_up_front(
     assert "train_segment" not in remote and local.get("plot_training") == 1, out[-4000:]
     assert chain.submitted_jobs(work / SAVE) == submitted  # nothing submitted
     assert_three_segments_as_without_a_chain(work, uninterrupted_three)
+
+
+def test_a_plain_scancel_of_an_up_front_chain_leaves_nothing_to_start(
+    cluster, text_data, tmp_path, monkeypatch
+):
+    """Compute nodes may not call Slurm (as above), 3 segments, max_attempts 2: 4 jobs up
+    front. With the controller gone, the user's plain `scancel` of the running job (in
+    segment 1) ends the chain: Slurm cancels the three pending jobs, none starts on a
+    node, and no job called what the site refuses."""
+    from hpcllm.training.campaign import chain
+
+    work = training_workdir(text_data, tmp_path / "work")
+    (work / "config").unlink()
+    shutil.copytree(slurmruns.REPO / "config", work / "config")
+    facts = work / "config/clusters/testcluster.yaml"
+    facts.write_text(facts.read_text() + "slurm_from_compute_nodes: false\n")
+    refusing, refused = refusing_slurm(work, cluster)
+    env = {"PATH": f"{refusing}{os.pathsep}{slurmruns.environment(cluster)['PATH']}"}
+    chained = work / "chained.yaml"
+    chained.write_text("training: {chain: true, max_attempts: 2}\n")
+    configs = (str(CONFIG), str(three_segments(work)), str(chained))
+    kill_the_controller_in_segment_1(work, cluster, ("--configfile", *configs, "--", FINAL3), env)
+    ids = [s["job"] for s in chain.submitted_jobs(work / SAVE)]
+    assert len(ids) == 4, ids
+    cluster.run("scancel", ids[0])
+    name = chain.job_name_of(work, EXPERIMENT)
+    monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])  # for chain_jobs here
+    deadline = time.monotonic() + hang_guard(60)  # the cancel and KillWait: ~5 s quiet
+    while chain.chain_jobs(name):
+        assert time.monotonic() < deadline, cluster.jobs()
+        time.sleep(0.5)
+    jobs = {j["id"]: j for j in cluster.jobs() if j["name"] == name}
+    assert [jobs[i]["state"] for i in ids] == ["CANCELLED"] * 4, jobs
+    logs = work / f"logs/train_segment/{EXPERIMENT}/chain"
+    assert sorted(p.name for p in logs.glob("*.log")) == [f"{ids[0]}.log"]  # none started
+    assert not refused.exists(), refused.read_text()

@@ -33,9 +33,14 @@ Compute nodes must be allowed to call ``sbatch`` for that. No site document of t
 clusters here says so either way (JSC's and LUMI's user docs describe job chains submitted
 from the login node only); the site probe asks (hpcllm.training.campaign.chain_site). Where they
 may not, ``ensure`` submits the whole chain up front (``Campaign.up_front``: a job per
-segment left and ``max_attempts - 1`` spares, each ``afterany`` the one before and
-``singleton``); its jobs call no sbatch or scancel, a job that finds the campaign complete
-or stopped ends at once, and the controller, while alive, cancels the pending ones. Where
+segment left and ``max_attempts - 1`` spares, each ``afterok`` the one before,
+``singleton`` and ``--kill-on-invalid-dep``); its jobs call no sbatch or scancel. A job
+ends with status 0 where the chain goes on (its segment trained, or stopped for a
+transient reason the next job retries) and fails where it ends the chain (a stop, a spare
+that finds the campaign complete): Slurm then cancels every later job, and a user's plain
+``scancel`` of the running job does the same; nothing is left to start on GPU nodes.
+(A job Slurm itself ends, at its time limit or a node failure, also ends the chain: the
+controller, while alive, submits it anew, as after any other stop.) Where
 a node refuses unexpectedly, the successor's submission fails loudly: the job logs the
 error, finishes its segment and then fails (the chain stops there), and ``ensure`` (the
 controller's rule, run again) submits the chain anew.
@@ -277,7 +282,16 @@ def submit(campaign: Campaign, after: str | None = None) -> str:
         "-D",
         campaign.workdir,
     ]
-    argv.append(f"--dependency=afterany:{after},singleton" if after else "--dependency=singleton")
+    if not after:
+        argv.append("--dependency=singleton")
+    elif campaign.up_front:
+        # Up front, a job that ends the chain (a stop, a scancel, the campaign found
+        # complete) exits non-zero or is cancelled: Slurm cancels every job after it, as
+        # no job here may call scancel. A job that stopped for a transient reason exits 0
+        # and the next retries.
+        argv += [f"--dependency=afterok:{after},singleton", "--kill-on-invalid-dep=yes"]
+    else:
+        argv.append(f"--dependency=afterany:{after},singleton")
     argv += ["--wrap", command]
     env = submit_environment(campaign)
     try:
@@ -463,6 +477,15 @@ def retry_training(workdir: str | os.PathLike, name: str) -> dict[str, Any] | No
     return stop
 
 
+# A chain job's exit status that ends a chain submitted up front: its later jobs depend
+# on it with afterok and --kill-on-invalid-dep, so Slurm cancels them all.
+ENDS_CHAIN = 3
+ENDS_UP_FRONT = (
+    "this job ends the chain with exit status %d: Slurm cancels the jobs submitted after "
+    "it (afterok, --kill-on-invalid-dep)"
+)
+
+
 def _stop(campaign: Campaign, segment: int, failure: str, job: str | None, message: str) -> None:
     entry = {
         "chain": campaign.chain_id,
@@ -475,6 +498,12 @@ def _stop(campaign: Campaign, segment: int, failure: str, job: str | None, messa
     with atomic_path(campaign.folder() / STOPPED) as tmp:
         tmp.write_text(json.dumps(entry, indent=2) + "\n")
     log.error("the chain of %s stopped at segment %d: %s", campaign.name, segment, message)
+    if campaign.up_front:
+        log.info(
+            "up front: Slurm cancels the chain's later jobs as this one fails; `hpcllm "
+            "cancel-training %s` on the login node cancels any left",
+            campaign.name,
+        )
 
 
 def attempt_number(campaign: Campaign, segment: int) -> int:
@@ -497,12 +526,16 @@ def step(campaign_file: str | os.PathLike, environ: Mapping[str, str] = os.envir
     segment = next_segment(campaign)
     if segment is None:
         log.info("%s: every segment is committed; nothing to train", campaign.name)
+        if campaign.up_front:  # a spare: ending with this status cancels the ones after it
+            log.info(ENDS_UP_FRONT, ENDS_CHAIN)
+            return ENDS_CHAIN
         return 0
     done = stopped(campaign.save)
     if done and done.get("chain") == campaign.chain_id:
-        if campaign.up_front:  # a spare job of a chain submitted up front: expected
+        if campaign.up_front:  # a job after a stop that Slurm has not cancelled yet
             log.info("%s; this job trains nothing", describe_stop(campaign.name, done))
-            return 0
+            log.info(ENDS_UP_FRONT, ENDS_CHAIN)
+            return ENDS_CHAIN
         log.error("the chain of %s stopped before (%s); not training", campaign.name, done)
         return 1
     successor, successor_error = None, None
@@ -554,6 +587,9 @@ def step(campaign_file: str | os.PathLike, environ: Mapping[str, str] = os.envir
             _stop(campaign, segment, e.failure, me, f"{e}; {why or ''}".rstrip("; "))
             cancel([successor] if successor else [])
             return status
+        if campaign.up_front:  # the next job in Slurm retries: it must not be cancelled
+            log.info("the next job of the chain retries segment %d", segment)
+            status = 0
     except lease.LeaseHeld as e:
         return _lease_held(campaign, segment, me, successor, e)
     except Exception as e:
