@@ -21,6 +21,7 @@ FAILURES = (
     "signal",
     "preempted",
     "out_of_memory",
+    "disk_full",
     "cancelled",
     "nccl_error",
     "rendezvous_error",
@@ -73,6 +74,15 @@ _PATTERNS: list[tuple[str, re.Pattern]] = [
             r"CUDA out of memory|HIP out of memory|OutOfMemoryError|out of memory|"
             r"oom[-_]kill|OUT_OF_MEMORY|DefaultCPUAllocator: can't allocate memory",
             re.I,
+        ),
+    ),
+    (
+        # a write that found no room: the errno's text, and torch.save's zip writer, which
+        # reports a short write of a full file system as an unexpected position
+        "disk_full",
+        re.compile(
+            r"No space left on device|Disk quota exceeded|\[Errno (?:28|122)\]|"
+            r"PytorchStreamWriter failed writing file|unexpected pos \d+ vs \d+"
         ),
     ),
     ("cancelled", re.compile(r"CANCELLED AT|scancel|PREEMPTION", re.I)),
