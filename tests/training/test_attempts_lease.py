@@ -41,6 +41,10 @@ from hpcllm.training.checkpoints import lease
         ("srun: error: Node failure on n2", 15, "node_failure"),
         ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate", None, "out_of_memory"),
         ("FileNotFoundError: [Errno 2] No such file or directory: 'x.idx'", None, "missing_file"),
+        # a save on a full file system: the errno, and torch.save's zip writer
+        ("OSError: [Errno 28] No space left on device: 'ckpt/iter_45'", None, "disk_full"),
+        ("RuntimeError: [enforce fail at inline_container.cc:626] . unexpected pos 1536 vs 1484",
+         None, "disk_full"),
         ("AssertionError: num_layers must be divisible by pipeline size", None, "config_error"),
         ("Traceback (most recent call last):\n  boom", None, "error"),
         # the engine died from a forwarded signal before it could say anything
@@ -110,6 +114,13 @@ def test_a_deterministic_failure_is_not_retried_and_names_class_and_job(tmp_path
     path = _attempt(tmp_path, 1, 0, 0, "out_of_memory", job="4711")
     why = attempts.refusal(attempts.load(path), 2, latest_iteration=0)
     assert "out_of_memory" in why and "job 4711" in why and "Fix the cause" in why
+
+    # a message that ends its own sentence (a checksum refusal's "then rerun.") is not
+    # followed by a second period
+    entry = attempts.record_start(tmp_path / "b.json", 1, 0, environ={"SLURM_JOB_ID": "9"})
+    attempts.record_end(tmp_path / "b.json", entry, 0, "config_error", "fix it, then rerun.")
+    why = attempts.refusal(attempts.load(tmp_path / "b.json"), 2, latest_iteration=0)
+    assert "then rerun. Fix the cause" in why and ".." not in why, why
 
 
 def test_an_attempt_without_progress_stops_the_chain(tmp_path):

@@ -427,3 +427,38 @@ def test_the_checksum_benchmark_prints_its_figures(repo, capsys):
     out = capsys.readouterr().out
     ratio = float(out.split("hashing / save: ")[1].split()[0])
     assert ratio > 0 and "MB/s" in out and "sha256" in out, out
+
+
+def test_a_save_on_a_full_file_system_names_it_and_leaves_no_partial_checkpoint(
+    setup, first_segment, tmp_path
+):
+    """Segment 2 resumes from segment 1's checkpoints on a real file system (tmpfs) with
+    room for half a checkpoint more: its first save fails. The segment says disk_full,
+    names the file system, its free space, what a checkpoint takes and the fix, and
+    removes the partial folder, which would hold space and is never loaded."""
+    from support import small_file_system
+
+    prepared, cluster, cache = setup
+    source = first_segment / "ckpt"
+    held = sum(f.stat().st_size for f in source.rglob("*") if f.is_file())
+    one = sum(
+        f.stat().st_size
+        for f in checkpoints.iteration_dir(source, checkpoints.latest_iteration(source)).rglob("*")
+        if f.is_file()
+    )
+    kib = (held + one // 2) // 1024 + 64
+    with small_file_system(tmp_path / "fs", f"{kib}k") as fs:
+        shutil.copytree(source, fs / "ckpt")
+        paths = dataclasses.replace(paths_in(tmp_path, 2, cache), save=str(fs / "ckpt"))
+        with pytest.raises(SegmentIncomplete) as stopped:
+            run_segment(NAME, prepared, 2, paths, cluster)
+        left = sorted(p.name for p in (fs / "ckpt").iterdir())
+        committed = checkpoints.latest_iteration(fs / "ckpt")
+    message = str(stopped.value)
+    print(message)
+    assert committed == PER_SEGMENT, left  # what was committed stays
+    assert stopped.value.failure == "disk_full", message
+    assert "the checkpoint could not be written (removed its partial iter_" in message, message
+    assert f"the file system at {fs} has " in message and "a checkpoint needs " in message
+    assert f"Fix: free space on {fs}" in message
+    assert not [name for name in left if name.endswith(".incomplete")], left

@@ -262,3 +262,24 @@ def test_missing_labels_file_and_flat_val_are_explained(imagenet_tree):
         list_split(
             imagenet_tree, "imagenet", "val", {"format": "loc_solution_csv", "file": "nope.csv"}
         )
+
+
+def test_a_full_disk_is_named_with_its_file_system_and_the_space_needed(imagenet_tree, tmp_path):
+    """A 64 KiB file system (real tmpfs) for the train split: LMDB's own error is an I/O
+    error of its commit ("mdb_txn_commit: Input/output error"); the pack names the LMDB,
+    the file system, its free space, what the whole LMDB needs and the fix, and leaves
+    nothing behind."""
+    from support import small_file_system
+
+    from hpcllm.diskspace import DiskFull
+
+    with small_file_system(tmp_path / "fs", "64k") as fs:
+        with pytest.raises(DiskFull) as raised:
+            pack(imagenet_tree, fs, "imagenet", "train", txn_bytes=16 << 10)
+        left = sorted(p.name for p in fs.iterdir())
+    message = str(raised.value)
+    assert message.startswith(f"no space left on device writing {fs / 'train.lmdb'}: "), message
+    assert f"the file system at {fs} has " in message and "free of 64.0 KiB" in message
+    assert "this step needs " in message and f"Fix: free space on {fs}" in message
+    assert "(LMDB: mdb_txn_commit: Input/output error)" in message
+    assert left == ["mount-point"]  # no partial LMDB, no report

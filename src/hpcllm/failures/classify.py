@@ -22,6 +22,7 @@ FAILURES = (
     "signal",
     "preempted",
     "out_of_memory",
+    "disk_full",
     "cancelled",
     "nccl_error",
     "rendezvous_error",
@@ -74,6 +75,15 @@ _PATTERNS: list[tuple[str, re.Pattern]] = [
             r"CUDA out of memory|HIP out of memory|OutOfMemoryError|out of memory|"
             r"oom[-_]kill|OUT_OF_MEMORY|DefaultCPUAllocator: can't allocate memory",
             re.I,
+        ),
+    ),
+    (
+        # a write that found no room: the errno's text, and torch.save's zip writer, which
+        # reports a short write of a full file system as an unexpected position
+        "disk_full",
+        re.compile(
+            r"No space left on device|Disk quota exceeded|\[Errno (?:28|122)\]|"
+            r"PytorchStreamWriter failed writing file|unexpected pos \d+ vs \d+"
         ),
     ),
     # a job cancelled (scancel, preemption); a step's own "*** STEP ... CANCELLED AT" is

@@ -40,6 +40,7 @@ from PIL import Image, UnidentifiedImageError
 
 from hpcllm.atomic import atomic_path, temporary_path
 from hpcllm.atomic import replace as replace_dir
+from hpcllm.diskspace import DiskFull, describe
 from hpcllm.progress import Progress
 from hpcllm.vision.trees import BadInputError, Problem, Sample, SplitListing
 
@@ -155,6 +156,27 @@ def format_problems(problems: Sequence[Problem], what: str) -> str:
         + "\nFix or remove them, or set vision.on_bad_image: skip to leave them out "
         "(listed in the report next to the LMDB)."
     )
+
+
+def _disk_full(
+    error: lmdb.Error, folder: Path, out: Path, written: int, count: int, total: int,
+    txn_bytes: int,
+) -> DiskFull | None:  # fmt: skip
+    """An LMDB error where ``folder``'s file system (the LMDB ``out`` being written) has
+    less room than a transaction:
+    a full disk, named with the space the whole LMDB needs (what its file took for the
+    images so far, scaled to all of them: LMDB's pages add 2-90 % to small images); None
+    for any other error."""
+    try:
+        free = shutil.disk_usage(folder).free
+        on_disk = max(written, (folder / "data.mdb").stat().st_size)
+    except OSError:
+        return None
+    if free >= 2 * txn_bytes:
+        return None
+    needed = int(on_disk / count * total) if count else None
+    message = describe(out, needed=needed, written=None if needed else written)
+    return DiskFull(f"{message} (LMDB: {error})")
 
 
 class _Writer:
@@ -371,6 +393,13 @@ def pack_lmdb(
             }
             Path(tmp_report).write_text(json.dumps(report, indent=1) + "\n")
             replace_dir(tmp_dir, out_dir)
+        except lmdb.Error as e:
+            # LMDB reports a full file system as an I/O error of its commit or sync
+            full = _disk_full(e, tmp_dir, out_dir, num_bytes, count, len(samples), txn_bytes)
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+            if full is not None:
+                raise full from e
+            raise
         except BaseException:
             shutil.rmtree(tmp_dir, ignore_errors=True)
             raise

@@ -220,7 +220,8 @@ def refusal(
     if failure is not None and not is_transient(failure):
         return (
             f"attempt {last.attempt} ({job}) failed with {failure}, which another attempt "
-            f"would repeat: {last.message or 'see its logs'}. Fix the cause and rerun."
+            f"would repeat: {(last.message or 'see its logs').rstrip('. ')}. Fix the cause "
+            "and rerun."
         )
     trained = trained_to(last, engine_log)
     if max(latest_iteration, trained or 0) > last.start_iteration:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import subprocess
 import time
 from collections.abc import Callable
@@ -329,7 +330,9 @@ def _train_segment(
         elif not parse_log_lines(text):
             when = "during the engine's start-up"
         broken = checkpoint_problem(text, paths.save)
-        if broken:
+        if failure == "disk_full":
+            after = checkpoint_disk_full(paths.save)
+        elif broken:
             after = (
                 f"the checkpoint could not be loaded: {broken} Another attempt would fail "
                 "the same way; fix or remove that checkpoint (docs/training.md)"
@@ -371,6 +374,32 @@ def _train_segment(
         record["energy_j"], record["energy_tokens"] = round(energy[0], 3), energy[1]
     records.write_trained(record, paths)
     return record
+
+
+def checkpoint_disk_full(save: str) -> str:
+    """A save that found its file system full: its partial folders removed (they are never
+    loaded, and hold space), the file system, its room and what a checkpoint takes (the
+    newest committed one's size), and the fix."""
+    from hpcllm.atomic import SUFFIX
+    from hpcllm.diskspace import describe
+
+    newest = checkpoints.latest_iteration(save)
+    # the torch engine's folder under its temporary name; Megatron-LM's, not committed
+    partial = [p for p in Path(save).glob(f"iter_*{SUFFIX}") if p.is_dir()] + [
+        checkpoints.iteration_dir(save, i)
+        for i in checkpoints.iteration_dirs(save)
+        if newest is None or i > newest
+    ]
+    for folder in partial:
+        shutil.rmtree(folder, ignore_errors=True)
+    needed = None
+    if newest is not None:
+        folder = checkpoints.iteration_dir(save, newest)
+        needed = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    removed = f" (removed its partial {', '.join(p.name for p in partial)})" if partial else ""
+    return f"the checkpoint could not be written{removed}: " + describe(
+        save, needed=needed
+    ).replace("this step needs", "a checkpoint needs")
 
 
 def _left(deadline: float | None) -> float | None:
