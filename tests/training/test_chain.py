@@ -82,6 +82,45 @@ def test_status_lists_the_chain_and_names_where_it_stopped(tmp_path):
     assert "last failure: missing_file (job 42); the chain stopped at segment 2" in out, out
 
 
+def test_status_after_a_checksum_refusal_names_the_file_and_the_fix_that_keeps_the_campaign(
+    tmp_path,
+):
+    """Segment 3's attempt refused the committed checkpoint (iteration 20) as damaged:
+    status shows the refusal's class, the damaged file and the way back, and that the
+    checkpoint was refused. After that way back (iteration 20 removed, the tracker at 10),
+    it names --forcerun of segment 2's record, which trains on from iteration 10, before
+    restart-training, which starts over."""
+    from hpcllm.training.campaign import attempts
+
+    save = tmp_path / "checkpoints" / "tiny_local"
+    for it in (10, 20):
+        (save / f"iter_{it:07d}").mkdir(parents=True)
+    (save / "latest_checkpointed_iteration.txt").write_text("20")
+    results = tmp_path / "results" / "train" / "tiny_local"
+    results.mkdir(parents=True)
+    for k, it in ((1, 10), (2, 20)):
+        (results / f"seg{k}.json").write_text(json.dumps({"segment": k, "last_iteration": it}))
+    logs = tmp_path / "logs" / "train_segment" / "tiny_local"
+    logs.mkdir(parents=True)
+    refusal = (
+        f"CheckpointError: {save}/iter_0000020/model.pt: damaged, its contents differ from "
+        "those committed. Resuming iteration 20 would train on damaged weights. The previous "
+        f"committed checkpoint, iteration 10, verifies: resume from it with `rm -r "
+        f"{save}/iter_0000020 && echo 10 > {save}/latest_checkpointed_iteration.txt`, then rerun"
+    )
+    entry = attempts.record_start(logs / "seg3.attempts.json", 1, 20, environ={})
+    attempts.record_end(logs / "seg3.attempts.json", entry, 20, "checkpoint_error", refusal)
+    out = status.campaign_status(tmp_path, [str(EXAMPLES)], jobs=[])
+    assert f"last failure: checkpoint_error (job -): {refusal}" in out, out
+    assert "checkpoint iteration 20/30 (0.010 M tokens), refused by the last attempt" in out, out
+
+    (save / "iter_0000020").rmdir()  # the way back the refusal names
+    (save / "latest_checkpointed_iteration.txt").write_text("10")
+    out = status.campaign_status(tmp_path, [str(EXAMPLES)], jobs=[])
+    keep = f"To train on from iteration 10, keeping the campaign: run the workflow with --forcerun {results}/seg2.json"
+    assert keep in out and out.index(keep) < out.index("hpcllm restart-training"), out
+
+
 def test_cancel_training_without_squeue_says_so(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PATH", str(tmp_path))  # no squeue, no scancel
     assert cli.main(["cancel-training", "tiny_local", "-d", str(tmp_path)]) == 1

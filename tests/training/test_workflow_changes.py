@@ -170,12 +170,37 @@ def test_the_segments_records_survive_a_refused_change_and_a_forced_rerun(work):
     runs = launches(work, 1), launches(work, 2)
     snakemake(work, "--configfile", configure(work))
     assert {k: (results / f"seg{k}.json").read_text() for k in (1, 2)} == trained
-    proc = snakemake(
-        work, "--configfile", configure(work), "--forcerun", f"results/train/{NAME}/seg1.json"
-    )
-    assert "nothing to train" in (work / f"logs/train_segment/{NAME}/seg2.log").read_text()
-    assert {k: (results / f"seg{k}.json").read_text() for k in (1, 2)} == trained
     assert (launches(work, 1), launches(work, 2)) == runs  # no engine started
+
+
+def test_a_forced_rerun_of_trained_segments_is_refused_with_the_command_that_trains(work):
+    """Issue 40: a --forcerun of seg1.json (or of the data under it) over a checkpoint that
+    holds both segments would train nothing and export the old model as new. The plan
+    says so (a dry run warns) and a real run submits nothing, naming restart-training
+    and the way to keep the model; the records and checkpoints stay as they were."""
+    before = snapshot(work)
+    force = ("--configfile", configure(work), "--forcerun", f"results/train/{NAME}/seg1.json")
+    said = (
+        f"training.experiments.{NAME}: segments 1 (forced (--forcerun, -R or -F)) are "
+        f"planned again, but checkpoints/{NAME} holds iteration 8, past their targets"
+    )
+    dry = snakemake(work, *force, "-n")
+    assert f"Warning: {said}" in dry.stdout + dry.stderr, (dry.stdout + dry.stderr)[-3000:]
+    proc = snakemake(work, *force, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and f"Nothing was submitted: {said}" in out, out[-3000:]
+    assert f"`hpcllm restart-training {NAME}`" in out and "--touch" in out
+    assert snapshot(work) == before  # nothing ran, nothing was rewritten
+    # README's own example: the data made again under the trained segments
+    data = (
+        "--configfile",
+        configure(work),
+        "--forcerun",
+        "data/tokenized/sample_bpe/sample_en_text_document.bin",
+    )
+    dry = snakemake(work, *data, "-n")
+    made = "(its data is made again in this run)"
+    assert f"segments 1 {made}, 2 {made} are planned again" in dry.stdout + dry.stderr
 
 
 def test_a_forced_rerun_on_a_checkpoint_of_other_settings_is_refused(work):

@@ -138,12 +138,60 @@ def check_plan_cost(dag):
         logger.warning(f"Warning: {problem}")
 
 
-# The plan's cost is priced from the DAG Snakemake executes, once it is built and before
-# any job is submitted. Snakemake calls no hook of the workflow's there in a dry run
-# (onstart runs for real runs only), but both kinds of run print the DAG's job counts
-# (DAG.stats) at that point: the cost is printed, and a real run over the limit stopped,
-# just before them. Only in this process: jobs re-read the Snakefile, price nothing.
-if workflow.is_main_process and CLUSTER.uses_slurm and CLUSTER.gpus_per_node:
+def check_training_reruns(dag):
+    """Refuse segment jobs asked for again (forced, or their data made again) whose
+    checkpoint holds their target already (hpcllm.training.plan.reruns); a dry run and
+    --touch only warn."""
+    from hpcllm.training.checkpoints.tracker import CheckpointError, latest_iteration
+    from hpcllm.training.plan.experiment import target_iteration
+    from hpcllm.training.plan.reruns import refusal, stale_reruns
+
+    def reached(name):
+        try:
+            return latest_iteration(f"checkpoints/{name}")
+        except CheckpointError:  # the segment's job names what is wrong
+            return None
+
+    def asked(job):
+        """Snakemake's reasons that ask for new training: forced, or the data (not the
+        segment before's record, the image or the pre-flight) made again."""
+        reason = dag.reason(job)
+        names = ["forced"] if reason.forced else []
+        exp = job.wildcards["experiment"]
+        other = (f"results/train/{exp}/", "containers/", "results/preflight/")
+        for name, files in (
+            ("updated input files", reason.updated_input),
+            ("input files updated by another job", reason.updated_input_run),
+        ):
+            if any(not str(f).startswith(other) for f in files):
+                names.append(name)
+        return names
+
+    planned = [
+        (job.wildcards["experiment"], int(job.wildcards["k"]), asked(job))
+        for job in dag.needrun_jobs()
+        # (changed settings: the plan warned, and the job refuses naming them)
+        if job.rule.name == "train_segment"
+        and not settings_refused(job.wildcards["experiment"])
+    ]
+    target = lambda name, k: target_iteration(EXPERIMENTS[name].experiment, k)
+    problems = [
+        refusal(name, segments, reached(name))
+        for name, segments in stale_reruns(planned, reached, target).items()
+    ]
+    if problems and not (workflow.dryrun or workflow.touch):
+        raise WorkflowError("Nothing was submitted: " + "\n".join(problems))
+    for problem in problems:
+        logger.warning(f"Warning: {problem}")
+
+
+# The plan's cost is priced, and reruns of training checked, from the DAG Snakemake
+# executes, once it is built and before any job is submitted. Snakemake calls no hook of
+# the workflow's there in a dry run (onstart runs for real runs only), but both kinds of
+# run print the DAG's job counts (DAG.stats) at that point: the cost is printed, and a
+# real run over the limit stopped, just before them. Only in this process: jobs re-read
+# the Snakefile, price nothing.
+if workflow.is_main_process:
     from snakemake.dag import DAG as _DAG
 
     _dag_stats = _DAG.stats
@@ -152,7 +200,9 @@ if workflow.is_main_process and CLUSTER.uses_slurm and CLUSTER.gpus_per_node:
     def _stats_after_cost(dag):
         if id(dag) not in _priced:
             _priced.add(id(dag))
-            check_plan_cost(dag)
+            check_training_reruns(dag)
+            if CLUSTER.uses_slurm and CLUSTER.gpus_per_node:
+                check_plan_cost(dag)
         return _dag_stats(dag)
 
     _DAG.stats = _stats_after_cost

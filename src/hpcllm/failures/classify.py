@@ -27,6 +27,7 @@ FAILURES = (
     "nccl_error",
     "rendezvous_error",
     "missing_file",
+    "checkpoint_error",
     "config_error",
     "error",
 )
@@ -105,12 +106,14 @@ _PATTERNS: list[tuple[str, re.Pattern]] = [
         "missing_file",
         re.compile(r"FileNotFoundError|No such file or directory|DataError: .*missing", re.I),
     ),
+    # a checkpoint refused before it is read: damaged, unverified, or not loadable
+    ("checkpoint_error", re.compile(r"CheckpointError: ")),
     (
         "config_error",
         re.compile(
             # Megatron-LM's argument checks (asserts in validate_args), our own refusals
             r"AssertionError|argparse|error: unrecognized arguments|error: argument|"
-            r"ValueError: |CheckpointError: |DataError: |SettingsChanged: ",
+            r"ValueError: |DataError: |SettingsChanged: ",
         ),
     ),
     (

@@ -53,6 +53,8 @@ class ExperimentStatus:
     # Why the files show a model that is not the current one (checkpoints of other
     # settings, segment records of checkpoints no longer there); its figures are left out.
     stale: str | None = None
+    # the last attempt refused the checkpoint (damaged or unverified): last_failure says why
+    refused_checkpoint: bool = False
     earlier_failure: str | None = None  # an attempt's failure that a later attempt followed
     # The GPUs' energy over the iterations whose log lines carry it (hpcllm.bench.energy).
     wh_per_million_tokens: float | None = None
@@ -287,10 +289,16 @@ def experiment_status(
     # A failure is the current state only while no attempt started after it (a retry, a
     # resumed run, a restart): then it is reported as an earlier one.
     last_failure = earlier_failure = None
+    refused_checkpoint = False
     if failed is not None:
         text = f"{failed[1].failure} (job {failed[1].job_id or '-'})"
         if newest is not None and newest[1] is failed[1]:
             last_failure = text
+            # a checkpoint refused before training: the message names the file and the
+            # way back to the newest checkpoint that verifies
+            if failed[1].failure == "checkpoint_error" and failed[1].message:
+                last_failure += f": {failed[1].message}"
+                refused_checkpoint = True
         else:
             earlier_failure = text
     gpu_hours = seconds * layout.gpus / 3600
@@ -369,6 +377,7 @@ def experiment_status(
         log_age_s=log_age,
         running_gpu_hours=running_seconds * layout.gpus / 3600,
         stale=stale,
+        refused_checkpoint=refused_checkpoint,
         earlier_failure=earlier_failure,
         wh_per_million_tokens=wh_per_million_tokens(*energy) if energy else None,
     )
@@ -397,11 +406,19 @@ def _segments_done(
         return done, None
     names = ", ".join(p.name for p in orphans)
     holds = "holds no checkpoint" if iteration is None else f"holds iteration {iteration}"
+    keep = ""
+    if iteration is not None:
+        # e.g. after a damaged checkpoint was removed and the tracker pointed back
+        keep = (
+            f"To train on from iteration {iteration}, keeping the campaign: run the "
+            f"workflow with --forcerun {results}/{orphans[0].name} (that segment and the "
+            "ones after it train again from there). To start over instead: "
+        )
     return done, (
         f"{results}/{names} record iterations that {save} no longer has (it {holds}: "
         f"moved or deleted); Snakemake does not train a segment whose record exists. "
-        f"`hpcllm restart-training {results.name}` moves the records aside too, so that the "
-        "next run trains them again"
+        f"{keep}`hpcllm restart-training {results.name}` moves the records aside too, so "
+        "that the next run trains them all again"
     )
 
 
@@ -513,6 +530,7 @@ def format_status(
             f"  {e.name}: {'done, ' if e.finished else ''}"
             f"{e.segments_done}/{e.segments} segments, checkpoint iteration "
             f"{_num(e.iteration, 'd')}/{e.total_iterations} ({e.tokens / 1e6:.3f} M tokens)"
+            + (", refused by the last attempt (see last failure)" if e.refused_checkpoint else "")
         )
         if e.stale:
             lines.append(f"    stale files: {e.stale}")
