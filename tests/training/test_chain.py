@@ -504,8 +504,9 @@ def test_a_chain_submitted_up_front_has_a_job_per_segment_left_and_the_retries(
     tmp_path, monkeypatch
 ):
     """Where compute nodes may not call sbatch: segments 2 and 3 to train and 2 retries
-    (max_attempts 3), each job after the one before and singleton; a job of it submits
-    nothing, and one that finds the chain stopped ends at once without failing."""
+    (max_attempts 3), each job afterok the one before, singleton, --kill-on-invalid-dep;
+    a job of it submits nothing, and one that finds the chain stopped ends at once with
+    the status that ends the chain (Slurm cancels the jobs after it)."""
     calls = counting_slurm(tmp_path, monkeypatch)
     campaign = three_segments(tmp_path, reached=4)
     campaign.up_front = True
@@ -514,7 +515,7 @@ def test_a_chain_submitted_up_front_has_a_job_per_segment_left_and_the_retries(
     lines = calls.read_text().splitlines()
     assert lines[0].endswith("--dependency=singleton --wrap " + lines[0].split("--wrap ")[1])
     for k, line in enumerate(lines[1:], start=71):
-        assert f"--dependency=afterany:{k},singleton" in line, line
+        assert f"--dependency=afterok:{k},singleton --kill-on-invalid-dep=yes" in line, line
     assert [e["after"] for e in chain.submitted_jobs(tmp_path / campaign.save)] == [
         None, "71", "72", "73"
     ]  # fmt: skip
@@ -524,7 +525,7 @@ def test_a_chain_submitted_up_front_has_a_job_per_segment_left_and_the_retries(
         json.dumps({"chain": saved.chain_id, "segment": 2, "failure": "out_of_memory",
                     "job_id": "72", "message": "CUDA out of memory", "time": 5})
     )  # fmt: skip
-    assert chain.step(campaign.file(), environ={"SLURM_JOB_ID": "73"}) == 0
+    assert chain.step(campaign.file(), environ={"SLURM_JOB_ID": "73"}) == chain.ENDS_CHAIN
     assert len(calls.read_text().splitlines()) == 4  # no sbatch, no scancel
 
 

@@ -139,7 +139,7 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file_and_the_previous_one(
     assert f"echo {SAVE_EVERY} > {save / checkpoints.TRACKER}" in message
     assert not Path(paths.engine_log).exists()  # no engine started
     (entry,) = attempts.load(attempts.attempts_path(paths.engine_log))
-    assert entry.failure == "config_error"  # deterministic: not retried
+    assert entry.failure == "checkpoint_error"  # deterministic: not retried
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # one process: intended

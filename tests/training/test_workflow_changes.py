@@ -260,4 +260,4 @@ def test_a_corrupt_checkpoint_is_named_and_never_called_intact(work):
     cut = f"{NAME}/iter_0000008/mp_rank_00/model_optim_rng.pt: {model.stat().st_size} bytes"
     assert cut in log and "would train on damaged weights" in log, log[-3000:]
     entries = json.loads((work / f"logs/train_segment/{NAME}/seg3.attempts.json").read_text())
-    assert [e["failure"] for e in entries] == ["config_error"]  # not retried
+    assert [e["failure"] for e in entries] == ["checkpoint_error"]  # not retried

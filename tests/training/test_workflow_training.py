@@ -180,7 +180,7 @@ def tensorboard_tags(folder: Path) -> set[str]:
 
 def test_a_deterministic_failure_is_not_retried(text_workdir):
     """A partial checkpoint (the tracker names a folder without its model file): the
-    engine refuses it, the first attempt fails with config_error, and the second is
+    engine refuses it, the first attempt fails with checkpoint_error, and the second is
     refused at once, naming the class, without launching the engine."""
     work = text_workdir
     cfg = write_config(work, "broken", tiny(segments=1))
@@ -200,10 +200,10 @@ def test_a_deterministic_failure_is_not_retried(text_workdir):
     log = (work / "logs/train_segment/broken/seg1.log").read_text()
     # Snakemake resubmits (retries are per rule), and each later attempt only reports
     assert "Trying to restart job" in out
-    assert "not run: attempt 1" in log and "failed with config_error" in log, log
+    assert "not run: attempt 1" in log and "failed with checkpoint_error" in log, log
     assert (work / "logs/train_segment/broken/seg1.engine.log").read_text().count("==>") == 1
     entries = json.loads((work / "logs/train_segment/broken/seg1.attempts.json").read_text())
-    assert [(e["attempt"], e["failure"]) for e in entries] == [(1, "config_error")]
+    assert [(e["attempt"], e["failure"]) for e in entries] == [(1, "checkpoint_error")]
 
 
 def test_split_without_documents_fails_the_index_cache_job_with_its_reason(text_workdir):
