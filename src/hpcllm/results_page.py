@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -272,7 +273,31 @@ def experiment_view(workdir: Path, name: str, prepared, loss_png: Path | None) -
     notes = [f"Last failure: {s.last_failure}."] if s.last_failure else []
     scores, stale = experiment_scores(workdir, name, s.total_iterations)
     notes += [stale] if stale else []
+    older = older_than_data(workdir, name, prepared.blend.prefixes, s.total_iterations)
+    notes += [older] if older else []
     return ExperimentView(name, status, loss_png, notes, trained=bool(s.iteration), scores=scores)
+
+
+def older_than_data(workdir: Path, name: str, prefixes, iteration: int) -> str | None:
+    """Why the exported model (and its scores) is older than the data the experiment
+    reads now (its segments' records name the data they trained on); None when it is
+    not, or where either is not known."""
+    from hpcllm.training.plan.data import data_digest
+
+    export = workdir / f"results/export/{name}/iter_{iteration:07d}/export.json"
+    try:
+        trained_on = json.loads(export.read_text()).get("data_digest")
+        now = data_digest([str(workdir / p) for p in prefixes])
+    except (OSError, ValueError, AttributeError):
+        return None
+    if trained_on is None or trained_on == now:
+        return None
+    return (
+        f"The exported model of iteration {iteration:,} (and its scores) was trained on data "
+        f"made before the data there now (data digest {trained_on}, now {now}): it is not "
+        f"a model of the current data. `hpcllm restart-training {name}`, then the same "
+        "command, trains one."
+    )
 
 
 def experiment_scores(workdir: Path, name: str, iteration: int):

@@ -50,6 +50,9 @@ def test_each_named_segment_is_exported_and_loads(exported):
         info = json.loads((exported / export).read_text())
         assert info["iteration"] == it and info["experiment"] == NAME
         assert info["source_checkpoint"] == f"checkpoints/{NAME}/iter_{it:07d}"
+        # the data the model trained on, as its segment's record names it
+        segment = json.loads((exported / f"results/train/{NAME}/seg{it // 2}.json").read_text())
+        assert info["data_digest"] == segment["data_digest"] is not None
         folder = (exported / export).parent
         model = transformers.AutoModelForCausalLM.from_pretrained(str(folder))
         tok = transformers.AutoTokenizer.from_pretrained(str(folder))

@@ -462,3 +462,11 @@ def test_a_save_on_a_full_file_system_names_it_and_leaves_no_partial_checkpoint(
     assert f"the file system at {fs} has " in message and "a checkpoint needs " in message
     assert f"Fix: free space on {fs}" in message
     assert not [name for name in left if name.endswith(".incomplete")], left
+
+
+def test_a_segments_record_names_the_data_it_trained_on(setup, first_segment):
+    from hpcllm.training.plan.data import data_digest
+
+    prepared, _, _ = setup
+    record = json.loads((first_segment / "seg1.json").read_text())
+    assert record["data_digest"] == data_digest(prepared.blend.prefixes)

@@ -143,6 +143,9 @@ def export(
         "tokens": record["consumed_samples"] * weights["model.seq_length"],
         "settings_hash": settings_hash(weights),
         "source_checkpoint": str(source),
+        # the data the model trained on, as its last segment's record says (None: a record
+        # from before records named it)
+        "data_digest": record.get("data_digest"),
         "architecture": type(model).__name__,
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         "export_settings": {"dtype": dtype},

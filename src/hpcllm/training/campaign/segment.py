@@ -39,6 +39,7 @@ from hpcllm.training.checkpoints.checksums import check_checksums, record_checks
 from hpcllm.training.checkpoints.retention import retention
 from hpcllm.training.engines.command import engine_command
 from hpcllm.training.engines.log_lines import parse_log_lines
+from hpcllm.training.plan.data import data_digest
 from hpcllm.training.plan import settings as tracked
 from hpcllm.training.plan.data_checks import check_segment_data
 from hpcllm.training.plan.experiment import Paths, Prepared, target_iteration
@@ -364,6 +365,9 @@ def _train_segment(
         "seconds": round(time.time() - started, 3),
         "gpus": layout.gpus,
         "checkpoint": str(checkpoints.iteration_dir(paths.save, reached)),
+        # the data it trained on (hpcllm.training.plan.data.data_digest): the results page
+        # says when a model is older than the data now there
+        "data_digest": data_digest(prepared.blend.prefixes),
     }
     # The GPUs' energy where the engine logged it (hpcllm.bench.energy), and its tokens.
     from hpcllm.bench.energy import log_energy

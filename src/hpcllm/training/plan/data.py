@@ -47,6 +47,23 @@ class Blend:
         return [x for w, p in zip(self.weights, self.prefixes) for x in (f"{w:g}", p)]
 
 
+def data_digest(prefixes: Sequence[str]) -> str:
+    """What the blend's datasets hold, for the records of what a model was trained on:
+    each ``.idx`` (every document's length and place) and each ``.bin``'s size. Reading
+    the ``.bin`` files (terabytes) is left out; tokenization that changes a token changes
+    the documents' lengths too, except in the rarest cases."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for prefix in prefixes:
+        idx, bin_ = f"{prefix}.idx", f"{prefix}.bin"
+        h.update(f"{Path(prefix).name}\0{os.path.getsize(bin_)}\0".encode())
+        with open(idx, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()[:16]
+
+
 def parse_split(split: str) -> list[float]:
     """Megatron's split string (``"949,50,1"``) as normalised fractions, three of them."""
     try:
