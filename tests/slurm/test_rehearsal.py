@@ -275,9 +275,13 @@ def test_the_probe_and_a_canary_per_job_type_ran_before_the_gpu_jobs(rehearsal, 
     (the rehearsal's jobs of every type run on both: the rendezvous and an all-reduce
     across nodes), the training canary through a checkpoint save and a resume from it;
     every GPU job started in the image after its canary ended."""
-    work, _, execs = rehearsal
+    work, output, execs = rehearsal
     jobs, kinds = jobs_of(work), canary_kinds(work)
     states = {j["id"]: j for j in slurm_cluster.jobs()}
+    # the first plan says plainly how training runs until the probe has answered
+    assert (
+        "Whether compute nodes may call sbatch is not known yet: the site probe of this " in output
+    )
     for image in ("megatron-nvidia", "vision-nvidia"):
         record = preflight(work, f"probe/{image}")
         assert record["ok"] and jobs[record["job_id"]] == "site_probe", record
@@ -353,6 +357,9 @@ def test_a_failed_canary_holds_the_gpu_jobs_back(failed_canary):
     # Only the canary was submitted (the probe's record stands; nothing else was planned
     # after it): no training segment, no benchmark point.
     assert sorted(new.values()) == ["canary"], (new, output[-3000:])
+    # the next run's plan decides the chain from the probe's record (it ran before)
+    chained = "training: each experiment runs as a chain of Slurm jobs by default, each "
+    assert chained + "submitting its successor (compute nodes may call sbatch: " in output
     engine_log = "results/preflight/rehearsal/canary/train_megatron/seg1.engine.log"
     said = [line for line in output.splitlines() if "canary" in line]
     assert (

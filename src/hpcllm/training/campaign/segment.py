@@ -39,8 +39,8 @@ from hpcllm.training.checkpoints.checksums import check_checksums, record_checks
 from hpcllm.training.checkpoints.retention import retention
 from hpcllm.training.engines.command import engine_command
 from hpcllm.training.engines.log_lines import parse_log_lines
-from hpcllm.training.plan.data import data_digest
 from hpcllm.training.plan import settings as tracked
+from hpcllm.training.plan.data import data_digest
 from hpcllm.training.plan.data_checks import check_segment_data
 from hpcllm.training.plan.experiment import Paths, Prepared, target_iteration
 
