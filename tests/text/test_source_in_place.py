@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -275,3 +276,76 @@ def test_the_cards_files_are_the_ones_datasets_resolves(repo):
     cfg = {"type": "hub", "dataset": "HuggingFaceFW/fineweb", "name": "sample-10BT"}
     builder = datasets.load_dataset_builder(mirror, name="sample-10BT")
     assert hub_data_files(cfg, mirror) == list(builder.config.data_files["train"])
+
+
+@pytest.fixture
+def progress_lines(monkeypatch):
+    """The progress lines, one after every batch."""
+    import hpcllm.progress
+
+    monkeypatch.setattr(hpcllm.progress, "INTERVAL_S", 0.0)
+    lines: list[str] = []
+    monkeypatch.setattr(hpcllm.progress.log, "info", lines.append)
+    return lines
+
+
+def shard_totals(lines: list[str]) -> dict[int, list[int | None]]:
+    """Each shard's totals, line by line (None: a line without one)."""
+    totals: dict[int, list[int | None]] = {}
+    for line in lines:
+        m = re.match(r"tokenize (\d{4})_text_document: [\d,]+( of ([\d,]+))? documents", line)
+        assert m, line
+        totals.setdefault(int(m[1]), []).append(int(m[3].replace(",", "")) if m[3] else None)
+    return totals
+
+
+@pytest.mark.parametrize("shards,totals", [(2, [30, 20]), (3, [17, 17, 16])])
+def test_a_parquet_shard_reports_its_rows_from_the_footers(
+    tmp_path, trained_tokenizer, sample_texts, progress_lines, shards, totals
+):
+    """Issue 40: without max_documents the progress lines had no total and no ETA. A
+    shard of whole Parquet files takes its total from their footers (2 shards: a file
+    each), a shard of a block of rows its block (3 shards of 50 rows)."""
+    texts = [t for t in sample_texts if t.strip()][:50]
+    write_parquet(tmp_path / "a.parquet", texts[:30])
+    write_parquet(tmp_path / "b.parquet", texts[30:], row_group_size=11)
+    cfg = {"type": "local", "files": [str(tmp_path / "*.parquet")]}
+    tokenize_source(tmp_path, cfg, shards, trained_tokenizer)
+    found = shard_totals(progress_lines)
+    assert found == {k: [n] * len(found[k]) for k, n in enumerate(totals)}, progress_lines
+    assert any("ETA" in line for line in progress_lines), progress_lines
+
+
+def test_a_jsonl_shard_estimates_its_documents_from_the_bytes_read(
+    tmp_path, trained_tokenizer, sample_texts, progress_lines, monkeypatch
+):
+    """JSON lines would need a full read to count: the total is estimated from the
+    position in the file (here every 4 lines), exact once the file is read."""
+    import hpcllm.text.sources
+
+    monkeypatch.setattr(hpcllm.text.sources, "POSITION_EVERY", 4)
+    texts = [t for t in sample_texts if t.strip()][:40]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    cfg = {"type": "local", "files": [str(tmp_path / "a.jsonl")]}
+    tokenize_source(tmp_path, cfg, 1, trained_tokenizer)
+    (totals,) = shard_totals(progress_lines).values()
+    assert None not in totals and totals[-1] == 40, progress_lines
+    assert progress_lines[-1].startswith("tokenize 0000_text_document: 40 of 40 documents")
+    assert any("ETA" in line for line in progress_lines), progress_lines
+
+
+def test_a_compressed_files_position_is_in_its_compressed_bytes(tmp_path):
+    """What a JSON lines file's position is measured in: its bytes on disk."""
+    from hpcllm.text.compressed import disk_position, open_binary
+
+    data = b"".join(b'{"text": "%d"}\n' % i for i in range(20000))
+    for name, packed in (
+        ("a.jsonl.gz", gzip.compress(data)),
+        ("a.jsonl.zst", zstandard.ZstdCompressor().compress(data)),
+    ):
+        (tmp_path / name).write_bytes(packed)
+        with open_binary(tmp_path / name) as f:
+            f.readline()
+            assert 0 < disk_position(f) <= len(packed) < len(data)
+            f.read()
+            assert disk_position(f) == len(packed)

@@ -353,25 +353,39 @@ def test_a_record_not_kept_is_written_as_trained_by_no_job(setup, first_segment,
 
 
 def test_a_segment_resumed_before_its_start_says_so_and_a_forced_rerun_keeps_it(
-    setup, first_segment, tmp_path
+    setup, first_segment, tmp_path, caplog
 ):
     """Issue 40: the tracker pointed back to iteration 15, segment 2 (iterations 31..60)
     trains 16..60: its record says first_iteration 16, not 31 with resumed_from 15. A
-    forced rerun of segment 2 afterwards (the checkpoint at 60) keeps that record."""
+    forced rerun of segment 2 afterwards (the checkpoint at 60) keeps that record. Each
+    ends with a line in the job's log saying what it did (issue 40: none did)."""
     prepared, cluster, cache = setup
     folder = copy_of(first_segment, tmp_path)
     checkpoints.write_tracker(folder / "ckpt", SAVE_EVERY)
     paths = paths_in(folder, 2, cache)
-    record = run_segment(NAME, prepared, 2, paths, cluster)
+    with caplog.at_level(logging.INFO, logger="hpcllm"):
+        record = run_segment(NAME, prepared, 2, paths, cluster)
     assert (record["first_iteration"], record["resumed_from_iteration"]) == (
         SAVE_EVERY + 1,
         SAVE_EVERY,
     )
     assert record["last_iteration"] == 2 * PER_SEGMENT and record["seconds"] > 0
+    done = [m for m in caplog.messages if m.startswith(f"segment 2 of {NAME} done")]
+    assert done == [
+        f"segment 2 of {NAME} done: iterations 16..60 in {record['seconds']:.0f} s, "
+        f"lm loss {record['lm_loss']:.4g}, checkpoint {record['checkpoint']}"
+    ], caplog.messages
     trained = Path(paths.record).read_text()
     Path(paths.record).unlink()  # what Snakemake does before a forced job
-    assert run_segment(NAME, prepared, 2, paths, cluster) == record
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="hpcllm"):
+        assert run_segment(NAME, prepared, 2, paths, cluster) == record
     assert Path(paths.record).read_text() == trained
+    done = [m for m in caplog.messages if m.startswith(f"segment 2 of {NAME} done")]
+    assert done == [
+        f"segment 2 of {NAME} done: nothing to train, {paths.save} already holds iteration "
+        f"60 (this segment's target: 60)"
+    ], caplog.messages
 
 
 def test_ctrl_c_to_the_segment_leaves_no_engine_behind(setup, tmp_path):

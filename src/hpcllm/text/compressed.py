@@ -41,8 +41,8 @@ def compression_of(path: str | os.PathLike) -> str | None:
 class _ZstdFrames(io.RawIOBase):
     """zstd decoded one frame after another; an unfinished last frame is an error."""
 
-    def __init__(self, path: str | os.PathLike):
-        self._file = open(path, "rb")
+    def __init__(self, file: BinaryIO):
+        self._file = file
         self._dctx = zstandard.ZstdDecompressor()
         self._obj = self._dctx.decompressobj()
         self._in_frame = False  # bytes of a frame fed that has not ended yet
@@ -78,16 +78,13 @@ class _ZstdFrames(io.RawIOBase):
         self._pending = self._pending[n:]
         return n
 
-    def close(self) -> None:
-        self._file.close()
-        super().close()
-
 
 class _Named(io.RawIOBase):
-    """Decoding errors of the stream under it, re-raised with the file's name."""
+    """Decoding errors of the stream under it, re-raised with the file's name; ``disk``:
+    the compressed file it reads, closed with it."""
 
-    def __init__(self, inner, path: str | os.PathLike, fmt: str):
-        self._inner, self._path, self._fmt = inner, os.fspath(path), fmt
+    def __init__(self, inner, path: str | os.PathLike, fmt: str, disk: BinaryIO):
+        self._inner, self._path, self._fmt, self.disk = inner, os.fspath(path), fmt, disk
 
     def readable(self) -> bool:
         return True
@@ -102,8 +99,11 @@ class _Named(io.RawIOBase):
             ) from None
 
     def close(self) -> None:
-        self._inner.close()
-        super().close()
+        try:
+            self._inner.close()
+        finally:
+            self.disk.close()
+            super().close()
 
 
 def open_binary(path: str | os.PathLike) -> BinaryIO:
@@ -120,14 +120,26 @@ def open_binary(path: str | os.PathLike) -> BinaryIO:
             f"{name}: named .{claimed} but does not start with {claimed}'s magic bytes; "
             "it is not a complete compressed file (rename it or download it again)"
         )
+    disk = open(path, "rb")
     if fmt is None:
-        return open(path, "rb")
-    if fmt == "zst":
-        inner: io.RawIOBase = _ZstdFrames(path)
-    elif fmt == "gz":
-        inner = gzip.open(path, "rb")  # type: ignore[assignment]
-    elif fmt == "xz":
-        inner = lzma.open(path, "rb")  # type: ignore[assignment]
-    else:
-        inner = bz2.open(path, "rb")  # type: ignore[assignment]
-    return io.BufferedReader(_Named(inner, path, fmt), CHUNK)  # type: ignore[return-value]
+        return disk
+    try:
+        if fmt == "zst":
+            inner: io.RawIOBase = _ZstdFrames(disk)
+        elif fmt == "gz":
+            inner = gzip.open(disk, "rb")  # type: ignore[assignment]
+        elif fmt == "xz":
+            inner = lzma.open(disk, "rb")  # type: ignore[assignment]
+        else:
+            inner = bz2.open(disk, "rb")  # type: ignore[assignment]
+    except BaseException:
+        disk.close()
+        raise
+    return io.BufferedReader(_Named(inner, path, fmt, disk), CHUNK)  # type: ignore[return-value]
+
+
+def disk_position(stream: BinaryIO) -> int:
+    """How far into its file ``stream`` (from :func:`open_binary`) has read: for a
+    compressed file, in compressed bytes (decoded a chunk ahead of what was returned)."""
+    raw = getattr(stream, "raw", None)
+    return raw.disk.tell() if isinstance(raw, _Named) else stream.tell()

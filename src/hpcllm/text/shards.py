@@ -28,6 +28,7 @@ from hpcllm.text.arrow_texts import blank, utf8_offsets
 from hpcllm.text.sources import (
     BadRecord,
     Document,
+    ShardSize,
     SkipLog,
     TextRun,
     shard_documents,
@@ -176,13 +177,16 @@ def shard_batches(
     counts: ShardCounts,
     batch_bytes: int,
     base: str | os.PathLike = ".",
+    shard_size: ShardSize | None = None,
 ) -> Iterator[Any]:
     """The texts :func:`shard_texts` keeps, in batches of about ``batch_bytes``: lists of
     ``str``, or Arrow string arrays where a Parquet file's rows are clean (no Python
-    string per document: the tokenizer reads the array's buffers)."""
+    string per document: the tokenizer reads the array's buffers). ``shard_size`` is
+    filled in as :func:`hpcllm.text.sources.shard_documents` says."""
     batch: list[str] = []
     size = 0
-    for item in shard_documents(name, cfg, shard, num_shards, base, columnar=True):
+    documents = shard_documents(name, cfg, shard, num_shards, base, True, shard_size)
+    for item in documents:
         if isinstance(item, TextRun):
             kept = _keep_run(item, policy, counts)
             if kept is not None:
@@ -289,9 +293,17 @@ def tokenize_source_shard(
     :func:`hpcllm.text.tokenization.tokenize_shard`."""
     from hpcllm.text.tokenization import tokenize_shard
 
-    counts = ShardCounts()
+    counts, size = ShardCounts(), ShardSize()
     start = time.monotonic()
-    batches = shard_batches(name, cfg, policy, shard, num_shards, counts, batch_bytes, base)
+    batches = shard_batches(name, cfg, policy, shard, num_shards, counts, batch_bytes, base, size)
+
+    def total() -> int | None:
+        """The shard's records (from the files' metadata, or estimated from the bytes
+        read), at most its max_documents, for the progress lines."""
+        read = counts.documents + counts.empty + counts.skipped.total
+        known = [n for n in (size.estimate(read), policy.max_documents) if n is not None]
+        return min(known, default=None)
+
     with atomic_paths(out_manifest) as (tmp_manifest,):
         tokenize_shard(
             batches,
@@ -299,7 +311,7 @@ def tokenize_source_shard(
             tok,
             eod_token,
             batch_bytes=batch_bytes,
-            total_documents=policy.max_documents,
+            total_documents=total,
             label=f"{name} shard {shard}",
             **tokenize_options,
         )

@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from hpcllm.text.compressed import open_binary
+from hpcllm.text.compressed import disk_position, open_binary
 from hpcllm.text.hub_files import (
     Repository,
     ScriptDataset,
@@ -92,6 +92,34 @@ class SkipLog:
         return sum(self.counts.values())
 
 
+@dataclass
+class ShardSize:
+    """How much a shard reads, for its progress lines, as its reader learns it before the
+    first record: ``records`` where they are known without reading the data (Parquet
+    footers, or a block of records counted to split them), else the ``file_bytes`` of its
+    files, of which ``bytes_done`` (files read to their end) and ``bytes_now`` (the file
+    being read, as JSON lines are read) are read so far."""
+
+    records: int | None = None
+    file_bytes: int = 0
+    bytes_done: int = 0
+    bytes_now: int = 0
+
+    def estimate(self, records_read: int) -> int | None:
+        """The shard's records: ``records``, else ``records_read`` (so far) scaled from the
+        bytes read to the files' bytes; None before any are read."""
+        if self.records is not None:
+            return self.records
+        read = self.bytes_done + self.bytes_now
+        if not (read and records_read and self.file_bytes):
+            return None
+        return round(records_read * self.file_bytes / read)
+
+
+# JSON lines between updates of ShardSize.bytes_now (a power of 2: a mask tests it).
+POSITION_EVERY = 4096
+
+
 def row_where(path: str, row: int) -> str:
     """Where row ``row`` (from 0, as pyarrow counts) of a Parquet file is, for a message:
     counted from 1, as JSON lines are (``file:line``), and said so."""
@@ -143,11 +171,17 @@ def resolve_local_files(name: str, cfg: dict[str, Any], base: str | os.PathLike 
     return files
 
 
-def _jsonl_records(path: str, text_field: str, id_field: str | None) -> Iterator[Document]:
-    """JSONL read line by line so that a bad line is reported with its number."""
+def _jsonl_records(
+    path: str, text_field: str, id_field: str | None, size: ShardSize | None = None
+) -> Iterator[Document]:
+    """JSONL read line by line so that a bad line is reported with its number; ``size``:
+    its ``bytes_now`` follows the position in the file."""
     name = Path(path).name
+    mask = POSITION_EVERY - 1 if size is not None else -1  # -1: never 0
     with open_binary(path) as raw:
         for lineno, line in enumerate(raw, 1):
+            if not lineno & mask:
+                size.bytes_now = disk_position(raw)
             if lineno == 1:
                 line = line.removeprefix(UTF8_BOM)  # written by some Windows tools
             if not line.strip():
@@ -343,9 +377,11 @@ def _local_file_records(
     start: int = 0,
     stop: int | None = None,
     columnar: bool = False,
+    size: ShardSize | None = None,
 ) -> Iterator[Document | BadRecord | TextRun]:
     """The records ``start``..``stop`` of one file (all by default); ``columnar``: a
-    Parquet file's clean batches as :class:`TextRun`."""
+    Parquet file's clean batches as :class:`TextRun`; ``size``: where a JSON lines file's
+    position is reported."""
     text_field, id_field = cfg.get("text_field") or "text", cfg.get("id_field", "id")
     if os.path.getsize(path) == 0:
         if start == 0 and stop != 0:
@@ -358,7 +394,7 @@ def _local_file_records(
         yield from _parquet_records(path, text_field, id_field, start, stop, columnar)
         return
     if fmt == "jsonl":
-        records = _jsonl_records(path, text_field, id_field)
+        records = _jsonl_records(path, text_field, id_field, size)
     elif fmt == "text":
         import datasets
 
@@ -508,19 +544,35 @@ def _file_blocks(
     shard: int,
     num_shards: int,
     columnar: bool = False,
+    size: ShardSize | None = None,
 ) -> Iterator[Document | BadRecord | TextRun]:
     """Shard k of a list of files: a block of whole files when there are enough (each job
     opens, or downloads, only its own), else a block of the records of all of them (the
     records counted once; a Parquet file's from its footer, and only the row groups of
-    the block are read)."""
+    the block are read). ``size`` (only where ``local_path`` downloads nothing) is filled
+    in before the first record: the block's records, or where whole files not all
+    Parquet are read, their bytes and how far they are read."""
     if len(names) >= num_shards:
         start, end = block(len(names), shard, num_shards)
-        for name in names[start:end]:
-            yield from _local_file_records(local_path(name), cfg, columnar=columnar)
+        if size is None:
+            for name in names[start:end]:  # each file downloaded when its turn comes
+                yield from _local_file_records(local_path(name), cfg, columnar=columnar)
+            return
+        paths = [local_path(n) for n in names[start:end]]
+        if all((cfg.get("format") or _format_quietly(p)) == "parquet" for p in paths):
+            size.records = sum(_count_records(p, cfg) for p in paths)  # the footers
+        else:
+            size.file_bytes = sum(os.path.getsize(p) for p in paths)
+        for path in paths:
+            yield from _local_file_records(path, cfg, columnar=columnar, size=size)
+            size.bytes_done += os.path.getsize(path)
+            size.bytes_now = 0
         return
     paths = [local_path(n) for n in names]
     counts = [_count_records(path, cfg) for path in paths]
     start, stop = block(sum(counts), shard, num_shards)
+    if size is not None:
+        size.records = stop - start
     offset = 0
     for path, n in zip(paths, counts, strict=True):
         lo, hi = max(start - offset, 0), min(stop - offset, n)
@@ -538,18 +590,22 @@ def shard_documents(
     num_shards: int,
     base: str | os.PathLike = ".",
     columnar: bool = False,
+    size: ShardSize | None = None,
 ) -> Iterator[Document | BadRecord | TextRun]:
     """The raw records of shard ``shard`` of ``num_shards`` (before limits), in source
-    order; ``columnar``: clean batches of Parquet rows as :class:`TextRun`."""
+    order; ``columnar``: clean batches of Parquet rows as :class:`TextRun`; ``size``:
+    filled in with what is known of the shard's size before reading (see
+    :class:`ShardSize`), for local files and hub mirrors (not for a source read from the
+    hub, whose files would be downloaded first)."""
     if not 0 <= shard < num_shards:
         raise SourceError(f"text.sources.{name}: shard {shard} out of range 0..{num_shards - 1}")
     if cfg["type"] == "local":
         files = resolve_local_files(name, cfg, base)
-        yield from _file_blocks(files, lambda path: path, cfg, shard, num_shards, columnar)
+        yield from _file_blocks(files, lambda path: path, cfg, shard, num_shards, columnar, size)
         return
     mirror_root = os.environ.get("HPCLLM_HF_MIRROR")
     if hub_mirror(cfg, mirror_root):
-        yield from _hub_documents(name, cfg, shard, num_shards, mirror_root, columnar)
+        yield from _hub_documents(name, cfg, shard, num_shards, mirror_root, columnar, size)
         return
     check_hub_reachable(name, cfg)
     try:
@@ -567,6 +623,7 @@ def _hub_documents(
     num_shards: int,
     mirror_root: str | None,
     columnar: bool = False,
+    size: ShardSize | None = None,
 ) -> Iterator[Document | BadRecord | TextRun]:
     if reads_files_directly(cfg):
         repo = Repository(cfg, hub_mirror(cfg, mirror_root))
@@ -575,13 +632,15 @@ def _hub_documents(
         except ScriptDataset as e:
             raise SourceError(f"text.sources.{name}: {e}") from None
         file_cfg = {**cfg, "text_field": cfg.get("text_field") or default_text_field(cfg)}
-        yield from _file_blocks(names, repo.local_path, file_cfg, shard, num_shards, columnar)
+        yield from _file_blocks(names, repo.local_path, file_cfg, shard, num_shards, columnar, size)
         return
     mirror = hub_mirror(cfg, mirror_root)
     files = hub_data_files(cfg, mirror) if mirror else None
     if files:
         file_cfg = {**cfg, "text_field": cfg.get("text_field") or "text"}
-        yield from _file_blocks(files, lambda path: path, file_cfg, shard, num_shards, columnar)
+        yield from _file_blocks(
+            files, lambda path: path, file_cfg, shard, num_shards, columnar, size
+        )
         return
     ds = hub_dataset(cfg, mirror_root)
     text_field, id_field = cfg.get("text_field") or "text", cfg.get("id_field", "id")
@@ -595,8 +654,11 @@ def _hub_documents(
     else:
         # Fewer files than shards: count the records once, then take a contiguous block.
         total = sum(1 for _ in ds)
+        start, stop = block(total, shard, num_shards)
+        if size is not None:
+            size.records = stop - start
         stream = _datasets_records(ds, label, text_field, id_field)
-        yield from itertools.islice(stream, *block(total, shard, num_shards))
+        yield from itertools.islice(stream, start, stop)
 
 
 _TRUE = ("1", "on", "yes", "true")

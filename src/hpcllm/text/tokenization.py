@@ -22,7 +22,7 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -502,13 +502,14 @@ def tokenize_shard(
     batch_bytes: int = 4 << 20,
     special_tokens_in_text: str = "text",
     piece_chars: int = PIECE_CHARS,
-    total_documents: int | None = None,
+    total_documents: int | Callable[[], int | None] | None = None,
     check_fraction: float = CHECK_FRACTION,
     label: str | None = None,
 ) -> TokenizeStats:
     """Tokenize one JSONL shard, or batches of texts (lists of str, with ``label`` naming
-    them in messages), into ``{output_prefix}.bin/.idx``; ``total_documents``
-    (from the shard's manifest) gives the progress lines their share and ETA;
+    them in messages), into ``{output_prefix}.bin/.idx``; ``total_documents`` (from the
+    shard's manifest, or a function asked at every batch for what is known by then) gives
+    the progress lines their share and ETA;
     ``check_fraction`` is the share of the text checked against the reference (see
     :class:`SampledCheck`)."""
     start = time.monotonic()
@@ -591,7 +592,8 @@ def _tokenize_shard(
     encode = in_pieces(enc, piece_chars, batch_bytes)
     log.info("%s: encoding with %s into %s (%s)", jsonl_path, enc.name, output_prefix, dtype)
     docs = tokens = 0
-    progress = Progress(f"tokenize {Path(output_prefix).name}", total_documents, "documents")
+    total = total_documents if callable(total_documents) else lambda: total_documents
+    progress = Progress(f"tokenize {Path(output_prefix).name}", total(), "documents")
     # Encoding in a thread of its own (gigatoken releases the GIL): this one checks and
     # writes batch n while n + 1 is encoded. The stage on a 0.5 GB shard: 4.1 s against
     # 4.4 s with encoding and writing in turn (medians of 5, faster in every round).
@@ -617,7 +619,9 @@ def _tokenize_shard(
             writer.add_documents(flat, lengths)
             docs += len(lengths)
             tokens += len(flat)
+            progress.total = total()
             progress.update(docs)
+    progress.total = total()
     progress.finish(docs)
     elapsed = time.monotonic() - start
     log.info(

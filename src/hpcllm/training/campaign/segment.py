@@ -267,14 +267,18 @@ def _train_segment(
     check_checksums(paths.save)
     check_segment_data(prepared)
     if start_iteration >= stop:
+        # A rerun (forced, or after Snakemake deleted the record) keeps the segment's history.
+        record = records.settled(name, prepared, segment, paths, start_iteration)
         log.warning(
-            "%s already holds iteration %d >= this segment's target %d: nothing to train",
+            "segment %d of %s done: nothing to train, %s already holds iteration %d "
+            "(this segment's target: %d)",
+            segment,
+            name,
             paths.save,
             start_iteration,
             stop,
         )
-        # A rerun (forced, or after Snakemake deleted the record) keeps the segment's history.
-        return records.settled(name, prepared, segment, paths, start_iteration)
+        return record
     started = time.time()
     engine_log = Path(paths.engine_log)
     log_offset = engine_log.stat().st_size if engine_log.exists() else 0
@@ -377,6 +381,17 @@ def _train_segment(
     if energy:
         record["energy_j"], record["energy_tokens"] = round(energy[0], 3), energy[1]
     records.write_trained(record, paths)
+    loss = record["lm_loss"]
+    log.info(
+        "segment %d of %s done: iterations %d..%d in %.0f s, lm loss %s, checkpoint %s",
+        segment,
+        name,
+        start_iteration + 1,
+        stop,
+        record["seconds"],
+        "not logged" if loss is None else f"{loss:.4g}",
+        record["checkpoint"],
+    )
     return record
 
 
