@@ -41,7 +41,8 @@ if workflow.is_main_process:
 configfile: "config/config.yaml"
 
 
-# The landing page of `snakemake --report`: it points at the results page first.
+# The landing page of `snakemake --report`: it points at the results page first, and
+# where the report has none (a config that plans none), says how to make one.
 report: "workflow/report/workflow.rst"
 
 

@@ -143,11 +143,16 @@ def main(argv: list[str] | None = None) -> int:
             )
         return 0
     if args.command == "status":
+        import yaml
+        from snakemake.exceptions import WorkflowError
+
         from hpcllm.training.campaign.status import RunFileMissing, campaign_status
 
         try:
             print(campaign_status(args.directory, args.configfile, args.profile))
-        except RunFileMissing as e:
+        except (RunFileMissing, ValueError, WorkflowError, yaml.YAMLError) as e:
+            # a missing file or a config the plan would refuse: its message, which names
+            # the key and what to do (the workflow's own plan-time checks), no traceback
             parser.exit(2, f"hpcllm status: {e}\n")
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")

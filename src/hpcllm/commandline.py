@@ -106,10 +106,11 @@ def yaml_syntax_error(path: str | os.PathLike) -> str | None:
 
 def shown_path(path: str | os.PathLike) -> str:
     """``path`` as a message shows it: relative to the working directory where it is
-    inside it (Snakemake makes the --configfile paths absolute), else as it is."""
+    inside it (Snakemake makes the --configfile paths absolute), else as it is, without
+    ``..`` steps (a profile's path: .../profiles/local/../../config/examples/local.yaml)."""
     relative = os.path.relpath(os.path.abspath(path))
     outside = relative == os.pardir or relative.startswith(os.pardir + os.sep)
-    return str(path) if outside else relative
+    return os.path.normpath(path) if outside else relative
 
 
 def duplicate_keys(path: str | os.PathLike) -> list[str]:

@@ -168,3 +168,48 @@ def vision_split_errors(
                     f"vision.datasets.{exp['dataset']}.splits)"
                 )
     return errors
+
+
+# The checkout's own config/ (src/hpcllm/configuration.py -> the checkout).
+SHIPPED_CONFIG = Path(__file__).resolve().parents[2] / "config"
+
+
+def shipped_configs_setting(*keys: str, root: Path = SHIPPED_CONFIG) -> list[str]:
+    """The config files shipped under ``root`` (config/examples, config/experiments) that
+    set the key ``keys`` (e.g. text, tokenizers, fineweb_bpe), as config/<...>.yaml; for
+    the message of a name that no given config file defines."""
+    found = []
+    for path in sorted(root.glob("*/*.yaml")):
+        if path.parent.name == "clusters":
+            continue
+        try:
+            data = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        except (OSError, yaml.YAMLError):
+            continue
+        for key in keys:
+            data = data.get(key) if isinstance(data, dict) else None
+        if data is not None:
+            found.append(f"config/{path.parent.name}/{path.name}")
+    return found
+
+
+def missing_data_config(experiment: str, section: str, name: str) -> str:
+    """What to do about an experiment's tokenizer or source (``section``: text.tokenizers,
+    text.sources) that no given config file defines: the shipped data config that defines
+    it goes with the experiment's file in one --configfile list, before it."""
+    defined = shipped_configs_setting(*section.split("."), name)
+    if not defined:
+        return f"define it under {section}, or give the config file that does with --configfile"
+    # the experiment's own file first (an evaluation config adds keys to it)
+    experiment_files = sorted(
+        shipped_configs_setting("training", "experiments", experiment),
+        key=lambda f: not f.startswith("config/experiments/"),
+    )
+    files = [*defined[:1], *experiment_files[:1]]
+    if len(files) == 1:
+        files.append("<your experiment's file>")
+    return (
+        f"{' and '.join(defined)} {'defines' if len(defined) == 1 else 'define'} it: give "
+        f"the data config with the experiment's file in one --configfile list, data first "
+        f"(--configfile {' '.join(files)})"
+    )

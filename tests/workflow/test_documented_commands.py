@@ -1,14 +1,18 @@
 """What the README and docs/ promise a user: each dry run they show with a job count plans
-that many jobs in a fresh working directory (as in a fresh clone), a user's FineWeb config
-plans the user's data only, `key: null` unsets a key, and the workflow runs as a module
-of a project folder of the user's own (docs/first-project.md)."""
+that many jobs in a fresh working directory (as in a fresh clone), and each DAG picture
+has the jobs it states; `hpcllm status` and `snakemake --report` as the docs show them; a
+user's FineWeb config plans the user's data only, `key: null` unsets a key, and the
+workflow runs as a module of a project folder of the user's own, with a cluster's profile
+or the local one (docs/first-project.md)."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -22,12 +26,25 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 USER_ENV = {"HPCLLM_ACCOUNT": "myproject"}
 
 
-def documented_dry_runs() -> list[tuple[str, str, int]]:
+# `snakemake ... --dag | dot -Tsvg > dag.svg   # a picture of the 27 jobs ...`
+DRAWN = re.compile(
+    r"^(snakemake [^#|\n]*?\s--dag\b[^#|\n]*?)\s*\|[^#\n]*#\s+a picture of the (\d+) jobs\b", re.M
+)
+
+
+def documented_dry_runs(pattern: re.Pattern = COUNTED) -> list[tuple[str, str, int]]:
     return [
         (doc.name, m.group(1), int(m.group(2)))
         for doc in DOCS
-        for m in COUNTED.finditer(doc.read_text())
+        for m in pattern.finditer(doc.read_text())
     ]
+
+
+def documented(doc: str, pattern: str) -> str:
+    """The one command of ``doc`` that ``pattern`` (a regex with one group) finds."""
+    found = re.findall(pattern, (REPO / doc).read_text(), re.M)
+    assert len(found) == 1, (doc, pattern, found)
+    return found[0]
 
 
 def planned_total(out: str) -> int:
@@ -39,8 +56,12 @@ def planned_total(out: str) -> int:
 def test_the_docs_state_job_counts_for_the_users_first_commands():
     found = documented_dry_runs()
     docs = {doc for doc, _, _ in found}
-    assert {"README.md", "first-project.md"} <= docs, found
-    assert len(found) >= 5, found
+    # clusters.md's and training.md's plans too: each planned nothing (the empty
+    # config/config.yaml) or failed (the 800M experiment without its data config)
+    assert {"README.md", "first-project.md", "training.md", "clusters.md"} <= docs, found
+    assert len(found) >= 7, found
+    drawn = {doc for doc, _, _ in documented_dry_runs(DRAWN)}
+    assert {"README.md", "clusters.md"} <= drawn, drawn
 
 
 @pytest.mark.parametrize(
@@ -50,6 +71,119 @@ def test_a_documented_dry_run_plans_the_jobs_it_states(doc, command, jobs, tmp_p
     workdir = make_workdir(tmp_path / "work")
     proc = run_snakemake(workdir, *shlex.split(command)[1:], env=USER_ENV, examples=False)
     assert planned_total(proc.stdout + proc.stderr) == jobs, (doc, command)
+
+
+@pytest.mark.parametrize(
+    "doc,command,jobs", documented_dry_runs(DRAWN), ids=lambda v: str(v)[:60].replace(" ", "_")
+)
+def test_a_documented_dag_picture_has_the_jobs_it_states(doc, command, jobs, tmp_path):
+    workdir = make_workdir(tmp_path / "work")
+    proc = run_snakemake(workdir, *shlex.split(command)[1:], env=USER_ENV, examples=False)
+    assert proc.stdout.startswith("digraph"), proc.stdout[:2000]
+    assert len(re.findall(r"^\s*\d+\[label = ", proc.stdout, re.M)) == jobs, (doc, command)
+
+
+def hpcllm_status(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "hpcllm"), "status", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=hang_guard(5),  # ~2 s on a quiet machine (squeue is asked, and may fail)
+    )
+
+
+def test_the_documented_status_command_shows_the_800m_campaign(tmp_path):
+    """docs/training.md's `hpcllm status -d <workdir> ...`, run from another folder (its
+    relative config paths then read in the -d directory): the experiment, never started;
+    before, the experiment file without its data config ended in a ValueError traceback."""
+    workdir = make_workdir(tmp_path / "work")
+    command = documented("docs/training.md", r"^hpcllm status -d <workdir> (.*)$")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = hpcllm_status("-d", str(workdir), *shlex.split(command), cwd=elsewhere)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "  opengptx_800m: 0/10 segments, checkpoint iteration -/30000" in proc.stdout
+    assert "  fineweb_bpe/fineweb: 0/64 shards tokenized" in proc.stdout
+
+
+def test_an_experiment_without_its_data_config_names_the_config_that_defines_it(tmp_path):
+    """config/experiments/opengptx_800m.yaml alone: its tokenizer is defined by the data
+    config. The plan and `hpcllm status` name the key, the file that defines it and the
+    --configfile list; status in one line, without a traceback."""
+    workdir = make_workdir(tmp_path / "work")
+    experiment = [
+        "--profile",
+        "profiles/juwels",
+        "--configfile",
+        "config/experiments/opengptx_800m.yaml",
+    ]
+    want = (
+        "training.experiments.opengptx_800m.data.tokenizer: 'fineweb_bpe' is not in "
+        "text.tokenizers (none defined); config/examples/fineweb_juwels.yaml defines it: "
+        "give the data config with the experiment's file in one --configfile list, data "
+        "first (--configfile config/examples/fineweb_juwels.yaml "
+        "config/experiments/opengptx_800m.yaml)"
+    )
+    proc = hpcllm_status("-d", str(workdir), *experiment, cwd=workdir)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr == f"hpcllm status: {want}\n"
+    proc = run_snakemake(workdir, "-n", *experiment, env=USER_ENV, examples=False, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and want in out, out[-3000:]
+
+
+# The report-marked outputs of profiles/local's plan (the laptop examples); each must
+# exist for a report.
+LOCAL_REPORT_FILES = [
+    "results/index.html",
+    "results/train/tiny_local/loss.png",
+    "results/bench/summary.csv",
+    "results/bench/summary.txt",
+    *(
+        f"results/bench/plots/{n}.png"
+        for n in ("efficiency", "throughput", "batch_time_cdf", "loss")
+    ),
+]
+
+
+def report_landing_page(workdir, args: list[str]) -> str:
+    """The report's landing page (its workflow description, rendered from
+    workflow/report/workflow.rst), after Snakemake made the report without a complaint."""
+    proc = run_snakemake(workdir, *args, examples=False, timeout=hang_guard(5))
+    out = proc.stdout + proc.stderr
+    assert "Report created." in out and "ERROR" not in out, out[-3000:]
+    html = (workdir / "report.html").read_text()
+    page = json.loads(re.search(r"var workflow_desc = (\".*?\");\n", html).group(1))
+    assert "system-message" not in page, page  # docutils' own error, in the page itself
+    return page
+
+
+def test_the_documented_report_links_the_results_page_first(tmp_path):
+    """The README's `snakemake ... --report report.html` after `make run`: its landing page
+    links the results page. The run's report-marked files are stand-ins here (a report only
+    reads them). Before, the README's command had no profile: a report of the empty
+    config/config.yaml, whose landing page showed docutils' `Unknown target name:
+    "index.html"`."""
+    workdir = make_workdir(tmp_path / "work")
+    for name in LOCAL_REPORT_FILES:
+        (workdir / name).parent.mkdir(parents=True, exist_ok=True)
+        (workdir / name).write_text("a stand-in of the run's file\n")
+    command = documented("README.md", r"`(snakemake [^`]*--report report\.html)`")
+    page = report_landing_page(workdir, shlex.split(command)[1:])
+    assert "Start with the results page" in page
+    assert "javascript:app.showResultInfo('results/index.html')" in page
+
+
+def test_a_report_without_a_results_page_says_how_to_make_one(tmp_path):
+    """`snakemake --report report.html` over a config that plans nothing (a fresh clone's
+    config/config.yaml): the landing page says how to make the report with the results
+    page, instead of docutils' error on its link."""
+    page = report_landing_page(make_workdir(tmp_path / "work"), ["--report", "report.html"])
+    assert "No results page in this report" in page
+    assert "snakemake --profile profiles/local --report report.html" in page.replace(
+        '<span class="pre">', ""
+    ).replace("</span>", "")
 
 
 def test_a_users_fineweb_config_plans_the_users_data_only(tmp_path):
@@ -82,10 +216,9 @@ def test_null_in_a_configfile_unsets_the_key_it_names(tmp_path):
     assert "data/hub/fineweb/fetched.json" in out
 
 
-def test_the_workflow_runs_as_a_module_of_a_users_project_folder(tmp_path):
-    """The snakedeploy layout with a local path: the user's config/config.yaml and
-    workflow/Snakefile; the data and results in the user's folder, nothing of the
-    examples planned."""
+def users_project(tmp_path):
+    """The snakedeploy layout with a local path: the user's config/config.yaml (a local
+    source, a tokenizer) and workflow/Snakefile, and the user's corpus."""
     project = tmp_path / "project"
     (project / "workflow").mkdir(parents=True)
     (project / "config").mkdir()
@@ -106,16 +239,52 @@ def test_the_workflow_runs_as_a_module_of_a_users_project_folder(tmp_path):
     with open(project / "corpus.jsonl", "w") as f:
         for i in range(300):
             f.write(json.dumps({"text": " ".join(words[i % 5 :] + words[: i % 5])}) + "\n")
-    proc = subprocess.run(
-        [snakemake_bin(), "--cores", "2"],
+    return project
+
+
+def snakemake_in(project, *args: str, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [snakemake_bin(), *args],
         cwd=project,
         capture_output=True,
         text=True,
-        timeout=hang_guard(30),  # ~20 s on a quiet machine
-        env={"PATH": str(REPO / ".venv" / "bin") + ":/usr/bin:/bin", "HOME": str(tmp_path)},
+        timeout=timeout,
+        env={"PATH": str(REPO / ".venv" / "bin") + ":/usr/bin:/bin", "HOME": str(project.parent)},
     )
+
+
+def test_the_workflow_runs_as_a_module_of_a_users_project_folder(tmp_path):
+    """The user's project folder: the data and results in the user's folder, nothing of
+    the examples planned."""
+    project = users_project(tmp_path)
+    proc = snakemake_in(project, "--cores", "2", timeout=hang_guard(30))  # ~20 s quiet
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "5 of 5 steps (100%) done" in out and "sample_en" not in out
     merged = project / "data/tokenized/bpe/mine_text_document.idx"
     assert merged.is_file() and not (REPO / "data/tokenized/bpe").exists()
+
+
+def test_the_module_layout_plans_with_the_local_profile(tmp_path):
+    """docs/first-project.md's local command in the user's project folder plans the user's
+    config. The local profile alone (its config file the laptop examples, whose data are
+    in the checkout) stops saying so and what to run; before, Snakemake's raw
+    `FileNotFoundError: ... 'config/examples/local.yaml'` (a path of the checkout, read in
+    the user's folder)."""
+    project = users_project(tmp_path)
+    command = documented(
+        "docs/first-project.md", r"`(snakemake --profile /path/to/hpcllm/profiles/local [^`]*)`"
+    )
+    args = shlex.split(command.replace("/path/to/hpcllm", str(REPO)))[1:]
+    proc = snakemake_in(project, *args, timeout=hang_guard(5))  # ~2 s quiet
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "data/tokenized/bpe/mine_text_document.bin" in out and "sample_en" not in out
+    proc = snakemake_in(
+        project, "--profile", str(REPO / "profiles/local"), "-n", timeout=hang_guard(5)
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in out, out[-4000:]
+    assert "'resources/sample_text/en.jsonl.zst' matches no file" in out
+    assert "It is the laptop examples' sample data" in out
+    assert f"snakemake --profile {REPO / 'profiles/local'} --configfile config/config.yaml" in out

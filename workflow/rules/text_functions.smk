@@ -1,9 +1,20 @@
 # The text stage's globals, plan-time checks and input/params functions (its rules:
 # text.smk, which includes this file first).
 # A missing input file is reported here, at plan time (dry run included).
+# The laptop examples' sample data where they are not (a project folder that uses the
+# workflow as a module, run with profiles/local): the message says what to run instead.
+from hpcllm.text.source_keys import examples_data_hint
+from hpcllm.text.sources import SourceError
+
 for _name, _source in SOURCES.items():
     if _source["type"] == "local":
-        resolve_local_files(_name, _source)
+        try:
+            resolve_local_files(_name, _source)
+        except SourceError as e:
+            _hint = examples_data_hint(CONFIG_FILES, _name, HPCLLM_ROOT)
+            if not _hint:
+                raise
+            raise SourceError(f"{e}{_hint}") from None
 if SOURCES and not TOKENIZE["tokenizers"]:
     raise ValueError(
         f"text.sources has {', '.join(SOURCES)} but text.tokenize.tokenizers names no "

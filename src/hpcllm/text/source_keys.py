@@ -11,6 +11,7 @@ file each key came from.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -130,3 +131,21 @@ def cap_lines(sources: dict[str, Any], files: Sequence[tuple[str, Any]] = ()) ->
                 + "."
             )
     return lines
+
+
+def examples_data_hint(files: Sequence[tuple[str, Any]], name: str, root: str) -> str:
+    """For a local source whose files are missing: where they are named by the laptop
+    examples (``root``/config/examples/local.yaml, the configfile of profiles/local), that
+    their data are in the checkout ``root``, and how to run one's own config instead (a
+    project folder that uses the workflow as a module); "" otherwise."""
+    where = origin(files, name, "files")
+    examples = os.path.join(root, "config", "examples", "local.yaml")
+    if where is None or not os.path.exists(where) or not os.path.samefile(where, examples):
+        return ""
+    profile = os.path.join(root, "profiles", "local")
+    return (
+        f". It is the laptop examples' sample data, named by {os.path.normpath(examples)} "
+        f"(the configfile of {profile}) and shipped in that checkout, not in this folder. "
+        "To run your own config here, give it with --configfile, which replaces the "
+        f"profile's: snakemake --profile {profile} --configfile config/config.yaml"
+    )

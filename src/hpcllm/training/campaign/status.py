@@ -85,13 +85,17 @@ def run_file(path: str | os.PathLike, workdir: str | os.PathLike) -> Path | None
     return None
 
 
-def _profile_settings(workdir: Path, profile: str | None) -> dict:
-    if not profile:
-        return {}
+def _profile_file(workdir: Path, profile: str) -> Path:
     profile_file = (run_file(profile, workdir) or Path(profile)) / "config.yaml"
     if not profile_file.is_file():
         profile_file = REPO / profile / "config.yaml"
-    return yaml.safe_load(profile_file.read_text()) or {}
+    return profile_file
+
+
+def _profile_settings(workdir: Path, profile: str | None) -> dict:
+    if not profile:
+        return {}
+    return yaml.safe_load(_profile_file(workdir, profile).read_text()) or {}
 
 
 def run_configfiles(workdir: Path, configfiles: Sequence[str], profile: str | None) -> list[Path]:
@@ -99,13 +103,18 @@ def run_configfiles(workdir: Path, configfiles: Sequence[str], profile: str | No
     them the profile's ``configfile:`` (a --configfile replaces it, as in Snakemake; a
     profile's may also be in the repo). Raises :class:`RunFileMissing` naming a missing one."""
     from_profile = not configfiles
+    profile_dir = None
     if from_profile:
         configfiles = _profile_settings(workdir, profile).get("configfile") or []
         if isinstance(configfiles, str):
+            # Snakemake reads a profile's single path in the profile's folder where it is
+            # there (profiles/local's ../../config/examples/local.yaml)
             configfiles = [configfiles]
+            profile_dir = _profile_file(workdir, profile).parent
     out = []
     for path in configfiles:
-        found = run_file(path, workdir)
+        beside = profile_dir / path if profile_dir is not None else None
+        found = beside if beside is not None and beside.exists() else run_file(path, workdir)
         if found is None and from_profile and (REPO / path).is_file():
             found = REPO / path
         if found is None or not found.is_file():

@@ -55,10 +55,13 @@ def prepare_experiment(name: str, raw: dict[str, Any], text: dict[str, Any], clu
 
     exp = resolve_experiment(name, raw)
     data = exp["data"]
+    from hpcllm.configuration import missing_data_config
+
     if data["tokenizer"] not in text["tokenizers"]:
         raise ValueError(
             f"training.experiments.{name}.data.tokenizer: '{data['tokenizer']}' is not in "
-            f"text.tokenizers ({', '.join(text['tokenizers'])})"
+            f"text.tokenizers ({', '.join(text['tokenizers']) or 'none defined'}); "
+            + missing_data_config(name, "text.tokenizers", data["tokenizer"])
         )
     if data["tokenizer"] not in text["tokenize"]["tokenizers"]:
         raise ValueError(
@@ -69,7 +72,8 @@ def prepare_experiment(name: str, raw: dict[str, Any], text: dict[str, Any], clu
         if source not in text["sources"]:
             raise ValueError(
                 f"training.experiments.{name}.data.sources: '{source}' is not in "
-                f"text.sources ({', '.join(text['sources'])}); there is no data for it"
+                f"text.sources ({', '.join(text['sources']) or 'none defined'}); there is "
+                "no data for it: " + missing_data_config(name, "text.sources", source)
             )
     tok = data["tokenizer"]
     blend = Blend(
