@@ -208,6 +208,44 @@ def test_processes_that_never_met_are_a_rendezvous_error(text):
     assert classify_text(f"Traceback (most recent call last):\n{text}\n") == "rendezvous_error"
 
 
+# The 2-node point of the rehearsal's held sweep (tests/slurm/test_rehearsal_hold.py) as it
+# logged its start-up, shortened: gloo found no interface ib0 on any rank; the task of n2
+# exited first, srun terminated the step and so cancelled the task of n1.
+GLOO_START_UP = (
+    "Traceback (most recent call last):\n"
+    '  File "/opt/Megatron-LM/pretrain_gpt.py", line 123, in main\n'
+    '    dist.init_process_group("gloo")\n'
+    "RuntimeError: [enforce fail at gloo/transport/tcp/device.cc:84] ifa != nullptr. Unable "
+    "to find address for: ib0\n"
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+    "  exitcode  : 1 (pid: 17184)\n"
+    "srun: error: n2: task 1: Exited with exit code 1\n"
+    "srun: launch/slurm: _step_signal: Terminating StepId=6003.0\n"
+    "slurmstepd-n1: error: *** STEP 6003.0 ON n1 CANCELLED AT 2026-11-26T20:52:57 ***\n"
+    "srun: error: n1: task 0: Terminated\n"
+    "srun: Force Terminated StepId=6003.0\n"
+)
+
+
+def test_a_start_up_error_of_one_node_holds_though_srun_then_cancelled_the_step(results):
+    """srun cancelled the step because a task failed: the cancellation (and the signal
+    the other node's torchrun logs) is its doing, the task's unnamed error the cause. It
+    was recorded as ``cancelled``, which holds nothing, and the 4-node point met the same
+    failure in its turn."""
+    assert classify_text(GLOO_START_UP) == "error"
+    record(results, point(2), classify_text(GLOO_START_UP), GLOO_START_UP)
+    assert job(results, point(4))["held_by_status"] == "error"
+    srun_did = "srun: launch/slurm: _step_signal: Terminating StepId=6003.0\n"
+    signalled = "[WARNING] Received 15 death signal, shutting down workers\n"
+    after = GLOO_START_UP.replace(srun_did, srun_did + signalled)
+    assert classify_text(after) == "error"
+    # before srun ended the step, a signal or a cancellation is the cause, as without it
+    assert classify_text(signalled + GLOO_START_UP) == "signal"
+    step = "slurmstepd-n1: error: *** STEP 6003.0 ON n1 CANCELLED AT 2026-11-26T20:52:50 ***\n"
+    assert classify_text(step + GLOO_START_UP) == "cancelled"
+    assert classify_text(GLOO_START_UP.replace(srun_did, "")) == "cancelled"
+
+
 def test_a_rank_that_failed_first_keeps_its_own_class():
     """The other ranks lose their store connection when one fails: its cause wins."""
     lost = "torch.distributed.DistNetworkError: failed to recv, got 0 bytes"

@@ -1,4 +1,5 @@
-"""A real Slurm cluster on this host for the tests: munge, slurmctld and two slurmd nodes.
+"""A real Slurm cluster on this host for the tests: munge, slurmctld and two slurmd nodes
+(``start(..., nodes=node_names(4))`` for a test that needs more).
 
 Also a command to start, inspect and stop it by hand (root; docs/slurm-tests.md):
 
@@ -35,7 +36,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-NODES = ("n1", "n2")
+NODES = ("n1", "n2")  # the nodes of a cluster unless its start names others (node_names)
 PARTITION = "batch"
 # Declared per node; the two nodes share this host's cores (config_overrides lets the
 # declaration exceed the hardware), so two 4-thread jobs fit on one node.
@@ -44,7 +45,7 @@ NODE_MEMORY_MB = 20000
 # GPUs per node (fake device files, see above): the cluster rehearsal's whole-node jobs
 # ask for all of them (config/clusters/rehearsal.yaml says the same number).
 GPUS_PER_NODE = 2
-HOSTS_LINE = "127.0.0.1 " + " ".join(NODES) + "  # hpcllm test Slurm cluster (tests/slurm)"
+HOSTS_COMMENT = "  # hpcllm test Slurm cluster (tests/slurm)"
 BINARIES = (
     "munged",
     "munge",
@@ -92,17 +93,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def ensure_node_names_resolve() -> None:
-    """torchrun's rendezvous connects to a node by name: n1, n2 must resolve."""
-    try:
-        for node in NODES:
+def node_names(count: int) -> tuple[str, ...]:
+    """The names of a cluster of ``count`` nodes: n1, n2, ..."""
+    return tuple(f"n{i}" for i in range(1, count + 1))
+
+
+def ensure_node_names_resolve(nodes: tuple[str, ...] = NODES) -> None:
+    """torchrun's rendezvous connects to a node by name: n1, n2 (, ...) must resolve.
+    The names that do not are added to /etc/hosts, as this host's address."""
+    missing = []
+    for node in nodes:
+        try:
             socket.gethostbyname(node)
+        except OSError:
+            missing.append(node)
+    if not missing:
         return
-    except OSError:
-        pass
     with open("/etc/hosts", "a") as f:
-        f.write(HOSTS_LINE + "\n")
-    for node in NODES:
+        f.write("127.0.0.1 " + " ".join(missing) + HOSTS_COMMENT + "\n")
+    for node in nodes:
         socket.gethostbyname(node)  # fails loudly if /etc/hosts is not used
 
 
@@ -119,10 +128,10 @@ def make_gpu_devices(root: Path) -> list[Path]:
     return devices
 
 
-def gres_conf(root: Path) -> str:
+def gres_conf(root: Path, nodes: tuple[str, ...] = NODES) -> str:
     """The GPUs of every node, read by slurmd from slurm.conf's folder."""
     files = f"{root}/dev/nvidia[0-{GPUS_PER_NODE - 1}]"
-    return f"NodeName={','.join(NODES)} Name=gpu File={files}\n"
+    return f"NodeName={','.join(nodes)} Name=gpu File={files}\n"
 
 
 def first_job_id(ctld_port: int) -> int:
@@ -136,6 +145,7 @@ def first_job_id(ctld_port: int) -> int:
 
 
 def slurm_conf(root: Path, name: str, ctld_port: int, node_ports: dict[str, int]) -> str:
+    """The cluster's slurm.conf; its nodes are those of ``node_ports``."""
     host = socket.gethostname().split(".")[0]
     lines = [
         CONF_MARKER,
@@ -178,14 +188,15 @@ def slurm_conf(root: Path, name: str, ctld_port: int, node_ports: dict[str, int]
         "MessageTimeout=5",
         "InactiveLimit=0",
     ]
-    for node in NODES:
+    for node in node_ports:
         lines.append(
             f"NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 Port={node_ports[node]} "
             f"CPUs={NODE_CPUS} RealMemory={NODE_MEMORY_MB} Gres=gpu:{GPUS_PER_NODE} "
             "State=UNKNOWN"
         )
     lines.append(
-        f"PartitionName={PARTITION} Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP"
+        f"PartitionName={PARTITION} Nodes={','.join(node_ports)} Default=YES MaxTime=INFINITE "
+        "State=UP"
     )
     return "\n".join(lines) + "\n"
 
@@ -214,7 +225,12 @@ class TestCluster:
         names = [
             line.split("=", 1)[1] for line in text.splitlines() if line.startswith("ClusterName=")
         ]
-        return cls(root=root, conf=conf, name=names[0]) if names else None
+        nodes = tuple(
+            line.split()[0].removeprefix("NodeName=")
+            for line in text.splitlines()
+            if line.startswith("NodeName=")
+        )
+        return cls(root=root, conf=conf, name=names[0], nodes=nodes or NODES) if names else None
 
     @property
     def env(self) -> dict[str, str]:
@@ -402,20 +418,28 @@ class TestCluster:
 _ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED"}
 
 
-def start(root: Path, timeout: float = 300) -> TestCluster:
-    """Start munge, slurmctld and the slurmd of every node under ``root``; wait for idle."""
+def start(root: Path, timeout: float = 300, nodes: tuple[str, ...] = NODES) -> TestCluster:
+    """Start munge, slurmctld and the slurmd of every node under ``root``; wait for idle.
+
+    ``nodes``: their names (``node_names(4)`` for four). ``root`` must be short (a
+    folder under /tmp): slurmstepd's socket, ``<root>/spool-n1/n1_<job>.<step>``, must
+    fit a Unix socket path (107 bytes)."""
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o711)  # munged refuses a socket directory others may write to
-    ensure_node_names_resolve()
+    ensure_node_names_resolve(nodes)
     conf = root / "etc" / "slurm.conf"  # etc/ is mounted over /etc/slurm for the nodes
     conf.parent.mkdir(exist_ok=True)
-    name = f"hpcllmtest{os.getpid()}"  # names this session's jobs' processes (environ)
-    conf.write_text(slurm_conf(root, name, free_port(), {n: free_port() for n in NODES}))
+    # Names this session's jobs' processes (environ); a cluster of other nodes beside
+    # the session's (in the same process) gets a name of its own.
+    name = f"hpcllmtest{os.getpid()}"
+    if nodes != NODES:
+        name += f"x{len(nodes)}"
+    conf.write_text(slurm_conf(root, name, free_port(), {n: free_port() for n in nodes}))
     make_gpu_devices(root)
-    (conf.parent / "gres.conf").write_text(gres_conf(root))
-    for sub in ("state", *(f"spool-{n}" for n in NODES)):
+    (conf.parent / "gres.conf").write_text(gres_conf(root, nodes))
+    for sub in ("state", *(f"spool-{n}" for n in nodes)):
         (root / sub).mkdir(exist_ok=True)
-    cluster = TestCluster(root=root, conf=conf, name=name)
+    cluster = TestCluster(root=root, conf=conf, name=name, nodes=nodes)
     try:
         key = root / "munge.key"
         key.write_bytes(os.urandom(1024))
@@ -433,7 +457,7 @@ def start(root: Path, timeout: float = 300) -> TestCluster:
             check=True,
         )
         subprocess.run(["slurmctld", "-f", str(conf)], env=cluster.env, check=True)
-        for node in NODES:
+        for node in nodes:
             cluster.start_node(node)
         cluster.wait_nodes("idle", timeout=timeout)
     except BaseException:
@@ -511,8 +535,8 @@ def _pids_with_env(name: str, value: str, also: tuple[str, str] | None = None) -
 
 
 @contextlib.contextmanager
-def running(root: Path) -> Iterator[TestCluster]:
-    cluster = start(root)
+def running(root: Path, nodes: tuple[str, ...] = NODES) -> Iterator[TestCluster]:
+    cluster = start(root, nodes=nodes)
     try:
         yield cluster
     finally:

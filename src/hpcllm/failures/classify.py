@@ -7,7 +7,9 @@ down with NCCL errors on every other rank, and an out-of-memory rank does the sa
 the NCCL patterns come after them, and the rendezvous' after the engine's own refusals.
 A launcher's report of a signal and a step's cancellation come last but one: srun
 terminates a step's other tasks when one fails, so they are a consequence wherever a
-cause shows too.
+cause shows too; and where srun says it terminated the step, only what was logged before
+that line can show them as a cause (after it, they are what srun did), so the error of
+the task that failed is the cause even when no class names it.
 """
 
 from __future__ import annotations
@@ -49,6 +51,14 @@ _SLURM_STATES = {
     "PREEMPTED": "preempted",
     "BOOT_FAIL": "node_failure",
 }
+
+_DEATH_SIGNAL = re.compile(r"Received (?:\d+|Signals\.SIG\w+) death signal|SignalException")
+_STEP_CANCELLED = re.compile(r"\*\*\* STEP \S+ ON \S+ CANCELLED AT")
+# What srun did to the step, not a cause, where srun terminated it (below).
+_CONSEQUENCES = (_DEATH_SIGNAL, _STEP_CANCELLED)
+# srun's line when it terminates a step: after a task of it failed (--kill-on-bad-exit,
+# as every launch of hpcllm.launch asks), or when srun itself was told to stop.
+_STEP_TERMINATED = re.compile(r"^srun: .*Terminating (?:StepId=|job step )", re.M)
 
 _PATTERNS: list[tuple[str, re.Pattern]] = [
     ("node_failure", re.compile(r"DUE TO NODE FAILURE|Node failure on|NODE_FAIL", re.I)),
@@ -130,17 +140,14 @@ _PATTERNS: list[tuple[str, re.Pattern]] = [
             r"network addresses of \(.*\) cannot be retrieved"
         ),
     ),
-    (
-        # torchrun (the elastic agent) signalled before its workers could act on it. After
-        # the causes: where one node's task fails, srun terminates the step's other tasks
-        # ("Terminating StepId"), whose torchrun logs this; the failed task's reason is
-        # the cause. Alone (no cause in the log), the job was signalled.
-        "signal",
-        re.compile(r"Received (?:\d+|Signals\.SIG\w+) death signal|SignalException"),
-    ),
+    # torchrun (the elastic agent) signalled before its workers could act on it. After
+    # the causes: where one node's task fails, srun terminates the step's other tasks
+    # ("Terminating StepId"), whose torchrun logs this; the failed task's reason is
+    # the cause. Alone (no cause in the log), the job was signalled.
+    ("signal", _DEATH_SIGNAL),
     # slurmstepd's line for a step that srun terminated after one of its tasks failed:
     # a consequence, like the signal above; alone, the step was cancelled
-    ("cancelled", re.compile(r"\*\*\* STEP \S+ ON \S+ CANCELLED AT")),
+    ("cancelled", _STEP_CANCELLED),
     (
         "error",
         re.compile(
@@ -156,8 +163,13 @@ def classify_text(text: str, slurm_state: str | None = None) -> str | None:
         state = slurm_state.split()[0].upper()  # "CANCELLED by 1234" -> CANCELLED
         if state in _SLURM_STATES:
             return _SLURM_STATES[state]
+    # The signal and the cancellation that the other tasks logged after srun terminated
+    # the step are its doing: a cause only before that line. A task of one node failed
+    # at start-up (no class names its error) and srun ended the other node's: "error".
+    terminated = _STEP_TERMINATED.search(text)
+    before = text[: terminated.start()] if terminated else text
     for name, pattern in _PATTERNS:
-        if pattern.search(text):
+        if pattern.search(before if pattern in _CONSEQUENCES else text):
             return name
     return None
 
