@@ -114,9 +114,12 @@ def test_a_cluster_profile_plans_export_and_evaluation_with_their_cost(tmp_path)
     )  # fmt: skip
     out = proc.stdout + proc.stderr
     cost = out[out.index("Cost on juwels") :]
-    for rule, hours in (("export_model", 2), ("evaluate_tasks", 2), ("evaluate_perplexity", 1)):
+    for rule, hours in (("evaluate_tasks", 2), ("evaluate_perplexity", 1)):
         line = f"  {rule}: 1 job(s), {hours:.1f} node-hours, {4 * hours:.1f} GPU-hours"
         assert line in cost, cost[:1500]
+    # the export holds a GPU node for a limit sized from the model (hpcllm.cpu_limits)
+    export = re.search(r"\n  export_model: 1 job\(s\), ([\d.]+) node-hours", cost)
+    assert export and 0 < float(export.group(1)) < 1, cost[:1500]
     block = re.search(r"^rule evaluate_tasks:\n(.*?)\n\n", out, re.S | re.M).group(1)
     assert "gres=gpu:1" in block and "slurm_partition=booster" in block, block
 

@@ -156,7 +156,11 @@ def check_training_reruns(dag):
         """Snakemake's reasons that ask for new training: forced, or the data (not the
         segment before's record, the image or the pre-flight) made again."""
         reason = dag.reason(job)
-        names = ["forced"] if reason.forced else []
+        # forced by the user's flags, not by --rerun-incomplete (a killed controller's
+        # segment, whose record alone is missing: its job restores it)
+        flags = workflow.dag_settings
+        by_user = bool(flags.forcerun or flags.forceall or flags.forcetargets)
+        names = ["forced"] if reason.forced and by_user else []
         exp = job.wildcards["experiment"]
         other = (f"results/train/{exp}/", "containers/", "results/preflight/")
         for name, files in (
