@@ -897,6 +897,22 @@ def refusing_slurm(work: Path, cluster) -> tuple[Path, Path]:
     return folder, log
 
 
+def up_front_site(text_data, tmp_path, cluster, max_attempts: int):
+    """A working directory of 3 chained segments on a site whose compute nodes may not
+    call Slurm (its cluster file says so; sbatch, scancel, scontrol refuse in jobs): the
+    folder, the environment, the refusals' log, the config files."""
+    work = training_workdir(text_data, tmp_path / "work")
+    (work / "config").unlink()
+    shutil.copytree(slurmruns.REPO / "config", work / "config")
+    facts = work / "config/clusters/testcluster.yaml"
+    facts.write_text(facts.read_text() + "slurm_from_compute_nodes: false\n")
+    refusing, refused = refusing_slurm(work, cluster)
+    env = {"PATH": f"{refusing}{os.pathsep}{slurmruns.environment(cluster)['PATH']}"}
+    chained = work / "chained.yaml"
+    chained.write_text(f"training: {{chain: true, max_attempts: {max_attempts}}}\n")
+    return work, env, refused, (str(CONFIG), str(three_segments(work)), str(chained))
+
+
 @pytest.mark.xdist_group("tiny_2n_three")
 def test_where_compute_nodes_may_not_submit_the_chain_is_submitted_up_front(
     uninterrupted_three, cluster, text_data, tmp_path, monkeypatch
@@ -910,17 +926,7 @@ def test_where_compute_nodes_may_not_submit_the_chain_is_submitted_up_front(
     records and draws the loss curve. Bitwise equal to the campaign without a chain."""
     from hpcllm.training.campaign import chain
 
-    work = training_workdir(text_data, tmp_path / "work")
-    # the site's own facts: compute nodes may not call sbatch
-    (work / "config").unlink()
-    shutil.copytree(slurmruns.REPO / "config", work / "config")
-    facts = work / "config/clusters/testcluster.yaml"
-    facts.write_text(facts.read_text() + "slurm_from_compute_nodes: false\n")
-    refusing, refused = refusing_slurm(work, cluster)
-    env = {"PATH": f"{refusing}{os.pathsep}{slurmruns.environment(cluster)['PATH']}"}
-    chained = work / "chained.yaml"
-    chained.write_text("training: {chain: true, max_attempts: 3}\n")
-    configs = (str(CONFIG), str(three_segments(work)), str(chained))
+    work, env, refused, configs = up_front_site(text_data, tmp_path, cluster, max_attempts=3)
     args = ("--configfile", *configs, "--", FINAL3, CURVE)
     kill_the_controller_in_segment_1(work, cluster, args, env=env)
     said = (work / f"logs/train_segment/{EXPERIMENT}/seg1.log").read_text()
@@ -968,16 +974,7 @@ def test_a_plain_scancel_of_an_up_front_chain_leaves_nothing_to_start(
     node, and no job called what the site refuses."""
     from hpcllm.training.campaign import chain
 
-    work = training_workdir(text_data, tmp_path / "work")
-    (work / "config").unlink()
-    shutil.copytree(slurmruns.REPO / "config", work / "config")
-    facts = work / "config/clusters/testcluster.yaml"
-    facts.write_text(facts.read_text() + "slurm_from_compute_nodes: false\n")
-    refusing, refused = refusing_slurm(work, cluster)
-    env = {"PATH": f"{refusing}{os.pathsep}{slurmruns.environment(cluster)['PATH']}"}
-    chained = work / "chained.yaml"
-    chained.write_text("training: {chain: true, max_attempts: 2}\n")
-    configs = (str(CONFIG), str(three_segments(work)), str(chained))
+    work, env, refused, configs = up_front_site(text_data, tmp_path, cluster, max_attempts=2)
     kill_the_controller_in_segment_1(work, cluster, ("--configfile", *configs, "--", FINAL3), env)
     ids = [s["job"] for s in chain.submitted_jobs(work / SAVE)]
     assert len(ids) == 4, ids
