@@ -37,11 +37,12 @@ lint: $(BIN)/.installed
 	$(BIN)/snakefmt --check Snakefile workflow/rules
 	$(BIN)/snakemake --lint
 
-# The DAG needs Graphviz's dot: installed with apt when root, else the script says so.
+# The pictures of the plan (one box per rule; the jobs) need Graphviz's dot: installed with apt when root, else the script says so.
 dag: $(BIN)/.installed
 	@command -v dot >/dev/null || bash scripts/install-system-deps.sh graphviz
 	@command -v dot >/dev/null || { echo "make dag needs Graphviz's dot (package graphviz)" >&2; exit 1; }
-	$(BIN)/snakemake --profile profiles/local --dag | dot -Tsvg > dag.svg
+	$(BIN)/snakemake --profile profiles/local --rulegraph | dot -Tsvg > rules.svg
+	$(BIN)/snakemake --profile profiles/local --dag | $(BIN)/hpcllm dag | dot -Tsvg > dag.svg
 
 clean:
 	rm -rf data results logs checkpoints plots report.html .snakemake

@@ -77,7 +77,18 @@ def main(argv: list[str] | None = None) -> int:
         "are now, when you know they are intact (a segment refused it as unverified)",
     )
     p.add_argument("save", help="the experiment's checkpoint folder, e.g. checkpoints/<name>")
+    sub.add_parser(
+        "dag",
+        help="read Snakemake's --dag on stdin, write it with each rule's like jobs (a "
+        "sweep's points, the segments, the batches) as one box: snakemake ... --dag | "
+        "hpcllm dag | dot -Tsvg > dag.svg",
+    )
     args = parser.parse_args(argv)
+    if args.command == "dag":
+        from hpcllm.dag import fold
+
+        sys.stdout.write(fold(sys.stdin.read()))
+        return 0
     if args.command == "accept-checkpoint":
         from hpcllm.training.checkpoints.checksums import accept_committed
         from hpcllm.training.checkpoints.tracker import CheckpointError

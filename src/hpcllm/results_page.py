@@ -6,7 +6,8 @@ without GPUs a note says what a sweep's "node" is there and why its TFLOP/s and
 efficiencies do not describe a cluster. Per benchmark the compact table (nodes, scaling mode, precision, throughput per GPU,
 efficiency per timing, status) and EPICURE's figures (efficiency against nodes per
 timing, throughput per GPU, per-batch CDFs); then per training experiment its status
-(segments, iterations, tokens, GPU-hours, last losses) and the loss against tokens.
+(segments, iterations, tokens, GPU-hours, last losses), the loss against tokens and its
+evaluation (scores with chance levels, what they mean, the model, the lm-eval command).
 Figures are embedded (base64 PNG), so the file can be mailed or copied off the cluster
 alone; Snakemake's ``--report`` links it from its landing page.
 """
@@ -14,8 +15,10 @@ alone; Snakemake's ``--report`` links it from its landing page.
 from __future__ import annotations
 
 import base64
+import hashlib
 import html
 import json
+import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,10 +35,24 @@ BENCH_FIGURES = (
     ("batch_time_cdf", "Per-batch times: CDF per run (first and last batch removed)."),
     ("loss", "Language points: loss against tokens."),
 )
-BENCHMARK_TITLES = {
-    "language": "Language model benchmark",
-    "vision": "Vision benchmark (ResNet-50)",
+BENCHMARK_TITLES = {"language": "Language model benchmark", "vision": "Vision benchmark"}
+# The models the heading names (the benchmark settings' `model`; others by that name).
+MODEL_NAMES = {"resnet50": "ResNet-50", "resnet18": "ResNet-18"}
+# What the evaluation table's columns and metrics are, under the table.
+SCORE_NOTES = {
+    "acc": "acc: the share of items on which the right choice has the highest "
+    "log-likelihood under the model.",
+    "acc_norm": "acc_norm: the same, with each choice's log-likelihood divided by its "
+    "length, in bytes as lm-eval documents it (lm-eval 0.4.13 counts characters: the same "
+    "for ASCII text).",
+    "perplexity": "perplexity: exp of the mean negative log-likelihood per predicted token "
+    "of the experiment's validation split (lower is better).",
 }
+CHANCE_NOTE = (
+    "chance: the accuracy of picking a choice at random, 1 / the item's number of choices "
+    "averaged over the items scored (4 choices: 25 %)."
+)
+SCORED_NOTE = "scored: the items a task scored; for perplexity, the validation tokens."
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5rem auto; max-width: 1200px;
@@ -51,6 +68,7 @@ figure { margin: 0.5rem 0 1.5rem; } figure img { max-width: 100%; height: auto;
 nav { font-size: 0.9rem; } nav ol { margin: 0.3rem 0; } nav li li { display: inline;
       margin-right: 1rem; } nav ol ol { padding-left: 0.5rem; }
 .note { background: #fff6dc; border-left: 4px solid #e0a800; padding: 0.5rem 0.8rem; }
+pre { background: #f6f6f6; padding: 0.5rem; white-space: pre-wrap; font-size: 0.8rem; }
 """
 
 # Where the benchmark points ran without GPUs (the local machine): what their figures mean.
@@ -74,6 +92,19 @@ class ExperimentView:
     notes: list[str] = field(default_factory=list)
     trained: bool = False  # at least one iteration done: the page shows training first
     scores: list[dict] | None = None  # the evaluation table's rows (hpcllm.evaluation.table)
+    model: str | None = None  # the evaluated model's folder, relative to the working directory
+    lm_eval: str | None = None  # the lm-eval command that reproduces the tasks' scores
+
+
+def page_keys(experiments: dict) -> dict[str, str]:
+    """Per experiment a short digest of its prepared settings (what the page shows of it
+    derives from them and from the run's files): the results rule's recorded param, so
+    that a change reruns the page, where the Prepared themselves made a rerun reason of
+    ~3,000 characters."""
+    return {
+        name: hashlib.sha256(repr(prepared).encode()).hexdigest()[:12]
+        for name, prepared in experiments.items()
+    }
 
 
 def _img(path: Path) -> str:
@@ -142,7 +173,9 @@ def benchmark_sections(
         rows = summary[summary["benchmark"] == bench]
         table = _tflops_shown(compact_table(rows).drop(columns=["benchmark"], errors="ignore"))
         ok = int((rows["status"] == "ok").sum())
-        title = BENCHMARK_TITLES.get(bench, bench)
+        ran = rows.get("model", pd.Series(dtype=object)).dropna().unique()
+        models = ", ".join(MODEL_NAMES.get(m, m) for m in sorted(ran))
+        title = BENCHMARK_TITLES.get(bench, bench) + (f" ({models})" if models else "")
         contents.append((f"bench-{bench}", title))
         holds = "".join(f'<p class="meta">{html.escape(n)}</p>' for n in hold_notes(rows))
         parts.append(
@@ -173,25 +206,57 @@ def experiment_section(view: ExperimentView) -> str:
     )
 
 
+def _chance(value) -> str:
+    return "" if value in (None, "") else f"{100 * float(value):.3g} %"
+
+
+def _scored(row: dict) -> str:
+    if row["items"] in (None, ""):
+        return ""
+    unit = "tokens" if row["metric"] == "perplexity" else "items"
+    return f"{int(float(row['items'])):,} {unit}"
+
+
 def scores_html(view: ExperimentView) -> str:
     """The experiment's evaluation: per task and metric its value (± standard error),
-    shots and items; the validation perplexity per source (items: tokens scored)."""
+    chance level, shots and what was scored; what the metrics mean; the model evaluated
+    and the lm-eval command that reproduces the tasks' scores."""
     from hpcllm.evaluation.table import format_value
 
     if not view.scores:
         return ""
-    head = "".join(f"<th>{c}</th>" for c in ("task", "metric", "value", "shots", "items"))
+    columns = ("task", "metric", "value", "chance", "shots", "scored")
+    head = "".join(f"<th>{c}</th>" for c in columns)
     body = "".join(
         f'<tr><td class="text">{html.escape(r["task"])}</td>'
         f'<td class="text">{html.escape(r["metric"])}</td>'
         f"<td>{html.escape(format_value(r['value'], r['stderr']))}</td>"
-        f"<td>{html.escape(r['shots'] or '')}</td><td>{html.escape(r['items'] or '')}</td></tr>"
+        f"<td>{_chance(r.get('chance'))}</td>"
+        f"<td>{html.escape(r['shots'] or '')}</td><td>{_scored(r)}</td></tr>"
         for r in view.scores
     )
+    metrics = {r["metric"].split(" ")[0] for r in view.scores}
+    notes = [SCORE_NOTES[m] for m in SCORE_NOTES if m in metrics]
+    if any(r.get("chance") not in (None, "") for r in view.scores):
+        notes.append(CHANCE_NOTE)
+    notes.append(SCORED_NOTE)
+    extra = "".join(f'<p class="meta">{html.escape(n)}</p>' for n in notes)
+    if view.model:
+        href = os.path.relpath(view.model, "results")  # the page is results/index.html
+        extra += (
+            f'<p>Model evaluated (Hugging Face folder): <a href="{html.escape(href)}/">'
+            f"{html.escape(view.model)}</a></p>"
+        )
+    if view.lm_eval:
+        extra += (
+            "<p>The tasks' scores again, from any folder, where lm-eval[hf] is installed "
+            "(on a cluster in the training image, where the job ran):</p>"
+            f"<pre><code>{html.escape(view.lm_eval)}</code></pre>"
+        )
     iteration = int(view.scores[0]["iteration"])
     return (
         f'<h4 id="eval-{html.escape(view.name)}">Evaluation of iteration {iteration:,}</h4>'
-        f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{extra}"
     )
 
 
@@ -239,12 +304,13 @@ def render_page(
     if not sections:
         body.append("<p>Nothing has been benchmarked or trained yet.</p>")
     nav = _contents([(anchor, heading, contents) for anchor, heading, contents, _ in sections])
+    full = " Full tables: results/bench/summary.csv." if summary is not None else ""
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{html.escape(title)}</title><style>{STYLE}</style></head><body>"
-        f'<h1>{html.escape(title)}</h1><p class="meta">Written {when}. Full tables: '
-        "results/bench/summary.csv; the workflow's provenance: snakemake --report.</p>"
+        f'<h1>{html.escape(title)}</h1><p class="meta">Written {when}.{full} The '
+        "workflow's provenance: snakemake --report.</p>"
         f"{nav}{''.join(body)}</body></html>\n"
     )
 
@@ -275,7 +341,10 @@ def experiment_view(workdir: Path, name: str, prepared, loss_png: Path | None) -
     notes += [stale] if stale else []
     older = older_than_data(workdir, name, prepared.blend.prefixes, s.total_iterations)
     notes += [older] if older else []
-    return ExperimentView(name, status, loss_png, notes, trained=bool(s.iteration), scores=scores)
+    view = ExperimentView(name, status, loss_png, notes, trained=bool(s.iteration), scores=scores)
+    if scores:
+        view.model, view.lm_eval = evaluated_model(workdir, name, s.total_iterations)
+    return view
 
 
 def older_than_data(workdir: Path, name: str, prefixes, iteration: int) -> str | None:
@@ -307,3 +376,19 @@ def experiment_scores(workdir: Path, name: str, iteration: int):
 
     export = workdir / f"results/export/{name}/iter_{iteration:07d}/export.json"
     return current_scores(workdir / f"results/eval/{name}/scores.csv", export, iteration)
+
+
+def evaluated_model(workdir: Path, name: str, iteration: int) -> tuple[str | None, str | None]:
+    """The model folder the shown scores are of (relative to ``workdir``) and the lm-eval
+    command the evaluation table's job wrote for them (None where there is none)."""
+    from hpcllm.evaluation.model import EvaluationError, model_folder
+
+    try:
+        folder = model_folder(workdir / f"results/export/{name}/iter_{iteration:07d}/export.json")
+        model = str(folder.relative_to(workdir))
+    except (EvaluationError, ValueError):
+        model = None
+    script = workdir / f"results/eval/{name}/lm_eval/command.sh"
+    lines = script.read_text().splitlines() if script.is_file() else []
+    commands = [line for line in lines if line and not line.startswith("#")]
+    return model, commands[-1] if commands else None

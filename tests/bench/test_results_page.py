@@ -125,3 +125,15 @@ def test_the_experiment_view_knows_whether_it_trained(workdir):
     (workdir / "checkpoints" / "tiny_local" / "latest_checkpointed_iteration.txt").write_text("10")
     view = experiment_view(workdir, "tiny_local", prepared, None)
     assert view.trained and view.status["iteration"] == "10 of 30"
+
+
+def test_the_headings_name_the_models_and_summary_csv_only_where_benchmarked(tmp_path):
+    """Issue 40 item 12: the vision heading said ResNet-50 over a run of resnet_tiny, and
+    a page where nothing was benchmarked pointed at results/bench/summary.csv."""
+    for model, heading in (("resnet_tiny", "resnet_tiny"), ("resnet50", "ResNet-50")):
+        p = point(1, "weak", benchmark="vision", model=model, id=f"v.{model}.weak.fp32.n0001")
+        page = render_page("t", summarize([p], tmp_path / "nothing"), {}, [])
+        assert f'<h3 id="bench-vision">Vision benchmark ({heading})</h3>' in page
+        assert "Full tables: results/bench/summary.csv." in page
+    view = ExperimentView("tiny", {"segments done": "1 of 3"}, None, trained=True)
+    assert "summary.csv" not in render_page("t", None, {}, [view])

@@ -234,6 +234,10 @@ def test_look_only_commands_over_max_gpu_hours_still_answer(tmp_path, no_slurm):
     dag = run_snakemake(workdir, "--dag", *args, env=env)
     assert dag.stdout.lstrip().startswith("digraph") and "train_segment" in dag.stdout
     assert "Traceback" not in dag.stderr
+    # the picture the README draws of it folds the segments into one box (hpcllm dag)
+    from hpcllm.dag import fold
+
+    assert re.search(r'label = "train_segment\\n\d+ jobs\\nk: 1…\d+"', fold(dag.stdout))
     summary = run_snakemake(workdir, "--summary", *args, env=env)
     assert "results/train/opengptx_800m/seg1.json" in summary.stdout
 

@@ -52,9 +52,12 @@ def arc_mirror(root: Path) -> Path:
     return repo
 
 
-def test_tasks_run_offline_from_local_files(tmp_path, export_record):
-    """lm-eval's simple_evaluate with the exported model on the CPU, offline: the
-    shipped task over its JSON-lines file and lm-eval's own arc_easy from a mirror."""
+@pytest.fixture(scope="module")
+def tasks_run(tmp_path_factory, export_record) -> Path:
+    """The folder of a tasks job's run: lm-eval's simple_evaluate with the exported model
+    on the CPU, offline, on the shipped task over its JSON-lines file and lm-eval's own
+    arc_easy from a mirror (tasks.json: the manifest, scores.json: the record)."""
+    tmp_path = tmp_path_factory.mktemp("tasks_run")
     mirror = tmp_path / "mirror"
     arc_mirror(mirror)
     code = f"""
@@ -70,7 +73,12 @@ evaluate_tasks({str(export_record)!r}, "tasks.json", 30, shots=1, limit=3,
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    record = json.loads((tmp_path / "scores.json").read_text())
+    return tmp_path
+
+
+def test_tasks_run_offline_from_local_files(tasks_run):
+    """Both tasks are scored on the items asked for, with the shots asked for."""
+    record = json.loads((tasks_run / "scores.json").read_text())
     assert set(record["tasks"]) == {"module_purpose", "arc_easy"}
     for name, task in record["tasks"].items():
         assert task["shots"] == 1 and task["items"] == 3, (name, task)
@@ -79,7 +87,37 @@ evaluate_tasks({str(export_record)!r}, "tasks.json", 30, shots=1, limit=3,
     assert record["iteration"] == 30 and record["device"] == "cpu"
     assert len(record["export_digest"]) == 16
     # The datasets' cache went where it was told, not to the home folder.
-    assert (tmp_path / "cache").is_dir() and not (tmp_path / "hf_home" / "datasets").exists()
+    assert (tasks_run / "cache").is_dir() and not (tasks_run / "hf_home" / "datasets").exists()
+    # Issue 40 item 12: the chance level from the task data (4 choices per item here).
+    assert {n: t["chance"] for n, t in record["tasks"].items()} == {
+        "module_purpose": 0.25, "arc_easy": 0.25}  # fmt: skip
+
+
+def test_the_lm_eval_command_reproduces_the_scores_from_any_folder(tasks_run, tmp_path):
+    """Issue 40 item 12: the results page shows the lm-eval command of the tasks' scores.
+    The shipped task's data_files are relative to its YAML, so `lm-eval --tasks
+    module_purpose` run by hand from the checkout failed; the command the evaluation table
+    writes runs task files with absolute paths, here from another folder, offline, and
+    gives the job's scores."""
+    from hpcllm.evaluation.harness import write_rerun
+
+    record = json.loads((tasks_run / "scores.json").read_text())
+    command = write_rerun(str(tasks_run / "scores.json"), str(tasks_run / "tasks.json"),
+                          str(tasks_run / "cache"), str(tmp_path / "lm_eval"))  # fmt: skip
+    assert command.startswith("HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 lm-eval run ")
+    assert "--num_fewshot 1 " in command and "--limit 3" in command and "--seed 1234" in command
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "PYTHONPATH": str(REPO / "src"), "HF_HOME": str(tmp_path / "hf_home")}  # fmt: skip
+    proc = subprocess.run(["bash", "-c", f"{command} --output_path {elsewhere / 'out'}"],
+                          cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (results,) = (elsewhere / "out").rglob("results_*.json")
+    scores = json.loads(results.read_text())["results"]
+    for name, task in record["tasks"].items():
+        for metric, m in task["metrics"].items():
+            assert scores[name][f"{metric},none"] == pytest.approx(m["value"]), (name, metric)
 
 
 def test_unstaged_hub_task_names_where_to_stage(tmp_path, monkeypatch):

@@ -99,6 +99,49 @@ def test_the_default_target_ends_with_the_scores_on_the_results_page(evaluated):
     assert jobs.get("results_page") == 1, jobs
 
 
+def page_only(work: Path) -> str:
+    """A config whose results page shows NAME alone: no benchmarks, no other experiment."""
+    path = work / "page.yaml"
+    path.write_text(
+        yaml.safe_dump({"benchmarks": {"experiments": None}, "training": {"run": [NAME]}})
+    )
+    return str(path)
+
+
+def test_the_results_page_shows_the_model_the_command_and_reruns_on_a_short_reason(evaluated):
+    """Issue 40 item 12 through the workflow: the evaluation table's job writes the
+    lm-eval command and the page shows it with the model and the chance levels; the page
+    rule's params are short (its rerun reason printed ~3,000 characters of Prepared(...))
+    and a changed experiment still reruns it."""
+    import html
+    import re
+
+    from hpcllm.evaluation.model import model_folder
+
+    args = ("results/index.html", "--profile", "profiles/local", "--configfile")
+    run_snakemake(evaluated, *args, configure(evaluated), page_only(evaluated))
+    page = (evaluated / "results/index.html").read_text()
+    folder = model_folder(evaluated / f"results/export/{NAME}/iter_0000004/export.json")
+    model = str(folder.relative_to(evaluated))
+    assert f'<a href="{model.removeprefix("results/")}/">{model}</a>' in page
+    assert page.count("<td>25 %</td>") == 2 and "<td>4 items</td>" in page  # acc, acc_norm
+    assert "<td>1,999 tokens</td>" in page and "summary.csv" not in page
+    command = html.unescape(re.search(r"<pre><code>(.*?)</code></pre>", page, re.S)[1])
+    assert f"pretrained={folder}" in command and "--limit 4" in command
+    assert f"--tasks {evaluated}/results/eval/{NAME}/lm_eval/module_purpose.yaml" in command
+    # another log interval (the page's energy per token reads it; the training's
+    # segments continue with it): the page alone again, for a reason that fits on a line
+    more = evaluated / "log_interval.yaml"
+    more.write_text(yaml.safe_dump({"training": {"experiments": {NAME: {"log_interval": 2}}}}))
+    changed = run_snakemake(evaluated, "-n", *args, configure(evaluated), page_only(evaluated),
+                            str(more))  # fmt: skip
+    out = changed.stdout + changed.stderr
+    assert planned(out) == {"results_page": 1}, out[-3000:]
+    reason = re.search(r"^\s*reason: (.*)$", out, re.M)[1]
+    assert "Params have changed since last execution" in reason and len(reason) < 300, reason
+    assert "Prepared(" not in out
+
+
 def test_a_cluster_profile_plans_export_and_evaluation_with_their_cost(tmp_path):
     """The 800M example with its evaluation on JUWELS (docs/evaluation.md): the export and
     both evaluations are in the cost lines, whole 4-GPU nodes for their time limits, and

@@ -8,12 +8,13 @@ import json
 
 import pytest
 
+from hpcllm.evaluation.chance import chance_level, known_chance
 from hpcllm.evaluation.model import EvaluationError, file_digest
 from hpcllm.evaluation.table import current_scores, write_table
-from hpcllm.results_page import ExperimentView, experiment_section
+from hpcllm.results_page import ExperimentView, evaluated_model, experiment_section
 
 
-def records(tmp_path, export):
+def records(tmp_path, export, **task):
     digest = file_digest(export)
     tasks = {
         "export_digest": digest,
@@ -23,6 +24,7 @@ def records(tmp_path, export):
                 "metrics": {"acc": {"value": 0.375, "stderr": 0.18}},
                 "shots": 1,
                 "items": 8,
+                **task,
             }
         },
     }
@@ -78,3 +80,67 @@ def test_no_tasks_makes_a_table_of_the_perplexity_alone(tmp_path):
     )
     shown, why = current_scores(table, export, 30)
     assert why is None and len(shown) == 2
+
+
+def test_the_page_says_what_the_scores_mean_and_how_to_get_them_again(tmp_path):
+    """Issue 40 item 12: the scores lacked each task's chance level, what acc and acc_norm
+    are, the unit of "items" (tokens for perplexity), the model evaluated and the lm-eval
+    command of the scores."""
+    export = tmp_path / "results/export/tiny/iter_0000030/export.json"
+    export.parent.mkdir(parents=True)
+    export.write_text('{"iteration": 30}')
+    (export.parent / "config.json").write_text("{}")
+    table = tmp_path / "results/eval/tiny/scores.csv"
+    metrics = {"acc": {"value": 0.375, "stderr": 0.18}, "acc_norm": {"value": 0.5, "stderr": 0.2}}
+    # a record from before the chance level was measured: the known task's level
+    write_table("tiny", *records(tmp_path, export, metrics=metrics), str(export), table)
+    shown, _ = current_scores(table, export, 30)
+    assert [r["chance"] for r in shown] == ["0.25", "0.25", "", ""]
+    command = tmp_path / "results/eval/tiny/lm_eval/command.sh"
+    command.parent.mkdir(parents=True)
+    command.write_text("#!/bin/sh\n# a comment\nHF_HUB_OFFLINE=1 lm-eval run --tasks /x/y.yaml\n")
+    model, lm_eval = evaluated_model(tmp_path, "tiny", 30)
+    assert model == "results/export/tiny/iter_0000030"
+    assert lm_eval == "HF_HUB_OFFLINE=1 lm-eval run --tasks /x/y.yaml"
+    page = experiment_section(
+        ExperimentView("tiny", {}, scores=shown, model=model, lm_eval=lm_eval)
+    )
+    heads = page[page.index("<thead>") : page.index("</thead>")]
+    assert (
+        heads
+        == "<thead><tr>"
+        + "".join(f"<th>{c}</th>" for c in ("task", "metric", "value", "chance", "shots", "scored"))
+        + "</tr>"
+    )
+    assert page.count("<td>25 %</td>") == 2 and "<td>8 items</td>" in page
+    assert "<td>100 tokens</td>" in page  # the perplexity's items are tokens
+    assert "acc: the share of items on which the right choice has the highest" in page
+    assert (
+        "acc_norm: the same, with each choice&#x27;s log-likelihood divided by its length, in bytes"
+        in page
+    )
+    assert "chance: the accuracy of picking a choice at random" in page
+    assert '<a href="export/tiny/iter_0000030/">results/export/tiny/iter_0000030</a>' in page
+    assert "<pre><code>HF_HUB_OFFLINE=1 lm-eval run --tasks /x/y.yaml</code></pre>" in page
+    # a record's own (measured) level; a task of unknown choices has none
+    write_table("tiny", *records(tmp_path, export, chance=0.2), str(export), table)
+    assert current_scores(table, export, 30)[0][0]["chance"] == "0.2"
+    assert known_chance("mmlu_anatomy") == 0.25 and known_chance("lambada_openai") is None
+
+
+class _Task:
+    """What chance_level reads of an lm-eval Task."""
+
+    OUTPUT_TYPE = "multiple_choice"
+    eval_docs = [{"c": ["a", "b"]}, {"c": ["a", "b", "c", "d"]}, {"c": ["a", "b", "c", "d"]}]
+
+    def doc_to_choice(self, doc):
+        return doc["c"]
+
+
+def test_the_chance_level_is_measured_on_the_items_scored():
+    assert chance_level(_Task(), None) == pytest.approx((1 / 2 + 1 / 4 + 1 / 4) / 3)
+    assert chance_level(_Task(), 1) == 0.5  # lm-eval scores the first `limit` items
+    generation = _Task()
+    generation.OUTPUT_TYPE = "generate_until"
+    assert chance_level(generation, None) is None

@@ -288,3 +288,73 @@ def test_the_module_layout_plans_with_the_local_profile(tmp_path):
     assert "'resources/sample_text/en.jsonl.zst' matches no file" in out
     assert "It is the laptop examples' sample data" in out
     assert f"snakemake --profile {REPO / 'profiles/local'} --configfile config/config.yaml" in out
+
+
+def test_the_documented_pictures_of_the_plan_can_be_read():
+    """Issue 40 item 13: the README's `--dag | dot` of the JUWELS plan drew one box per job
+    (53 jobs with the sweep and the evaluation: 4,672 pt wide, labels unreadable). Every
+    documented picture of the jobs folds them (`hpcllm dag`), and beside it the docs show
+    `--rulegraph`, one box per rule."""
+    pictures = [
+        (doc.name, line)
+        for doc in [*DOCS, REPO / "Makefile"]
+        for line in doc.read_text().splitlines()
+        if re.search(r"--(dag|rulegraph)\b.*\|\s*dot\b", line)
+    ]
+    dags = [(doc, line) for doc, line in pictures if "--dag" in line]
+    assert dags and all(re.search(r"\|\s*\S*hpcllm dag\s*\|", line) for _, line in dags), dags
+    with_dag = {doc for doc, _ in dags}
+    assert with_dag == {doc for doc, line in pictures if "--rulegraph" in line}, pictures
+
+
+def _snakemake_dag(labels: list[str], edges: list[tuple[int, int]]) -> str:
+    """A DAG in the form of Snakemake's --dag output."""
+    lines = ["digraph snakemake_dag {", "    graph[bgcolor=white, margin=0];"]
+    lines += [f'\t{i}[label = "{label}", color = "0.1 0.6 0.85", style="rounded"];'
+              for i, label in enumerate(labels)]  # fmt: skip
+    return "\n".join([*lines, *(f"\t{a} -> {b}" for a, b in edges), "}"]) + "\n"
+
+
+def test_hpcllm_dag_draws_a_rules_like_jobs_as_one_box(monkeypatch, capsys):
+    """A sweep's points (the larger wait for the smaller ones), a chain of segments and the
+    tokenize batches each become one box with their number and wildcards in short; the
+    edges between boxes stay, those within a box are a loop on it."""
+    import io
+
+    from hpcllm import cli
+    from hpcllm.dag import fold
+
+    points = [f"language.m.{s}.bf16.n{n:04d}" for n in (1, 2, 4, 8) for s in ("strong", "weak")]
+    labels = ["all", "aggregate_benchmarks", "canary\\nkind: language", "fetch_text",
+              "merge_tokenized", *(f"tokenize_batch\\nbatch: {b:04d}" for b in range(3)),
+              *(f"bench_language\\npoint: {p}" for p in points),
+              *(f"train_segment\\nk: {k}" for k in range(1, 11))]  # fmt: skip
+    index = {label.split("\\n")[-1].split(": ")[-1]: i for i, label in enumerate(labels)}
+    bench, seg = [index[p] for p in points], [index[str(k)] for k in range(1, 11)]
+    edges = [
+        (1, 0),
+        (4, 0),
+        (seg[-1], 0),
+        *((3, b) for b in (5, 6, 7)),
+        *((b, 4) for b in (5, 6, 7)),
+    ]
+    edges += [e for b in bench for e in ((2, b), (b, 1))]
+    edges += [(bench[i], bench[i + 2]) for i in range(len(bench) - 2)]  # holds
+    edges += [(4, s) for s in seg] + list(zip(seg, seg[1:]))
+    dot = _snakemake_dag(labels, edges)
+    folded = fold(dot)
+    boxes = re.findall(r'^\t(\d+)\[label = "([^"]*)"', folded, re.M)
+    assert len(boxes) == 8, boxes
+    shown = {label.split("\\n")[0]: label.split("\\n")[1:] for _, label in boxes}
+    assert shown["bench_language"] == ["8 jobs", "point: language.m.{strong,weak}.bf16.n0001…n0008"]
+    assert shown["train_segment"] == ["10 jobs", "k: 1…10"]
+    assert shown["tokenize_batch"] == ["3 jobs", "batch: {0000,0001,0002}"]
+    box = {label.split("\\n")[0]: n for n, label in boxes}
+    links = set(re.findall(r"^\t(\d+) -> (\d+)$", folded, re.M))
+    b, s, t = box["bench_language"], box["train_segment"], box["tokenize_batch"]
+    assert {(b, b), (s, s), (box["canary"], b), (b, box["aggregate_benchmarks"])} <= links
+    assert (t, t) not in links and {(box["fetch_text"], t), (t, box["merge_tokenized"])} <= links
+    assert (s, box["all"]) in links and len(links) == 10, links
+    # the command the docs pipe it through
+    monkeypatch.setattr("sys.stdin", io.StringIO(dot))
+    assert cli.main(["dag"]) == 0 and capsys.readouterr().out == folded

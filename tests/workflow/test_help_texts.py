@@ -52,6 +52,7 @@ def test_hpcllm_help_is_plain_text_and_every_option_says_what_it_does(monkeypatc
         "retry-training",
         "accept-checkpoint",
         "gpu-check",
+        "dag",
     }
     from hpcllm import gpu_check
 

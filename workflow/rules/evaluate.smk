@@ -57,7 +57,7 @@ rule evaluate_tasks:
         # perplexity.
         shots=lambda wildcards: eval_settings(wildcards)["shots"],
         limit=lambda wildcards: eval_settings(wildcards)["limit"],
-        cache_dir="data/eval_cache",
+        cache_dir=EVAL_CACHE_DIR,
         container=lambda wildcards: (eval_container(wildcards) or [None])[0],
         cluster=CLUSTER,
     script:
@@ -99,11 +99,13 @@ rule evaluate_perplexity:
 
 rule evaluation_table:
     # The experiment's scores of its current export only (each record names the export
-    # it read; another is refused).
+    # it read; another is refused), and in lm_eval/ the lm-eval command that reproduces
+    # the tasks' scores with the task files it reads (none for tasks: []).
     input:
         unpack(eval_table_inputs),
     output:
-        "results/eval/{experiment}/scores.csv",
+        table="results/eval/{experiment}/scores.csv",
+        lm_eval=directory("results/eval/{experiment}/lm_eval"),
     log:
         "logs/evaluation_table/{experiment}.log",
     wildcard_constraints:
@@ -111,5 +113,7 @@ rule evaluation_table:
     localrule: True
     conda:
         "../../envs/workflow.yaml"
+    params:
+        cache_dir=EVAL_CACHE_DIR,
     script:
         "../scripts/evaluation_table.py"

@@ -16,6 +16,9 @@ EVAL_TASKS_DIR = (
     else os.path.join(HPCLLM_ROOT, "resources", "eval_tasks")
 )
 
+# The `datasets` cache of the tasks (not the home folder, small on clusters).
+EVAL_CACHE_DIR = "data/eval_cache"
+
 
 # A task name that is neither the project's nor lm-eval's stops the plan on every site
 # (the staging job found it only after training). Only in the main process: it scans
@@ -94,6 +97,7 @@ def eval_table_inputs(wildcards):
     }
     if eval_settings(wildcards)["tasks"]:
         inputs["tasks"] = f"{folder}/tasks.json"
+        inputs["manifest"] = f"data/eval_tasks/{wildcards.experiment}.json"
     return inputs
 
 

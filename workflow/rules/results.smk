@@ -21,6 +21,8 @@ rule results_page:
         "../../envs/workflow.yaml"
     params:
         experiments=results_page_experiments,
+        # Recorded by Snakemake: a changed experiment reruns the page.
+        experiment_keys=results_page_keys,
         cluster=CLUSTER.name,
     script:
         "../scripts/results_page.py"

@@ -32,8 +32,21 @@ def results_page_inputs(wildcards):
         ]
         if name in EVALUATED:  # the page shows the scores of the last checkpoint
             inputs[f"scores_{name}"] = f"results/eval/{name}/scores.csv"
+            inputs[f"lm_eval_{name}"] = f"results/eval/{name}/lm_eval"
     return inputs
 
 
 def results_page_experiments(wildcards):
-    return {name: EXPERIMENTS[name] for name in page_experiment_names()}
+    """The experiments' Prepared for the script, by name."""
+    # A SimpleNamespace: Snakemake records no such param (a dict of Prepared made a
+    # ~3,000-character rerun reason); results_page_keys is recorded instead.
+    from types import SimpleNamespace
+
+    return SimpleNamespace(**{n: EXPERIMENTS[n] for n in page_experiment_names()})
+
+
+def results_page_keys(wildcards):
+    """Recorded by Snakemake, and short: per experiment a digest of its settings."""
+    from hpcllm.results_page import page_keys
+
+    return page_keys({name: EXPERIMENTS[name] for name in page_experiment_names()})

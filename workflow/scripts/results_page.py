@@ -12,7 +12,7 @@ summary = pd.read_csv(inputs["summary"]) if "summary" in inputs else None
 plots = {k[len("plot_") :]: Path(v) for k, v in inputs.items() if k.startswith("plot_")}
 views = [
     experiment_view(Path("."), name, prepared, Path(inputs[f"loss_{name}"]))
-    for name, prepared in snakemake.params.experiments.items()
+    for name, prepared in vars(snakemake.params.experiments).items()
 ]
 cluster = snakemake.params.cluster
 page = render_page(

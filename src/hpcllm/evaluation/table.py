@@ -13,10 +13,12 @@ import os
 from pathlib import Path
 
 from hpcllm.atomic import atomic_path
+from hpcllm.evaluation.chance import METRICS as CHANCE_METRICS
+from hpcllm.evaluation.chance import known_chance
 from hpcllm.evaluation.model import EvaluationError, file_digest
 
-COLUMNS = ["experiment", "iteration", "task", "metric", "value", "stderr", "shots", "items",
-           "export_digest"]  # fmt: skip
+COLUMNS = ["experiment", "iteration", "task", "metric", "value", "stderr", "chance", "shots",
+           "items", "export_digest"]  # fmt: skip
 
 
 def check_current(record_path: str | os.PathLike, record: dict, export_record: str) -> None:
@@ -34,15 +36,18 @@ def rows(experiment: str, tasks: dict | None, ppl: dict) -> list[dict]:
     digest = ppl["export_digest"]
     out = []
     for task, scores in (tasks or {}).get("tasks", {}).items():
+        # measured from the task's data; a record of before: the known tasks' level
+        chance = scores["chance"] if "chance" in scores else known_chance(task)
         for metric, m in scores["metrics"].items():
             out.append({"experiment": experiment, "iteration": tasks["iteration"], "task": task,
                         "metric": metric, "value": m["value"], "stderr": m["stderr"],
+                        "chance": chance if metric.split(" ")[0] in CHANCE_METRICS else None,
                         "shots": scores["shots"], "items": scores["items"],
                         "export_digest": digest})  # fmt: skip
     for source, s in {**ppl["perplexity"]["sources"], "all": ppl["perplexity"]["all"]}.items():
         out.append({"experiment": experiment, "iteration": ppl["iteration"],
                     "task": f"validation perplexity ({source})", "metric": "perplexity",
-                    "value": s["perplexity"], "stderr": None, "shots": None,
+                    "value": s["perplexity"], "stderr": None, "chance": None, "shots": None,
                     "items": s["tokens"], "export_digest": digest})  # fmt: skip
     return out
 

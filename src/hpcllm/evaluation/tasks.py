@@ -194,15 +194,13 @@ def download(task: TaskSource) -> None:
     snapshot_download(repo_id=task.dataset, repo_type="dataset", local_dir=task.folder)
 
 
-def task_spec(task: TaskSource, cache_dir: str | os.PathLike) -> dict[str, Any]:
-    """The task as a config dict for lm-eval that reads its data from local files only:
-    a shipped task's data_files made absolute (they are relative to its YAML), a hub
-    task's dataset_path the local copy; ``datasets``' cache in ``cache_dir`` (not the
-    home folder, small on clusters)."""
-    cfg = load_task_config(task.yaml)
+def local_data(task: TaskSource, cache_dir: str | os.PathLike, cfg: dict) -> dict[str, Any]:
+    """The keys of the task's config ``cfg`` that make lm-eval read its data from local
+    files only: a shipped task's data_files made absolute (they are relative to its
+    YAML), a hub task's dataset_path the local copy; ``datasets``' cache in ``cache_dir``
+    (not the home folder, small on clusters)."""
     kwargs = dict(cfg.get("dataset_kwargs") or {})
     kwargs["cache_dir"] = str(cache_dir)
-    cfg["dataset_kwargs"] = kwargs
     if task.dataset is None:
         files = kwargs.get("data_files")
         here = Path(task.yaml).parent
@@ -210,16 +208,35 @@ def task_spec(task: TaskSource, cache_dir: str | os.PathLike) -> dict[str, Any]:
             kwargs["data_files"] = {split: _absolute(here, f) for split, f in files.items()}
         elif files is not None:
             kwargs["data_files"] = _absolute(here, files)
-    else:
-        if not os.path.isdir(task.folder):
-            raise EvaluationError(
-                f"evaluation task {task.name}: its data {task.folder} (a copy of the hub "
-                f"dataset {task.dataset}) is not there. Stage it: `hf download --repo-type "
-                f"dataset {task.dataset} --local-dir {task.folder}` where there is internet."
-            )
-        cfg["dataset_path"] = os.path.abspath(task.folder)
-    cfg["task"] = task.name
-    return cfg
+        return {"dataset_kwargs": kwargs}
+    if not os.path.isdir(task.folder):
+        raise EvaluationError(
+            f"evaluation task {task.name}: its data {task.folder} (a copy of the hub "
+            f"dataset {task.dataset}) is not there. Stage it: `hf download --repo-type "
+            f"dataset {task.dataset} --local-dir {task.folder}` where there is internet."
+        )
+    return {"dataset_kwargs": kwargs, "dataset_path": os.path.abspath(task.folder)}
+
+
+def task_spec(task: TaskSource, cache_dir: str | os.PathLike) -> dict[str, Any]:
+    """The task as a config dict for lm-eval that reads its data from local files only."""
+    cfg = load_task_config(task.yaml)
+    return {**cfg, **local_data(task, cache_dir, cfg), "task": task.name}
+
+
+def task_file(task: TaskSource, cache_dir: str | os.PathLike, path: str | os.PathLike) -> None:
+    """Write the task as :func:`task_spec` gives it to lm-eval, as a task YAML for
+    ``lm-eval run --tasks <path>``: its own file included, the local data's keys with
+    absolute paths (it runs from any folder)."""
+    import yaml
+
+    cfg = load_task_config(task.yaml, resolve_functions=False)
+    data = local_data(task, os.path.abspath(cache_dir), cfg)
+    keys = {"include": os.path.abspath(task.yaml), "task": task.name, **data}
+    Path(path).write_text(
+        f"# {task.name} as the workflow's tasks job ran it (hpcllm.evaluation.tasks.task_file)\n"
+        + yaml.safe_dump(keys, sort_keys=False)
+    )
 
 
 def _absolute(here: Path, files):
