@@ -144,7 +144,7 @@ def check_training_reruns(dag):
     --touch only warn."""
     from hpcllm.training.checkpoints.tracker import CheckpointError, latest_iteration
     from hpcllm.training.plan.experiment import target_iteration
-    from hpcllm.training.plan.reruns import refusal, stale_reruns
+    from hpcllm.training.plan.reruns import asked, refusal, stale_reruns
 
     def reached(name):
         try:
@@ -152,31 +152,25 @@ def check_training_reruns(dag):
         except CheckpointError:  # the segment's job names what is wrong
             return None
 
-    def asked(job):
-        """Snakemake's reasons that ask for new training: forced, or the data (not the
-        segment before's record, the image or the pre-flight) made again."""
-        reason = dag.reason(job)
-        # forced by the user's flags, not by --rerun-incomplete (a killed controller's
-        # segment, whose record alone is missing: its job restores it)
-        flags = workflow.dag_settings
-        by_user = bool(flags.forcerun or flags.forceall or flags.forcetargets)
-        names = ["forced"] if reason.forced and by_user else []
-        exp = job.wildcards["experiment"]
-        other = (f"results/train/{exp}/", "containers/", "results/preflight/")
-        for name, files in (
-            ("updated input files", reason.updated_input),
-            ("input files updated by another job", reason.updated_input_run),
-        ):
-            if any(not str(f).startswith(other) for f in files):
-                names.append(name)
-        return names
-
+    flags = workflow.dag_settings
+    by_user = bool(flags.forcerun or flags.forceall or flags.forcetargets)
+    jobs = [job for job in dag.needrun_jobs() if job.rule.name == "train_segment"]
+    # (changed settings: the plan warned, and the job refuses naming them)
+    names = {job.wildcards["experiment"] for job in jobs}
+    refused = {name: settings_refused(name) for name in names}
     planned = [
-        (job.wildcards["experiment"], int(job.wildcards["k"]), asked(job))
-        for job in dag.needrun_jobs()
-        # (changed settings: the plan warned, and the job refuses naming them)
-        if job.rule.name == "train_segment"
-        and not settings_refused(job.wildcards["experiment"])
+        (
+            job.wildcards["experiment"],
+            int(job.wildcards["k"]),
+            asked(
+                job.wildcards["experiment"],
+                dag.reason(job).forced and by_user,
+                dag.reason(job).updated_input,
+                dag.reason(job).updated_input_run,
+            ),
+        )
+        for job in jobs
+        if not refused[job.wildcards["experiment"]]
     ]
     target = lambda name, k: target_iteration(EXPERIMENTS[name].experiment, k)
     problems = [

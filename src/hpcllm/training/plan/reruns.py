@@ -21,6 +21,27 @@ ASKED = {
 }
 
 
+def asked(
+    experiment: str,
+    forced_by_user: bool,
+    updated_input: Iterable[str],
+    updated_input_run: Iterable[str],
+) -> list[str]:
+    """Snakemake's reasons of a segment job that ask for new training: forced by the
+    user's flags (not by --rerun-incomplete: a killed controller's segment, whose record
+    alone is missing and which its job restores), or its data made again (not the segment
+    before's record, the image or the pre-flight)."""
+    names = ["forced"] if forced_by_user else []
+    other = (f"results/train/{experiment}/", "containers/", "results/preflight/")
+    for name, files in (
+        ("updated input files", updated_input),
+        ("input files updated by another job", updated_input_run),
+    ):
+        if any(not str(f).startswith(other) for f in files):
+            names.append(name)
+    return names
+
+
 def stale_reruns(
     planned: Iterable[tuple[str, int, Iterable[str]]],
     reached: Callable[[str], int | None],
