@@ -167,7 +167,7 @@ def test_a_tp_change_of_dp_reshardable_checkpoints_is_refused_at_plan_time(tmp_p
     wider = megatron(distributed_optimizer=True, tp=2)
     warning = plan_warning("m", save, weights, layout_settings(wider, impl))
     assert "'dp_reshardable'" in warning and "TP=1 PP=1 DP=2" in warning, warning
-    assert "now asks for TP=2 PP=1 DP=1" in warning and "go back to TP=1 PP=1" in warning
+    assert "now asks for TP=2 PP=1 DP=1" in warning and "go back to tp: 1, pp: 1" in warning
     assert "reshardable_checkpoints: true" in warning and "restart-training m" in warning
     assert layout_plan_refusal("m", save, weights, layout_settings(wider, impl)) == warning
     with pytest.raises(SettingsChanged, match="'dp_reshardable'") as e:

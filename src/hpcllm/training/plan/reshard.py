@@ -129,7 +129,7 @@ def layout_refusal(saved: dict[str, Any], new: dict[str, Any]) -> str | None:
             "which reshards over DP only: Megatron-LM stops at start-up with '(TP, PP) "
             "mismatch after resume' on a TP or PP change"
         )
-        back = f"go back to TP={saved['layout.tp']} PP={saved['layout.pp']}"
+        back = f"go back to tp: {saved['layout.tp']}, pp: {saved['layout.pp']}"
     elif _bucket_size(saved["layout.dp"]) != _bucket_size(new["layout.dp"]):
         why = (
             "which stores the optimizer state in Megatron's gradient buckets, whose size "
@@ -145,8 +145,8 @@ def layout_refusal(saved: dict[str, Any], new: dict[str, Any]) -> str | None:
         return None
     return (
         f"saved with {_text(saved)} in the distributed optimizer's '{fmt}' checkpoint "
-        f"format, {why}; the experiment now asks for {_text(new)}. Either {back} (nodes x "
-        "procs_per_node / (tp x pp)), or restart. For this campaign to change its layout "
+        f"format, {why}; the experiment now asks for {_text(new)}. Either {back}, or "
+        "restart. For this campaign to change its layout "
         f"later: set layout.{KEY}: true, train one more segment on the saved layout (it "
         f"then saves '{FULLY}', which any layout loads; its saves gather the optimizer "
         "state on one rank and take longer), then change the layout"
