@@ -234,3 +234,32 @@ def test_overlap_param_gather_only_with_the_distributed_optimizer():
     # one replica: nothing to reduce across
     got = pairs(pretrain_gpt_args(exp, check_layout("x", exp, 1), **kw))
     assert "--overlap-grad-reduce" not in got
+
+
+def test_fully_reshardable_checkpoints_where_the_campaign_asks():
+    """layout.reshardable_checkpoints: the pin's --dist-ckpt-optim-fully-reshardable with
+    the distributed optimizer (the only optimizer it changes), a flag of the pinned
+    commit; auto asks for it where the layout is chosen automatically."""
+    flag = "--dist-ckpt-optim-fully-reshardable"
+    assert flag in megatron_flags()
+
+    def argv(transformer_impl="transformer_engine", save="checkpoints/x", **layout):
+        exp = resolve_experiment("x", {"preset": "opengptx_800m", "save_interval": 100})
+        exp["layout"].update(layout)
+        return args_for_experiment(exp, transformer_impl=transformer_impl, save=save)
+
+    assert flag not in argv()  # auto, a fixed layout: Megatron's faster default
+    assert flag in argv(reshardable_checkpoints=True)
+    assert flag in argv(auto=True)  # the hook of an automatically chosen layout
+    assert flag not in argv(auto=True, reshardable_checkpoints=False)
+    assert flag not in argv(reshardable_checkpoints=True, distributed_optimizer=False)
+    assert flag not in argv(reshardable_checkpoints=True, save=None)  # saves nothing
+    # Megatron's local layers resume without the distributed optimizer (as_run)
+    assert flag not in argv("local", reshardable_checkpoints=True)
+
+
+def args_for_experiment(exp, **kw) -> list[str]:
+    options = dict(data_path=None, split="100,0,0", tensorboard_dir=None,
+                   data_cache_path=None, train_iters=10, stop_iteration=10, exit_minutes=None)  # fmt: skip
+    options.update(kw)
+    return pretrain_gpt_args(exp, check_layout("x", exp, 8), **options)

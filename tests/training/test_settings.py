@@ -18,14 +18,17 @@ from hpcllm.training.campaign.segment import checkpoint_problem, segment_failure
 from hpcllm.training.checkpoints import lease
 from hpcllm.training.engines.log_lines import parse_log_lines
 from hpcllm.training.plan.experiment import prepare_experiment
+from hpcllm.training.plan.reshard import layout_settings
 from hpcllm.training.plan.settings import (
     SettingsChanged,
     check_checkpoint_settings,
     continuation_settings,
     data_settings,
     differences,
+    layout_plan_refusal,
     param_text,
     plan_warning,
+    record_saved_layout,
     restart_training,
     settings_path,
     weight_settings,
@@ -114,25 +117,117 @@ def test_the_index_cache_follows_blend_split_sequence_tokenizer_and_seed():
     assert not differences(base, data_settings(prepared(optim__lr=1e-3)))
 
 
-def test_megatron_layout_is_weight_determining():
-    """Megatron's checkpoints are sharded by TP/PP/DP: a layout change is refused."""
+def megatron(tmp_name="m", **layout):
     cluster = load_cluster("local", CLUSTERS)
-    one = prepare_experiment(
-        "m",
+    return prepare_experiment(
+        tmp_name,
         {"engine": "megatron", "preset": "tiny", "data": {"tokenizer": "tok", "sources": {"a": 1}, "split": "98,2,0"},
-         "layout": {"nodes": 1, "procs_per_node": 2, "tp": 1}, "segments": 1,
+         "layout": {"nodes": 1, "procs_per_node": 2, "tp": 1, **layout}, "segments": 1,
+         "batch": {"global": 16},
          "iterations_per_segment": 4, "seed": 1},
         TEXT, cluster,
     )  # fmt: skip
-    two = prepare_experiment(
-        "m",
-        {"engine": "megatron", "preset": "tiny", "data": {"tokenizer": "tok", "sources": {"a": 1}, "split": "98,2,0"},
-         "layout": {"nodes": 1, "procs_per_node": 2, "tp": 2}, "segments": 1,
-         "iterations_per_segment": 4, "seed": 1},
-        TEXT, cluster,
-    )  # fmt: skip
-    changed = differences(weight_settings(one, "local"), weight_settings(two, "local"))
-    assert {c.split(":")[0] for c in changed} == {"layout.tp", "layout.dp"}, changed
+
+
+def test_megatron_layout_is_recorded_beside_the_weights():
+    """TP/PP/DP are the layout (compared by what Megatron reshards), not weights: a
+    layout change that resumes plans no finished segment again."""
+    one, two = megatron(), megatron(tp=2)
+    assert param_text(weight_settings(one, "local")) == param_text(weight_settings(two, "local"))
+    impl = "transformer_engine"
+    assert layout_settings(one, impl) == {
+        "layout.tp": 1, "layout.pp": 1, "layout.dp": 2, "layout.checkpoint_format": "none",
+    }  # fmt: skip
+    fully = megatron(tp=2, distributed_optimizer=True, reshardable_checkpoints=True)
+    assert layout_settings(fully, impl)["layout.checkpoint_format"] == "fully_reshardable"
+    dp_only = megatron(distributed_optimizer=True)
+    assert layout_settings(dp_only, impl)["layout.checkpoint_format"] == "dp_reshardable"
+    # Megatron's local layers resume without the distributed optimizer (megatron_args.as_run)
+    assert layout_settings(dp_only, "local")["layout.checkpoint_format"] == "none"
+    # the transformer implementation and the distributed optimizer stay weight-determining
+    changed = differences(weight_settings(one, "local"), weight_settings(dp_only, impl))
+    assert {c.split(":")[0] for c in changed} == {
+        "layout.distributed_optimizer", "layout.transformer_impl",
+    }  # fmt: skip
+
+
+def test_a_tp_change_of_dp_reshardable_checkpoints_is_refused_at_plan_time(tmp_path):
+    """Saved at TP=1 DP=2 in the distributed optimizer's default format: TP=2 is refused
+    at plan time and at the segment's start, naming the format and both layouts; DP=1
+    too (other buckets); a fully reshardable checkpoint resumes with either."""
+    impl = "transformer_engine"
+    save = tmp_path / "checkpoints" / "m"
+    base = megatron(distributed_optimizer=True)
+    weights = weight_settings(base, impl)
+    check_checkpoint_settings(
+        "m", save, weights, continuation_settings(base), False, layout_settings(base, impl)
+    )
+    (save / "iter_0000004").mkdir()
+    (save / "latest_checkpointed_iteration.txt").write_text("4\n")
+    wider = megatron(distributed_optimizer=True, tp=2)
+    warning = plan_warning("m", save, weights, layout_settings(wider, impl))
+    assert "'dp_reshardable'" in warning and "TP=1 PP=1 DP=2" in warning, warning
+    assert "now asks for TP=2 PP=1 DP=1" in warning and "go back to tp: 1, pp: 1" in warning
+    assert "reshardable_checkpoints: true" in warning and "restart-training m" in warning
+    assert layout_plan_refusal("m", save, weights, layout_settings(wider, impl)) == warning
+    with pytest.raises(SettingsChanged, match="'dp_reshardable'") as e:
+        check_checkpoint_settings("m", save, weights, continuation_settings(wider), True,
+                                  layout_settings(wider, impl))  # fmt: skip
+    assert "nothing was started" in str(e.value)
+    # the same layout, or another DP of the same buckets (2..40), resumes
+    assert plan_warning("m", save, weights, layout_settings(base, impl)) is None
+    more = megatron(distributed_optimizer=True, nodes=2)  # DP 4
+    assert plan_warning("m", save, weights, layout_settings(more, impl)) is None
+    single = megatron(distributed_optimizer=True, procs_per_node=1)  # DP 1: one bucket
+    assert "go back to DP=2" not in plan_warning("m", save, weights,
+                                                 layout_settings(single, impl))  # fmt: skip
+    assert "buckets" in plan_warning("m", save, weights, layout_settings(single, impl))
+    # asking for fully reshardable saves now does not make the saved checkpoint so: it
+    # is recorded as the weaker format until a segment has saved in the new one
+    asks = megatron(distributed_optimizer=True, reshardable_checkpoints=True)
+    check_checkpoint_settings("m", save, weights, continuation_settings(asks), True,
+                              layout_settings(asks, impl))  # fmt: skip
+    assert json.loads(settings_path(save).read_text())["layout"]["layout.checkpoint_format"] == (
+        "dp_reshardable"
+    )
+    assert plan_warning("m", save, weights, layout_settings(wider, impl)) is not None
+    record_saved_layout(save, layout_settings(asks, impl))  # the segment saved
+    fully_wider = megatron(distributed_optimizer=True, reshardable_checkpoints=True, tp=2)
+    assert plan_warning("m", save, weights, layout_settings(fully_wider, impl)) is None
+    assert plan_warning("m", save, weights, layout_settings(single, impl)) is None
+    check_checkpoint_settings("m", save, weights, continuation_settings(fully_wider), True,
+                              layout_settings(fully_wider, impl))  # fmt: skip
+    assert json.loads(settings_path(save).read_text())["layout"]["layout.tp"] == 2
+
+
+def test_without_the_distributed_optimizer_every_layout_resumes(tmp_path):
+    impl = "transformer_engine"
+    save = tmp_path / "m"
+    base = megatron()
+    weights = weight_settings(base, impl)
+    check_checkpoint_settings(
+        "m", save, weights, continuation_settings(base), False, layout_settings(base, impl)
+    )
+    (save / "iter_0000004").mkdir()
+    (save / "latest_checkpointed_iteration.txt").write_text("4\n")
+    for other in (megatron(tp=2), megatron(procs_per_node=1), megatron(nodes=2, tp=2)):
+        assert plan_warning("m", save, weights, layout_settings(other, impl)) is None
+
+
+def test_a_record_from_before_the_layout_section_reads_as_dp_reshardable(tmp_path):
+    """Records written when TP/PP/DP were weights: read as the layout, in the format the
+    distributed optimizer then saved in (Megatron's default)."""
+    impl = "transformer_engine"
+    base = megatron(distributed_optimizer=True)
+    old = {**weight_settings(base, impl), "layout.tp": 1, "layout.pp": 1, "layout.dp": 2}
+    settings_path(tmp_path).write_text(json.dumps({"weights": old, "continuation": {}}))
+    (tmp_path / "iter_0000004").mkdir()
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("4\n")
+    weights = weight_settings(base, impl)
+    assert plan_warning("m", tmp_path, weights, layout_settings(base, impl)) is None
+    wider = megatron(distributed_optimizer=True, tp=2)
+    assert "'dp_reshardable'" in plan_warning("m", tmp_path, weights,
+                                              layout_settings(wider, impl))  # fmt: skip
 
 
 def test_a_checkpoint_trained_with_other_settings_is_refused_naming_keys(tmp_path):

@@ -177,6 +177,8 @@ def check_training_reruns(dag):
         refusal(name, segments, reached(name))
         for name, segments in stale_reruns(planned, reached, target).items()
     ]
+    # a layout Megatron cannot load the checkpoints with: refused before the site sees it
+    problems += list(filter(None, (layout_refused(name) for name in sorted(names))))
     if problems and not (workflow.dryrun or workflow.touch):
         raise WorkflowError("Nothing was submitted: " + "\n".join(problems))
     for problem in problems:

@@ -37,6 +37,7 @@ for _name, _prepared in EXPERIMENTS.items():
     except ValueError as e:
         raise _WorkflowError(str(e))
 from hpcllm.models.megatron_args import transformer_impl_for
+from hpcllm.training.plan.reshard import layout_settings as _layout_settings
 from hpcllm.training.plan.settings import (
     plan_warning,
     weight_settings as _weight_settings,
@@ -44,11 +45,13 @@ from hpcllm.training.plan.settings import (
 
 for _name, _prepared in EXPERIMENTS.items():
     # Settings that differ from what the checkpoints were trained with: the reason the
-    # segments are planned again, and why they will refuse.
+    # segments are planned again, and why they will refuse; or a layout Megatron cannot
+    # load them with (a real run submits nothing: check_training_reruns).
     _warning = plan_warning(
         _name,
         f"checkpoints/{_name}",
         _weight_settings(_prepared, transformer_impl_for(CLUSTER)),
+        _layout_settings(_prepared, transformer_impl_for(CLUSTER)),
     )
     if _warning:
         logger.warning(f"Warning: {_warning}")
@@ -108,10 +111,31 @@ def segment_retry_refused(experiment, k, attempt):
 
 def settings_refused(experiment):
     from hpcllm.models.megatron_args import transformer_impl_for
+    from hpcllm.training.plan.reshard import layout_settings
     from hpcllm.training.plan.settings import plan_warning, weight_settings
 
-    settings = weight_settings(EXPERIMENTS[experiment], transformer_impl_for(CLUSTER))
-    return plan_warning(experiment, f"checkpoints/{experiment}", settings) is not None
+    impl = transformer_impl_for(CLUSTER)
+    settings = weight_settings(EXPERIMENTS[experiment], impl)
+    layout = layout_settings(EXPERIMENTS[experiment], impl)
+    return (
+        plan_warning(experiment, f"checkpoints/{experiment}", settings, layout)
+        is not None
+    )
+
+
+def layout_refused(experiment):
+    """Why the checkpoints cannot be resumed with the experiment's layout, or None."""
+    from hpcllm.models.megatron_args import transformer_impl_for
+    from hpcllm.training.plan.reshard import layout_settings
+    from hpcllm.training.plan.settings import layout_plan_refusal, weight_settings
+
+    impl = transformer_impl_for(CLUSTER)
+    return layout_plan_refusal(
+        experiment,
+        f"checkpoints/{experiment}",
+        weight_settings(EXPERIMENTS[experiment], impl),
+        layout_settings(EXPERIMENTS[experiment], impl),
+    )
 
 
 def prepared_experiment(wildcards):

@@ -59,6 +59,7 @@ FLAGS: dict[str, dict[str, str]] = {
         "use_distributed_optimizer": "--use-distributed-optimizer",
         "overlap_grad_reduce": "--overlap-grad-reduce",
         "overlap_param_gather": "--overlap-param-gather",
+        "dist_ckpt_optim_fully_reshardable": "--dist-ckpt-optim-fully-reshardable",
         "recompute_granularity": "--recompute-granularity",
         "recompute_method": "--recompute-method",
         "recompute_num_layers": "--recompute-num-layers",
@@ -351,6 +352,12 @@ def pretrain_gpt_args(
     overlap = layout.dp > 1
     add("overlap_grad_reduce", overlap)
     add("overlap_param_gather", overlap and distributed_optimizer)
+    # The distributed optimizer's checkpoints in the format any TP/PP/DP loads, where the
+    # campaign asks for it (hpcllm.training.plan.reshard: what each format survives).
+    from hpcllm.training.plan.reshard import wants_fully_reshardable
+
+    fully = distributed_optimizer and save is not None and wants_fully_reshardable(experiment)
+    add("dist_ckpt_optim_fully_reshardable", fully)
     if model.get("flash_attention"):  # (TE's; as_run turns it off for the local layers)
         add("attention_backend", "flash")
     recompute = lay.get("recompute", "none")

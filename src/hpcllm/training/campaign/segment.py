@@ -43,6 +43,7 @@ from hpcllm.training.plan import settings as tracked
 from hpcllm.training.plan.data import data_digest
 from hpcllm.training.plan.data_checks import check_segment_data
 from hpcllm.training.plan.experiment import Paths, Prepared, target_iteration
+from hpcllm.training.plan.reshard import layout_settings
 
 log = logging.getLogger(__name__)
 
@@ -257,12 +258,14 @@ def _train_segment(
     start_iteration = checkpoints.latest_iteration(paths.save) or 0
     # Before anything else: never resume (or report as done) a checkpoint trained with
     # other weight-determining settings.
+    saves_with = layout_settings(prepared, transformer_impl_for(cluster))
     tracked.check_checkpoint_settings(
         name,
         paths.save,
         tracked.weight_settings(prepared, transformer_impl_for(cluster)),
         tracked.continuation_settings(prepared),
         has_checkpoint=start_iteration > 0,
+        layout=saves_with,
     )
     check_checksums(paths.save)
     check_segment_data(prepared)
@@ -323,6 +326,8 @@ def _train_segment(
     else:
         rc, oom_kills = None, 0
     reached = checkpoints.latest_iteration(paths.save) or 0
+    if rc is not None and reached > start_iteration:  # its newest checkpoint is this run's
+        tracked.record_saved_layout(paths.save, saves_with)
     if reached < stop:
         text = engine_log.read_text(errors="replace")[log_offset:] if engine_log.exists() else ""
         state = None

@@ -91,6 +91,7 @@ CONFIG_EFFECT: dict[str, Any] = {
     "use_distributed_optimizer": None,
     "overlap_grad_reduce": None,  # DistributedDataParallelConfig's, not the model's
     "overlap_param_gather": None,
+    "dist_ckpt_optim_fully_reshardable": None,
     "recompute_granularity": _one("recompute_granularity", str),
     "recompute_method": _one("recompute_method", str),
     "recompute_num_layers": _one("recompute_num_layers"),

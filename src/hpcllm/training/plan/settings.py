@@ -25,10 +25,14 @@ Layout (``tp``, ``pp``, DP = GPUs / (TP x PP), the distributed optimizer, Megatr
 ``--transformer-impl``): the torch engine's checkpoint is one full state whatever the DP,
 and its samples are taken in Megatron's global order, so nodes and processes per node are
 continuation-safe there (only the order of floating-point sums changes). Megatron-LM's
-checkpoints are sharded by TP, PP and (with the distributed optimizer) DP, and its layers'
-parameter names differ between Transformer Engine and its local layers; resharding on load
-is not something this workflow has verified at the pin, so for the megatron engine those
-are weight-determining: a campaign keeps its layout (or restarts).
+layers' parameter names differ between Transformer Engine and its local layers, and the
+distributed optimizer's state is another checkpoint content than Adam's: both stay
+weight-determining. TP, PP and DP are the **layout** (:func:`hpcllm.training.plan.reshard.
+layout_settings`, with the optimizer's checkpoint format), recorded beside the weights and
+compared by what Megatron reshards at the pin (:func:`hpcllm.training.plan.reshard.
+layout_refusal`): a change it loads continues, one it does not is refused at plan time and
+at the segment's start, naming the format. Not a param: a layout change that resumes does
+not plan the finished segments again.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ _CONTINUATION = (
     "batch.micro",
     "layout.sequence_parallel",
     "layout.recompute",
+    "layout.reshardable_checkpoints",
 )
 
 
@@ -99,9 +104,7 @@ def weight_settings(prepared, transformer_impl: str | None = None) -> dict[str, 
     out["data.blend"] = [
         [prefix, weight] for prefix, weight in zip(prepared.blend.prefixes, prepared.blend.weights)
     ]
-    if exp["engine"] == "megatron":
-        lay = prepared.layout
-        out["layout.tp"], out["layout.pp"], out["layout.dp"] = lay.tp, lay.pp, lay.dp
+    if exp["engine"] == "megatron":  # (TP, PP, DP: reshard.layout_settings)
         out["layout.distributed_optimizer"] = bool(exp["layout"].get("distributed_optimizer"))
         out["layout.transformer_impl"] = transformer_impl
     return out
@@ -168,13 +171,31 @@ def load_recorded(save: str | os.PathLike) -> dict[str, Any] | None:
         ) from None
     if not isinstance(weights, dict):
         raise SettingsChanged(f"{path}: 'weights' is not a mapping; restore the file")
+    if "layout" not in recorded and "layout.tp" in weights:
+        # Recorded before the layout had its own section: TP/PP/DP were weights, and the
+        # distributed optimizer (where it ran) saved in Megatron's default format.
+        from hpcllm.training.plan import reshard
+
+        layout = {key: weights.pop(key) for key in ("layout.tp", "layout.pp", "layout.dp")}
+        ran = weights.get("layout.distributed_optimizer") and (
+            weights.get("layout.transformer_impl") != "local"
+        )
+        layout["layout.checkpoint_format"] = (
+            reshard.DP_ONLY if ran else reshard.NO_DISTRIBUTED_OPTIMIZER
+        )
+        recorded["layout"] = layout
     return recorded
 
 
-def write_settings(save: str | os.PathLike, weights: dict, continuation: dict) -> None:
+def write_settings(
+    save: str | os.PathLike, weights: dict, continuation: dict, layout: dict | None = None
+) -> None:
+    """``layout``: what the checkpoints are sharded by (reshard.layout_settings; megatron)."""
     path = settings_path(save)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"weights": weights, "continuation": continuation, "written": time.time()}
+    if layout:
+        record["layout"] = layout
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
@@ -199,16 +220,33 @@ def refusal_message(
     )
 
 
+def layout_message(name: str, save: str | os.PathLike, reason: str, planning: bool = False) -> str:
+    """A layout change Megatron cannot load (reshard.layout_refusal's ``reason``)."""
+    outcome = "a run submits nothing (a dry run warns)" if planning else "nothing was started"
+    return (
+        f"training.experiments.{name}: the checkpoints in {save} were {reason} (recorded "
+        f"in {settings_path(save)}); so {outcome}. To restart: `hpcllm restart-training "
+        f"{name}` (moves the checkpoints aside, see docs/training.md, 'Changing an "
+        "experiment'), or give the changed experiment a new name."
+    )
+
+
 def check_checkpoint_settings(
     name: str,
     save: str | os.PathLike,
     weights: dict[str, Any],
     continuation: dict[str, Any],
     has_checkpoint: bool,
+    layout: dict[str, Any] | None = None,
 ) -> None:
     """Before a segment's engine starts: the checkpoint folder may be resumed with these
     settings (recorded then, with any change of continuation-safe ones), or refuse with
-    :class:`SettingsChanged` naming the keys that differ and the ways out."""
+    :class:`SettingsChanged` naming the keys that differ and the ways out. ``layout``
+    (reshard.layout_settings, megatron): a change of it is refused where Megatron cannot
+    load the saved checkpoint with it; recorded with the weaker of the two formats until
+    the segment has saved (:func:`record_saved_layout`)."""
+    from hpcllm.training.plan import reshard
+
     recorded = load_recorded(save)
     if recorded is None:
         if has_checkpoint:
@@ -217,15 +255,35 @@ def check_checkpoint_settings(
                 "current ones; they are not checked against what was trained so far",
                 save,
             )
-        write_settings(save, weights, continuation)
+        write_settings(save, weights, continuation, layout)
         return
     changed = differences(recorded["weights"], weights)
     if changed and has_checkpoint:
         raise SettingsChanged(refusal_message(name, save, changed))
-    moved = changed + differences(recorded.get("continuation", {}), continuation)
+    saved = recorded.get("layout") or {}
+    new_layout = dict(layout or {})
+    if has_checkpoint and saved and new_layout:
+        reason = reshard.layout_refusal(saved, new_layout)
+        if reason:
+            raise SettingsChanged(layout_message(name, save, reason))
+        key = "layout.checkpoint_format"  # the newest checkpoint is in either until a save
+        new_layout[key] = reshard.weakest(saved.get(key), new_layout.get(key))
+    moved = (
+        changed
+        + differences(recorded.get("continuation", {}), continuation)
+        + differences(saved, new_layout)
+    )
     if moved:
         log.info("%s: recording changed settings: %s", save, "; ".join(moved))
-        write_settings(save, weights, continuation)
+        write_settings(save, weights, continuation, new_layout)
+
+
+def record_saved_layout(save: str | os.PathLike, layout: dict[str, Any]) -> None:
+    """After a segment's engine saved a checkpoint: the layout and format it saved with."""
+    recorded = load_recorded(save)
+    if recorded is None or not layout or recorded.get("layout") == layout:
+        return
+    write_settings(save, recorded["weights"], recorded.get("continuation", {}), layout)
 
 
 def restart_training(save: str | os.PathLike) -> Path | None:
@@ -246,22 +304,47 @@ def restart_training(save: str | os.PathLike) -> Path | None:
     return aside
 
 
-def plan_warning(name: str, save: str | os.PathLike, weights: dict[str, Any]) -> str | None:
+def plan_warning(
+    name: str,
+    save: str | os.PathLike,
+    weights: dict[str, Any],
+    layout: dict[str, Any] | None = None,
+) -> str | None:
     """At plan time: why the segments will refuse the checkpoint folder (the
-    weight-determining keys that differ from its record), or None (no checkpoint, no
-    record, or the same settings)."""
+    weight-determining keys that differ from its record, or a ``layout`` that Megatron
+    cannot load it with: reshard.layout_refusal), or None (no checkpoint, no record, or
+    settings it resumes with)."""
+    return _plan_refusal(name, save, weights, layout)[1]
+
+
+def layout_plan_refusal(
+    name: str, save: str | os.PathLike, weights: dict[str, Any], layout: dict[str, Any]
+) -> str | None:
+    """:func:`plan_warning` where it is a layout that Megatron cannot load the checkpoints
+    with (a real run then submits nothing: the workflow's plan hook), else None."""
+    kind, message = _plan_refusal(name, save, weights, layout)
+    return message if kind == "layout" else None
+
+
+def _plan_refusal(name, save, weights, layout) -> tuple[str | None, str | None]:
     from hpcllm.training.checkpoints.tracker import CheckpointError, latest_iteration
+    from hpcllm.training.plan import reshard
 
     try:
         if latest_iteration(save) is None:
-            return None  # nothing trained: the segment records the new settings
+            return None, None  # nothing trained: the segment records the new settings
     except CheckpointError:
         pass  # the segment names that problem; the settings are compared all the same
     try:
         recorded = load_recorded(save)
     except SettingsChanged as e:
-        return str(e)
+        return "settings", str(e)
     if recorded is None:
-        return None
+        return None, None
     changed = differences(recorded["weights"], weights)
-    return refusal_message(name, save, changed, planning=True) if changed else None
+    if changed:
+        return "settings", refusal_message(name, save, changed, planning=True)
+    reason = reshard.layout_refusal(recorded.get("layout") or {}, layout or {})
+    if reason:
+        return "layout", layout_message(name, save, reason, planning=True)
+    return None, None
