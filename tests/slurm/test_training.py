@@ -996,10 +996,11 @@ def test_a_plain_scancel_of_an_up_front_chain_leaves_nothing_to_start(
 
 
 def occupy_both_nodes(cluster, seconds: int) -> str:
-    """A job of another user's kind: both nodes, whole, for ``seconds``; first in the
-    queue (``scontrol top``: before the chain's pending job, submitted earlier)."""
+    """A job of another user's kind: both nodes, whole, for ``seconds`` (its time limit 1
+    min: what ``squeue --start`` counts with); first in the queue (``scontrol top``: before
+    the chain's pending job, submitted earlier)."""
     job = cluster.run(
-        "sbatch", "--parsable", "-N2", "--exclusive", "-t", "2", "-J", "occupier",
+        "sbatch", "--parsable", "-N2", "--exclusive", "-t", "1", "-J", "occupier",
         "-o", "/dev/null", "--wrap", f"sleep {seconds}",
     ).strip().split(";")[0]  # fmt: skip
     cluster.run("scontrol", "top", job, check=False)
@@ -1026,7 +1027,7 @@ def test_the_calendar_predicts_a_chain_whose_jobs_wait_behind_other_jobs(
     cluster.wait_job(lambda j: j["id"] == first and j["state"] == "RUNNING", hang_guard(30))
     chain.ensure(campaign)
     deadline = time.monotonic() + hang_guard(240)  # ~130 s quiet
-    second, shown = None, None
+    second, shown = None, []  # (when, the status line) while segment 3's job waits
     while chain.next_segment(campaign) is not None or chain.chain_jobs(campaign.job_name()):
         assert time.monotonic() < deadline, cluster.jobs()
         states = {j["id"]: j["state"] for j in cluster.jobs()}
@@ -1034,15 +1035,16 @@ def test_the_calendar_predicts_a_chain_whose_jobs_wait_behind_other_jobs(
         if second is None and len(submitted) >= 2 and states.get(submitted[1]) == "RUNNING":
             second = occupy_both_nodes(cluster, 40)  # segment 3's job waits behind it
         if (
-            shown is None
-            and chain.next_segment(campaign) == 3
+            chain.next_segment(campaign) == 3
             and states.get(second) == "RUNNING"
             and len(submitted) >= 3
             and states.get(submitted[2]) == "PENDING"
         ):
             status = campaign_status(work, [str(EXAMPLES), str(CONFIG), str(three)],
                                      "profiles/testcluster")  # fmt: skip
-            shown = [x.strip() for x in status.splitlines() if "expected to finish" in x]
+            shown += [
+                (time.time(), x.strip()) for x in status.splitlines() if "expected to finish" in x
+            ]
         time.sleep(0.5)
     records = [
         json.loads((work / f"results/train/{EXPERIMENT}/seg{k}.json").read_text())
@@ -1066,9 +1068,11 @@ def test_the_calendar_predicts_a_chain_whose_jobs_wait_behind_other_jobs(
     # every prediction is kept (one line per job that predicted)
     kept = (work / SAVE / "chain/predictions.jsonl").read_text().splitlines()
     assert [json.loads(x)["segment"] for x in kept] == [2, 3]
-    # status while segment 3's job waited: the finish, with a queue wait
-    assert shown and "queue wait unknown" not in shown[0], shown
-    assert re.search(r"queue wait \d+ s each \((squeue --start|measured over 2 jobs)\)", shown[0])
+    # status while segment 3's job waited: the finish, with a queue wait (squeue --start's
+    # once the scheduler's backfill pass gave the job a start time)
+    assert shown, "status was never taken while segment 3's job waited"
+    for _, line in shown:
+        assert re.search(r"queue wait \d+ s each \((squeue --start|measured over 2 jobs)\)", line)
     rows = prediction_rows(records)
     assert [r["segment"] for r in rows] == [2, 3]
     assert all(r["campaign_actual"] == timing[2]["ended"] for r in rows)
@@ -1080,4 +1084,9 @@ def test_the_calendar_predicts_a_chain_whose_jobs_wait_behind_other_jobs(
                 f"campaign end error {r['campaign_error_s']:+.1f} s "
                 f"(predicted {r['campaign_predicted'] - r['made_at']:.1f} s ahead)"
             )
-        print(f"  status while segment 3 waited: {shown[0]}")
+        for taken, line in (shown[0], shown[-1]):
+            at = time.mktime(time.strptime(line.split(": ", 1)[1][:19], "%Y-%m-%d %H:%M:%S"))
+            print(
+                f"  status {timing[2]['ended'] - taken:.0f} s before the end: error "
+                f"{at - timing[2]['ended']:+.1f} s: {line}"
+            )
