@@ -94,6 +94,9 @@ class ExperimentView:
     scores: list[dict] | None = None  # the evaluation table's rows (hpcllm.evaluation.table)
     model: str | None = None  # the evaluated model's folder, relative to the working directory
     lm_eval: str | None = None  # the lm-eval command that reproduces the tasks' scores
+    # per segment: the finish predicted at its start against what happened
+    # (hpcllm.training.campaign.calendar.prediction_rows)
+    predictions: list[dict] = field(default_factory=list)
 
 
 def page_keys(experiments: dict) -> dict[str, str]:
@@ -202,7 +205,53 @@ def experiment_section(view: ExperimentView) -> str:
     )
     return (
         f'<h3 id="exp-{html.escape(view.name)}">{html.escape(view.name)}</h3>'
-        f"<table><tbody>{rows}</tbody></table>{notes}{figure}{scores_html(view)}"
+        f"<table><tbody>{rows}</tbody></table>{notes}{predictions_html(view)}{figure}"
+        f"{scores_html(view)}"
+    )
+
+
+def _at(t: float | None) -> str:
+    return "" if t is None else datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _error(seconds: float | None) -> str:
+    return "" if seconds is None else f"{seconds:+,.0f} s"
+
+
+def predictions_html(view: ExperimentView) -> str:
+    """The calendar's history: each segment's prediction at its start against the end."""
+    if not view.predictions:
+        return ""
+    head = (
+        "<tr><th>segment</th><th>predicted at</th><th>segment end: predicted</th>"
+        "<th>actual</th><th>error</th><th>campaign end: predicted</th><th>range</th>"
+        "<th>actual</th><th>error</th></tr>"
+    )
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f"<td>{html.escape(str(v))}</td>"
+            for v in (
+                r["segment"],
+                _at(r["made_at"]),
+                _at(r["segment_predicted"]),
+                _at(r["segment_actual"]),
+                _error(r["segment_error_s"]),
+                _at(r["campaign_predicted"]),
+                f"{_at(r['campaign_low'])} to {_at(r['campaign_high'])}"
+                if r.get("campaign_low") is not None
+                else "",
+                _at(r["campaign_actual"]),
+                _error(r["campaign_error_s"]),
+            )
+        )
+        + "</tr>"
+        for r in view.predictions
+    )
+    return (
+        f"<p>When it will finish, as each segment's job predicted at its start (error: "
+        f"predicted - actual; local time of this page's machine):</p>"
+        f"<table><thead>{head}</thead><tbody>{body}</tbody></table>"
     )
 
 
@@ -320,8 +369,12 @@ def write_page(path: str | Path, text: str) -> None:
         Path(tmp).write_text(text)
 
 
-def experiment_view(workdir: Path, name: str, prepared, loss_png: Path | None) -> ExperimentView:
-    """The status of an experiment as ``hpcllm status`` computes it (no Slurm query)."""
+def experiment_view(
+    workdir: Path, name: str, prepared, loss_png: Path | None, max_gpu_hours: float | None = None
+) -> ExperimentView:
+    """The status of an experiment as ``hpcllm status`` computes it (no Slurm query);
+    ``max_gpu_hours``: the config's limit, set against its GPU-hours."""
+    from hpcllm.training.campaign import calendar
     from hpcllm.training.campaign.status import experiment_status
 
     s = experiment_status(workdir, name, prepared, jobs=[])
@@ -329,7 +382,8 @@ def experiment_view(workdir: Path, name: str, prepared, loss_png: Path | None) -
         "segments done": f"{s.segments_done} of {s.segments}",
         "iteration": f"{s.iteration or 0:,} of {s.total_iterations:,}",
         "tokens trained": f"{s.tokens:,}",
-        "GPU-hours": f"{s.gpu_hours:,.2f}",
+        "GPU-hours": f"{s.gpu_hours:,.2f}"
+        + (f" of max_gpu_hours {max_gpu_hours:,g}" if max_gpu_hours is not None else ""),
         "train loss (last)": "" if s.train_loss is None else f"{s.train_loss:.3f}",
         "validation loss (last)": "" if s.valid_loss is None else f"{s.valid_loss:.3f}",
         "engine": str(prepared.experiment["engine"]),
@@ -341,7 +395,15 @@ def experiment_view(workdir: Path, name: str, prepared, loss_png: Path | None) -
     notes += [stale] if stale else []
     older = older_than_data(workdir, name, prepared.blend.prefixes, s.total_iterations)
     notes += [older] if older else []
+    if s.calendar and not s.finished:
+        status["expected to finish"] = s.calendar.removeprefix("expected to finish: ")
     view = ExperimentView(name, status, loss_png, notes, trained=bool(s.iteration), scores=scores)
+    view.predictions = calendar.prediction_rows(
+        calendar.read_records(
+            [workdir / "checkpoints" / name / "chain", workdir / "results" / "train" / name],
+            prepared.experiment["segments"],
+        )
+    )
     if scores:
         view.model, view.lm_eval = evaluated_model(workdir, name, s.total_iterations)
     return view

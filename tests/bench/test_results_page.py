@@ -125,6 +125,35 @@ def test_the_experiment_view_knows_whether_it_trained(workdir):
     (workdir / "checkpoints" / "tiny_local" / "latest_checkpointed_iteration.txt").write_text("10")
     view = experiment_view(workdir, "tiny_local", prepared, None)
     assert view.trained and view.status["iteration"] == "10 of 30"
+    assert view.status["GPU-hours"] == "0.00" and not view.predictions
+
+    # segment 2 predicted its end and the campaign's at its start; both records, against
+    # the limit of the config
+    import json
+    from datetime import datetime
+
+    t0 = datetime(2026, 11, 20, 12, 0, 0).timestamp()
+    results = workdir / "results" / "train" / "tiny_local"
+    results.mkdir(parents=True)
+    for k in (1, 2):
+        timing = {"job": {"started": t0 + 300 * k}, "ended": t0 + 300 * k + 250}
+        if k == 2:
+            timing["prediction"] = {
+                "made_at": t0 + 600, "segment_end": t0 + 840, "campaign_end": t0 + 1500,
+                "campaign_low": t0 + 1400, "campaign_high": t0 + 1800, "line": "",
+            }  # fmt: skip
+        (results / f"seg{k}.json").write_text(
+            json.dumps({"segment": k, "segments": 3, "last_iteration": 10 * k, "timing": timing})
+        )
+    view = experiment_view(workdir, "tiny_local", prepared, None, max_gpu_hours=500)
+    assert view.status["GPU-hours"] == "0.00 of max_gpu_hours 500"
+    page = render_page("t", None, {}, [view])
+    # predicted 12:14:00, ended 12:14:10: 10 s early; the campaign has not ended
+    assert (
+        "<tr><td>2</td><td>2026-11-20 12:10:00</td><td>2026-11-20 12:14:00</td>"
+        "<td>2026-11-20 12:14:10</td><td>-10 s</td><td>2026-11-20 12:25:00</td>"
+        "<td>2026-11-20 12:23:20 to 2026-11-20 12:30:00</td><td></td><td></td></tr>"
+    ) in page, page
 
 
 def test_the_headings_name_the_models_and_summary_csv_only_where_benchmarked(tmp_path):

@@ -182,6 +182,15 @@ def test_dry_run_per_profile(name, dry_runs):
     else:  # on CPU nodes: nothing to say
         assert "CPU-only jobs on GPU nodes" not in out
     assert re.search(r"Time to train on .*\n  opengptx_800m: [\d.]+B tokens", out)
+    # ... and when, from the plan's model rate (no segment ran; nothing measured a wait)
+    assert re.search(
+        r"When training will finish .*\n  opengptx_800m: expected to finish: "
+        r"\d{4}-\d\d-\d\d \d\d:\d\d(:\d\d)? \w+, from: [\d.e+-]+ s/iteration from the "
+        rf"plan's model estimate \(not measured: no range from it\), {exp['segments']} "
+        rf"segments and {exp['segments']} jobs left, start-up and save 5 min per segment "
+        r"\(assumed, not measured\), queue wait unknown, not included",
+        out,
+    ), out[-3000:]
     total = re.search(r"\n  total: [\d.,]+ node-hours, ([\d.,]+) GPU-hours", out)
     if float(total.group(1).replace(",", "")) > 500:
         assert "more than max_gpu_hours = 500" in out

@@ -990,3 +990,103 @@ def test_a_plain_scancel_of_an_up_front_chain_leaves_nothing_to_start(
     logs = work / f"logs/train_segment/{EXPERIMENT}/chain"
     assert sorted(p.name for p in logs.glob("*.log")) == [f"{ids[0]}.log"]  # none started
     assert not refused.exists(), refused.read_text()
+
+
+# ---- the calendar: predictions against a queue that really waits
+
+
+def occupy_both_nodes(cluster, seconds: int) -> str:
+    """A job of another user's kind: both nodes, whole, for ``seconds`` (its time limit 1
+    min: what ``squeue --start`` counts with); first in the queue (``scontrol top``: before
+    the chain's pending job, submitted earlier)."""
+    job = cluster.run(
+        "sbatch", "--parsable", "-N2", "--exclusive", "-t", "1", "-J", "occupier",
+        "-o", "/dev/null", "--wrap", f"sleep {seconds}",
+    ).strip().split(";")[0]  # fmt: skip
+    cluster.run("scontrol", "top", job, check=False)
+    return job
+
+
+@pytest.mark.xdist_group("tiny_2n_calendar")
+def test_the_calendar_predicts_a_chain_whose_jobs_wait_behind_other_jobs(
+    cluster, text_data, tmp_path, monkeypatch, capsys
+):
+    """The chain's 3 segments on nodes that other jobs occupy: 20 s before segment 1's job,
+    40 s between segment 2's and segment 3's. Each job records its Slurm times and (from
+    segment 2 on) its prediction; the prediction counts the waits measured so far, status
+    shows the finish while segment 3's job waits, and the page sets each prediction
+    against the end. The errors are printed (docs/measurements/training.md)."""
+    from hpcllm.training.campaign import chain
+    from hpcllm.training.campaign.status import campaign_status
+
+    work = training_workdir(text_data, tmp_path / "work")
+    three = three_segments(work)
+    index_cache(work, three)
+    campaign = chain_campaign(work, cluster, monkeypatch, three)
+    first = occupy_both_nodes(cluster, 20)
+    cluster.wait_job(lambda j: j["id"] == first and j["state"] == "RUNNING", hang_guard(30))
+    chain.ensure(campaign)
+    deadline = time.monotonic() + hang_guard(240)  # ~130 s quiet
+    second, shown = None, []  # (when, the status line) while segment 3's job waits
+    while chain.next_segment(campaign) is not None or chain.chain_jobs(campaign.job_name()):
+        assert time.monotonic() < deadline, cluster.jobs()
+        states = {j["id"]: j["state"] for j in cluster.jobs()}
+        submitted = [s["job"] for s in chain.submitted_jobs(work / SAVE)]
+        if second is None and len(submitted) >= 2 and states.get(submitted[1]) == "RUNNING":
+            second = occupy_both_nodes(cluster, 40)  # segment 3's job waits behind it
+        if (
+            chain.next_segment(campaign) == 3
+            and states.get(second) == "RUNNING"
+            and len(submitted) >= 3
+            and states.get(submitted[2]) == "PENDING"
+        ):
+            status = campaign_status(work, [str(EXAMPLES), str(CONFIG), str(three)],
+                                     "profiles/testcluster")  # fmt: skip
+            shown += [
+                (time.time(), x.strip()) for x in status.splitlines() if "expected to finish" in x
+            ]
+        time.sleep(0.5)
+    records = [
+        json.loads((work / f"results/train/{EXPERIMENT}/seg{k}.json").read_text())
+        for k in (1, 2, 3)
+    ]
+    timing = [r["timing"] for r in records]
+    # every job knows when Slurm started it, and the first and third waited behind others
+    from hpcllm.training.campaign.calendar import measured, prediction_rows
+
+    waits = [m.wait_seconds for m in measured(records)]
+    assert waits[0] >= 10 and waits[2] >= 20, waits
+    assert timing[0]["prediction"] is None  # nothing measured yet
+    for k in (1, 2):
+        p = timing[k]["prediction"]
+        # the waits measured up to its job's start, its own included
+        assert p["wait"]["source"] == f"measured over {k + 1} jobs", p
+        assert p["segment_end"] > p["made_at"] and p["campaign_end"] >= p["segment_end"]
+    p2 = timing[1]["prediction"]
+    # segment 3's job still to start: after the measured wait (median of 2 jobs)
+    assert p2["campaign_end"] - p2["segment_end"] >= p2["wait"]["seconds"] > 0
+    # every prediction is kept (one line per job that predicted)
+    kept = (work / SAVE / "chain/predictions.jsonl").read_text().splitlines()
+    assert [json.loads(x)["segment"] for x in kept] == [2, 3]
+    # status while segment 3's job waited: the finish, with a queue wait (squeue --start's
+    # once the scheduler's backfill pass gave the job a start time)
+    assert shown, "status was never taken while segment 3's job waited"
+    for _, line in shown:
+        assert re.search(r"queue wait \d+ s each \((squeue --start|measured over 2 jobs)\)", line)
+    rows = prediction_rows(records)
+    assert [r["segment"] for r in rows] == [2, 3]
+    assert all(r["campaign_actual"] == timing[2]["ended"] for r in rows)
+    with capsys.disabled():
+        print(f"\ncalendar on the test cluster: waits {[round(w, 1) for w in waits]} s")
+        for r in rows:
+            print(
+                f"  segment {r['segment']}: segment end error {r['segment_error_s']:+.1f} s, "
+                f"campaign end error {r['campaign_error_s']:+.1f} s "
+                f"(predicted {r['campaign_predicted'] - r['made_at']:.1f} s ahead)"
+            )
+        for taken, line in (shown[0], shown[-1]):
+            at = time.mktime(time.strptime(line.split(": ", 1)[1][:19], "%Y-%m-%d %H:%M:%S"))
+            print(
+                f"  status {timing[2]['ended'] - taken:.0f} s before the end: error "
+                f"{at - timing[2]['ended']:+.1f} s: {line}"
+            )

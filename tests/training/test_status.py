@@ -243,3 +243,43 @@ def test_a_key_unset_by_null_in_a_configfile_is_read_as_the_workflow_reads_it(tm
     unset.write_text("text:\n  sources:\n    fineweb:\n      mirror: null\n")
     out = status.campaign_status(tmp_path, [str(EXAMPLES), str(unset)], jobs=[])
     assert "sample_bpe/fineweb: 0/2 shards tokenized" in out, out
+
+
+def test_the_finish_is_laid_out_from_the_records_the_running_attempt_and_squeue_start(
+    tmp_path,
+):
+    """Segment 1 measured 2 s/iteration and 80 s of start-up and save; segment 2's attempt
+    runs (at iteration 14 of 20), segment 3's job is pending and squeue --start expects it
+    in 500 s: it ends 100 s after that."""
+    campaign(tmp_path, reached=10, segments_done=1)
+    now = time.time()
+    timing = {
+        "job": {"id": "77", "submitted": None, "eligible": None, "started": now - 3000},
+        "ended": now - 2900,
+        "seconds_per_iteration": 2.0,
+        "p10": 2.0,
+        "p90": 2.0,
+    }
+    (tmp_path / "results/train/tiny_local/seg1.json").write_text(
+        json.dumps({"segment": 1, "segments": 3, "resumed_from_iteration": 0,
+                    "last_iteration": 10, "timing": timing})
+    )  # fmt: skip
+    attempts(
+        tmp_path,
+        [{"attempt": 1, "job_id": "78", "host": "n2", "start_iteration": 10,
+          "started": now - 100}],
+    )  # fmt: skip
+    jobs = [
+        {"id": "78", "state": "RUNNING", "comment": "rule_train_segment_wildcards_tiny_local_2"},
+        {"id": "79", "state": "PENDING", "comment": "rule_train_segment_wildcards_tiny_local_3"},
+    ]
+    out = status.campaign_status(
+        tmp_path, profile="profiles/local", jobs=jobs, starts={"79": now + 500}
+    )
+    (line,) = [x.strip() for x in out.splitlines() if "expected to finish" in x]
+    assert line.endswith(
+        ", from: 2 s/iteration over 1 segment, 2 segments and 1 job left, start-up and save "
+        "80 s per segment (measured), queue wait 8 min each (squeue --start)"
+    ), line
+    shown = time.mktime(time.strptime(line.split(": ", 1)[1][:19], "%Y-%m-%d %H:%M:%S"))
+    assert abs(shown - (now + 600)) <= 2, line

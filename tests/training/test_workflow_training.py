@@ -293,5 +293,15 @@ def test_status_of_a_half_finished_campaign_and_of_one_never_started(text_workdi
         r"training at the last segment's speed, queue time not included\); jobs: none",
         out,
     ), out
+    # when it will finish: segment 1's job measured its rate and start-up and save; no
+    # Slurm here, so no queue wait; `later` has nothing measured (and no model rate here)
+    assert re.search(
+        r"\n    expected to finish: \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \w+( \(between [\d:]+ and "
+        r"[\d:]+\))?, from: [\d.e-]+ s/iteration over 1 segment, 1 segment and 1 job left, "
+        r"start-up and save \d+ (s|min) per segment \(measured\), queue wait unknown, not "
+        r"included\n",
+        out,
+    ), out
+    assert "expected to finish: not known yet (no segment of it has been measured)" in out
     assert "later: 0/2 segments, checkpoint iteration -/8 (0.000 M tokens)" in out, out
     assert "loss - (validation -), last segment - tokens/s" in out

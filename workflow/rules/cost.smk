@@ -61,6 +61,49 @@ def training_estimates(names):
     return estimates
 
 
+def training_calendar(names):
+    """Per experiment the calendar's line (hpcllm.training.campaign.calendar): its own
+    segments' records where any ran, else the plan's model rate (the segment's FLOPs at
+    the assumed or benchmarked rate) and the canary's start-up and save; no queue wait
+    (nothing measured it yet, and a plan asks Slurm nothing)."""
+    import time
+
+    from hpcllm.training.campaign import calendar
+    from hpcllm.training.checkpoints.tracker import CheckpointError, latest_iteration
+
+    estimates = {e.experiment: e for e in training_estimates(names)}
+    lines = []
+    for name in names:
+        exp, job = EXPERIMENTS[name].experiment, SEGMENT_JOBS[name]
+        model = None
+        if name in estimates and job.work is not None:
+            e = estimates[name]
+            model = job.work.flops / (e.gpus * e.tflops_per_gpu * 1e12)
+            model /= exp["iterations_per_segment"]
+        try:
+            iteration = latest_iteration(f"checkpoints/{name}") or 0
+        except CheckpointError:
+            iteration = 0
+        records = calendar.read_records(
+            [f"checkpoints/{name}/chain", f"results/train/{name}"], exp["segments"]
+        )
+        f = calendar.campaign_forecast(
+            exp,
+            records,
+            iteration,
+            time.time(),
+            model_seconds=model,
+            canary=calendar.canary_seconds(canary_record(f"train_{exp['engine']}")),
+        )
+        what = calendar.describe(f) if f else "expected to finish: not known yet"
+        if f is None and not calendar.segments_left(exp, iteration):
+            what = "trained"
+        elif f is None:
+            what += " (no segment measured, and no model rate on this cluster)"
+        lines.append(f"  {name}: {what}")
+    return ["When training will finish (hpcllm.training.campaign.calendar):"] + lines
+
+
 def asks_for_gpus(job):
     res = job.resources
     return "gpu" in str(res.get("gres") or "") or bool(
@@ -201,6 +244,15 @@ if workflow.is_main_process:
         if id(dag) not in _priced:
             _priced.add(id(dag))
             check_training_reruns(dag)
+            trained = sorted(
+                {
+                    job.wildcards["experiment"]
+                    for job in dag.needrun_jobs()
+                    if job.rule.name == "train_segment"
+                }
+            )
+            for line in training_calendar(trained) if trained else []:
+                logger.info(line)
             if CLUSTER.uses_slurm and CLUSTER.gpus_per_node:
                 check_plan_cost(dag)
         return _dag_stats(dag)

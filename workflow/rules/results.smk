@@ -24,5 +24,7 @@ rule results_page:
         # Recorded by Snakemake: a changed experiment reruns the page.
         experiment_keys=results_page_keys,
         cluster=CLUSTER.name,
+        # set against each experiment's GPU-hours
+        max_gpu_hours=config["max_gpu_hours"],
     script:
         "../scripts/results_page.py"

@@ -11,7 +11,13 @@ inputs = dict(snakemake.input.items())
 summary = pd.read_csv(inputs["summary"]) if "summary" in inputs else None
 plots = {k[len("plot_") :]: Path(v) for k, v in inputs.items() if k.startswith("plot_")}
 views = [
-    experiment_view(Path("."), name, prepared, Path(inputs[f"loss_{name}"]))
+    experiment_view(
+        Path("."),
+        name,
+        prepared,
+        Path(inputs[f"loss_{name}"]),
+        snakemake.params.max_gpu_hours,
+    )
     for name, prepared in vars(snakemake.params.experiments).items()
 ]
 cluster = snakemake.params.cluster

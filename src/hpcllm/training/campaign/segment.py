@@ -31,7 +31,7 @@ from hpcllm.failures.classify import (
 )
 from hpcllm.models.megatron_args import exit_duration_minutes, transformer_impl_for
 from hpcllm.progress import Progress
-from hpcllm.training.campaign import attempts, records
+from hpcllm.training.campaign import attempts, calendar, records
 from hpcllm.training.campaign.engine_process import Signals, run_launch, segment_launch
 from hpcllm.training.checkpoints import lease
 from hpcllm.training.checkpoints import tracker as checkpoints
@@ -285,6 +285,9 @@ def _train_segment(
     started = time.time()
     engine_log = Path(paths.engine_log)
     log_offset = engine_log.stat().st_size if engine_log.exists() else 0
+    # when the campaign will finish, as this job sees it at its start (hpcllm.training
+    # .campaign.calendar): kept in the record, history for the results page
+    timing = calendar.job_timing(experiment, segment, start_iteration, paths)
     if signals.received is None:
         command = engine_command(
             experiment,
@@ -377,6 +380,7 @@ def _train_segment(
         # the data it trained on (hpcllm.training.plan.data.data_digest): the results page
         # says when a model is older than the data now there
         "data_digest": data_digest(prepared.blend.prefixes),
+        **calendar.job_timing_end(timing, engine_log, log_offset, stop),
     }
     # The GPUs' energy where the engine logged it (hpcllm.bench.energy), and its tokens.
     from hpcllm.bench.energy import log_energy

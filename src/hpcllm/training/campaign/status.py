@@ -58,6 +58,8 @@ class ExperimentStatus:
     earlier_failure: str | None = None  # an attempt's failure that a later attempt followed
     # The GPUs' energy over the iterations whose log lines carry it (hpcllm.bench.energy).
     wh_per_million_tokens: float | None = None
+    # when it will finish (hpcllm.training.campaign.calendar), or why that is not known
+    calendar: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -216,10 +218,17 @@ def _alive(pid: int) -> bool:
 
 
 def experiment_status(
-    workdir: Path, name: str, prepared, jobs, now: float | None = None, cluster=None
+    workdir: Path,
+    name: str,
+    prepared,
+    jobs,
+    now: float | None = None,
+    cluster=None,
+    expected_starts: dict[str, float] | None = None,
 ) -> ExperimentStatus:
     """``cluster``: the run's (Megatron's --transformer-impl is a weight-determining
-    setting); without it that one key is not compared."""
+    setting); without it that one key is not compared. ``expected_starts``: ``squeue
+    --start``'s times of pending jobs, by id."""
     now = time.time() if now is None else now
     exp, layout = prepared.experiment, prepared.layout
     seq = exp["model"]["seq_length"]
@@ -240,12 +249,13 @@ def experiment_status(
         (workdir / "logs" / "train_segment" / name).glob("seg*.engine.log"), key=_segment_of
     )
     curves = read_curves(logs, seq)
-    tokens_per_second = tflops = seconds_per_iteration = log_age = None
+    tokens_per_second = tflops = seconds_per_iteration = log_age = logged = None
     if logs:
         log_age = max(0.0, now - max(p.stat().st_mtime for p in logs))
         rows = [r for r in parse_log_lines(logs[-1].read_text(errors="replace")) if "lm loss" in r]
         if rows:
             last = rows[-1]
+            logged = last["iteration"]
             ms = last.get("elapsed time per iteration (ms)")
             if isinstance(ms, float) and ms > 0:
                 seconds_per_iteration = ms / 1000
@@ -272,6 +282,7 @@ def experiment_status(
         else None
     )
     seconds, trained, running_seconds = 0.0, 0, 0.0
+    running_since = None  # when the attempt running now started
     newest: tuple[float, attempts_mod.Attempt] | None = None  # the newest attempt of all
     failed: tuple[float, attempts_mod.Attempt] | None = None  # the newest that failed
     for path in (workdir / "logs" / "train_segment" / name).glob("seg*.attempts.json"):
@@ -288,6 +299,7 @@ def experiment_status(
             ):
                 end = now
                 running_seconds += max(0.0, now - a.started)
+                running_since = max(running_since or 0.0, a.started)
             seconds += max(0.0, end - a.started)
             if a.reached_iteration is not None:
                 trained += max(0, a.reached_iteration - a.start_iteration)
@@ -358,6 +370,10 @@ def experiment_status(
         after = j.get("dependency") or ""
         after = f" ({after})" if after and after != "(null)" else ""
         mine.append(f"{j['id']} {j['state']} chain {what}{after}")
+    finish = None
+    if not changed and done < exp["segments"]:
+        finish = _finish(workdir, name, exp, iteration or 0, now, jobs, chain_name,
+                         running_since, logged, expected_starts)  # fmt: skip
     stop = stopped(save)
     if stop:
         earlier_failure = None
@@ -389,7 +405,41 @@ def experiment_status(
         refused_checkpoint=refused_checkpoint,
         earlier_failure=earlier_failure,
         wh_per_million_tokens=wh_per_million_tokens(*energy) if energy else None,
+        calendar=finish,
     )
+
+
+def _finish(workdir, name, exp, iteration, now, jobs, chain_name, running_since, logged,
+            expected_starts) -> str:  # fmt: skip
+    """The calendar's line: from the campaign's segment records, the running attempt and
+    ``squeue --start``'s times for its pending jobs (in job id order)."""
+    from hpcllm.training.campaign import calendar
+
+    records = calendar.read_records(
+        [workdir / "checkpoints" / name / "chain", workdir / "results" / "train" / name],
+        exp["segments"],
+    )
+    pending = [
+        j["id"]
+        for j in sorted(jobs, key=lambda j: int(re.sub(r"\D.*", "", j["id"]) or 0))
+        if j["state"] == "PENDING"
+        and (
+            j.get("name") == chain_name
+            or j["comment"].startswith(f"rule_train_segment_wildcards_{name}_")
+        )
+    ]
+    f = calendar.campaign_forecast(
+        exp,
+        records,
+        iteration,
+        now,
+        running_since=running_since,
+        running_logged=logged,
+        expected_starts=[(expected_starts or {}).get(j) for j in pending],
+    )
+    if f is None:
+        return "expected to finish: not known yet (no segment of it has been measured)"
+    return calendar.describe(f)
 
 
 def _segments_done(
@@ -577,6 +627,8 @@ def format_status(
                 else ""
             )
         )
+        if e.calendar and not e.finished:
+            lines.append(f"    {e.calendar}")
         if e.log_age_s is not None and not e.finished:
             lines.append(f"    newest engine log line: {_duration(e.log_age_s)} ago")
     if sweeps:
@@ -596,7 +648,9 @@ def campaign_status(
     configfiles: Sequence[str] = (),
     profile: str | None = None,
     jobs: list[dict[str, str]] | None = None,
+    starts: dict[str, float] | None = None,
 ) -> str:
+    """``jobs``, ``starts``: squeue's jobs and their ``--start`` times (asked when None)."""
     from hpcllm.bench.sweeps import expand_all, facts_of
     from hpcllm.clusters import load_cluster
     from hpcllm.training.plan.experiment import prepare_experiment
@@ -608,7 +662,7 @@ def campaign_status(
     cluster = load_cluster(
         config["cluster"], root=clusters if clusters.is_dir() else repo / "config" / "clusters"
     )
-    queue_error = None
+    queue_error, starts = None, starts or {}
     if jobs is None:
         jobs = []
         if cluster.uses_slurm:
@@ -616,6 +670,10 @@ def campaign_status(
                 jobs = slurm_jobs()
             except SlurmQueryError as e:
                 queue_error = str(e)
+            if any(j["state"] == "PENDING" for j in jobs):
+                from hpcllm.training.campaign.queue_times import expected_starts
+
+                starts = expected_starts()
     training = config["training"]
     names = training.get("run") or list(training["experiments"])
     experiments = [
@@ -625,6 +683,7 @@ def campaign_status(
             prepare_experiment(name, training["experiments"][name], config["text"], cluster),
             jobs,
             cluster=cluster,
+            expected_starts=starts,
         )
         for name in names
     ]

@@ -1,0 +1,182 @@
+"""The campaign's calendar (hpcllm.training.campaign.calendar): the finish laid out from
+measured rates, start-up and save, queue waits; Slurm's times read from its own output."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+
+import pytest
+
+from hpcllm.training.campaign import calendar, queue_times
+
+T0 = datetime(2026, 11, 20, 12, 0, 0).timestamp()
+EXP = {"segments": 4, "iterations_per_segment": 100}
+
+
+def record(k, spi, job_started, ended, submitted=None, eligible=None, p10=None, p90=None):
+    """Segment k of EXP as its job records it: 100 iterations at ``spi`` s each."""
+    return {
+        "segment": k,
+        "segments": 4,
+        "resumed_from_iteration": 100 * (k - 1),
+        "last_iteration": 100 * k,
+        "timing": {
+            "job": {"id": str(k), "submitted": submitted, "eligible": eligible,
+                    "started": job_started},
+            "training_started": job_started + 5,
+            "ended": ended,
+            "seconds_per_iteration": spi,
+            "p10": p10,
+            "p90": p90,
+        },
+    }  # fmt: skip
+
+
+def test_slurm_times_are_read_from_scontrol_and_squeue_start_output():
+    line = (
+        "JobId=57 JobName=x UserId=root(0) JobState=RUNNING SubmitTime=2026-11-20T12:00:00 "
+        "EligibleTime=2026-11-20T12:00:10 AccrueTime=Unknown StartTime=2026-11-20T12:05:00 "
+        "EndTime=2026-11-20T12:35:00"
+    )
+    assert queue_times.parse_job_times(line) == {
+        "submitted": T0,
+        "eligible": T0 + 10,
+        "started": T0 + 300,
+    }
+    assert queue_times.parse_job_times("") == dict.fromkeys(("submitted", "eligible", "started"))
+    starts = "58|2026-11-20T13:00:00\n59|N/A\n"
+    assert queue_times.parse_expected_starts(starts) == {"58": T0 + 3600}
+
+
+def test_waits_count_from_the_previous_segments_end_or_a_new_runs_submission():
+    records = [
+        # submitted at T0, started 10 min later: waited 600 s
+        record(1, 2.0, T0 + 600, T0 + 600 + 260, submitted=T0),
+        # a chain's successor: submitted when seg1's job started, eligible at its end,
+        # started 120 s after seg1 ended
+        record(2, 2.2, T0 + 980, T0 + 980 + 280, submitted=T0 + 600, eligible=T0 + 862),
+        # submitted a day later (the campaign was stopped): its wait counts from then
+        record(3, 2.4, T0 + 86400 + 30, T0 + 86400 + 330, submitted=T0 + 86400),
+    ]
+    m = calendar.measured(records)
+    assert [x.wait_seconds for x in m] == [600, 120, 30]
+    assert [x.job_seconds for x in m] == [260, 280, 300]
+    rate = calendar.rate_of(m)
+    assert (rate.seconds, rate.low, rate.high) == (2.2, 2.0, 2.4)
+    assert rate.source == "2.2 s/iteration over 3 segments"
+    # start-up and save: job time less iterations x rate: 60, 60, 60
+    assert calendar.overhead_of(m, rate).seconds == pytest.approx(60)
+    wait = calendar.wait_of(m)
+    assert (wait.seconds, wait.low, wait.high, wait.source) == (
+        120,
+        30,
+        600,
+        "measured over 3 jobs",
+    )
+
+
+def test_the_finish_is_laid_out_segment_by_segment_with_a_range():
+    rate = calendar.Rate(2.0, 1.5, 3.0, "2 s/iteration over 2 segments")
+    overhead = calendar.Overhead(60, "measured")
+    wait = calendar.Wait(100, 10, 1000, "measured over 2 jobs")
+    # segment 3 running since T0 (its job started), segment 4 still to start
+    f = calendar.forecast(T0 + 50, [100, 100], rate, overhead, wait, running_since=T0)
+    assert f.segment_ends == (T0 + 260, T0 + 260 + 100 + 260)
+    assert f.finish == T0 + 620
+    assert f.low == T0 + 210 + 10 + 210 and f.high == T0 + 360 + 1000 + 360
+    assert (f.jobs_left, f.segments_left) == (1, 2)
+    # a running segment that is behind: never before its iterations left can run
+    late = calendar.forecast(
+        T0 + 400, [100], rate, overhead, wait, running_since=T0, running_left=50
+    )
+    assert late.finish == T0 + 500
+    # squeue --start's time for the next job replaces the measured wait
+    f = calendar.forecast(
+        T0, [100, 100], rate, overhead, wait, running_since=T0, expected_starts=[T0 + 3600]
+    )
+    assert f.segment_ends[1] == T0 + 3600 + 260
+
+
+def test_without_measurements_the_plans_rate_and_stated_defaults_are_used():
+    f = calendar.campaign_forecast(EXP, [], 0, T0, model_seconds=3.0)
+    assert (
+        f.rate.source
+        == "3 s/iteration from the plan's model estimate (not measured: no range from it)"
+    )
+    assert f.overhead.source == "assumed, not measured"
+    assert f.wait.seconds is None
+    assert f.finish == T0 + 4 * (300 + 300)
+    line = calendar.describe(f)
+    assert "queue wait unknown, not included" in line
+    assert "4 segments and 4 jobs left" in line
+    # the canary's segments give the start-up and save
+    f = calendar.campaign_forecast(EXP, [], 0, T0, model_seconds=3.0, canary=[20.0, 40.0])
+    assert (f.overhead.seconds, f.overhead.source) == (30, "the canary's segments")
+    # no rate at all: no forecast
+    assert calendar.campaign_forecast(EXP, [], 0, T0) is None
+    assert calendar.campaign_forecast(EXP, [], 400, T0, model_seconds=3.0) is None  # done
+
+
+def test_the_line_names_its_sources_like_the_documented_one():
+    rate = calendar.Rate(2.41, 2.3, 2.6, "2.41 s/iteration over 3 segments")
+    f = calendar.forecast(
+        T0,
+        [100] * 4,
+        rate,
+        calendar.Overhead(120, "measured"),
+        calendar.Wait(4320, 600, 30000, "squeue --start"),
+    )
+    line = calendar.describe(f)
+    # each of 4 jobs: the wait, 120 s, 100 iterations (low: 2.3 s and 600 s; high: 2.6 s
+    # and 30000 s); the next day's bound names its day
+    zone = time.strftime("%Z", time.localtime(f.finish))
+    assert line.startswith(
+        f"expected to finish: 2026-11-20 17:12 {zone} (between 13:03 and 21st 21:45), "
+    ), line
+    assert ", from: 2.41 s/iteration over 3 segments, 4 segments and 4 jobs left" in line
+    assert line.endswith(
+        "start-up and save 2 min per segment (measured), queue wait 1.2 h each (squeue --start)"
+    )
+
+
+def test_a_segment_job_records_its_prediction_and_keeps_every_one(tmp_path):
+    save, results = tmp_path / "checkpoints" / "x", tmp_path / "results"
+    results.mkdir(parents=True)
+    seg1 = record(1, 2.0, T0, T0 + 260, submitted=T0 - 40)
+    (results / "seg1.json").write_text(json.dumps(seg1))
+    # segment 1's job waited 40 s; segment 2's started 40 s after segment 1's end
+    timing = calendar.segment_start(
+        EXP, 2, 100, [save / "chain", results], save, "58",
+        {"submitted": T0 + 100, "eligible": T0 + 260, "started": T0 + 300}, now=T0 + 310,
+    )  # fmt: skip
+    p = timing["prediction"]
+    assert p["segment_end"] == T0 + 300 + 60 + 200
+    # 2 more jobs, each after the measured wait (40 s)
+    assert p["campaign_end"] == p["segment_end"] + 2 * (40 + 60 + 200)
+    assert p["wait"]["source"] == "measured over 2 jobs"
+    timing = calendar.segment_end(timing, [{"elapsed time per iteration (ms)": 2100.0}])
+    assert timing["seconds_per_iteration"] == 2.1 and timing["ended"] >= timing["training_started"]
+    # a second attempt appends: the first prediction stays
+    calendar.segment_start(EXP, 2, 150, [results], save, "59", {}, now=T0 + 900)
+    lines = (save / "chain" / calendar.PREDICTIONS).read_text().splitlines()
+    assert [json.loads(x)["job"] for x in lines] == ["58", "59"]
+    # the first segment has nothing to rate the campaign with
+    first = calendar.segment_start(EXP, 1, 0, [tmp_path / "none"], save, "57", {}, now=T0)
+    assert first["prediction"] is None
+
+
+def test_the_page_sets_each_prediction_against_what_happened():
+    recs = [record(k, 2.0, T0 + 300 * k, T0 + 300 * k + 260) for k in (1, 2, 3, 4)]
+    recs[1]["timing"]["prediction"] = {
+        "made_at": T0 + 600, "segment_end": T0 + 850, "campaign_end": T0 + 1500,
+        "campaign_low": T0 + 1400, "campaign_high": T0 + 1700, "line": "x",
+    }  # fmt: skip
+    (row,) = calendar.prediction_rows(recs)
+    assert row["segment"] == 2
+    assert row["segment_error_s"] == 850 - 860
+    assert row["campaign_actual"] == T0 + 1460 and row["campaign_error_s"] == 40
+    # an unfinished campaign: no campaign end yet
+    (row,) = calendar.prediction_rows(recs[:3])
+    assert row["campaign_actual"] is None and row["campaign_error_s"] is None
