@@ -86,6 +86,7 @@ def train_canary_experiment(raw: dict[str, Any], cluster, nodes: int = 1) -> dic
         resolved["layout"].get("tp", 1), resolved["layout"].get("pp", 1), gpus
     )
     lay.update(nodes=nodes, procs_per_node=gpus, tp=tp, pp=pp)
+    lay.pop("auto", None)  # the canary's layout is the one above (layout: auto measures)
     if tp == 1:
         lay["sequence_parallel"] = False
     exp["model"] = {**exp.get("model", {}), **tiny_model(tp, pp)}
