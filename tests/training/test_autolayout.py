@@ -198,3 +198,19 @@ def test_the_docs_show_the_plans_table(tmp_path, monkeypatch):
     text, _ = autolayout.table("opengptx_800m", auto_800m(tmp_path, monkeypatch).auto, 3000, 16)
     lines = text.splitlines()
     assert shown[:6] == lines[:6] and shown[6] == "  ..." and shown[-1] == lines[-2]
+
+
+def test_megatron_layout_param_is_stable_across_the_measurement(tmp_path, monkeypatch):
+    """The segments' settings param names TP, PP, DP 'auto' before and after the record
+    (else Snakemake would plan them again), while the checkpoints' check gets the real ones."""
+    from hpcllm.training.plan.settings import param_text, weight_settings
+
+    monkeypatch.chdir(tmp_path)
+    raw = {**opengptx(auto=True), "seed": 1234}  # (the schema's default)
+    before = prepared_on("juwels", raw)[1]
+    record_of(before.auto, {"tp2-pp1-dp8-mb16-none": 2.0}, autolayout.record_path("opengptx_800m"))
+    after = prepared_on("juwels", raw)[1]
+    real = [weight_settings(p, "transformer_engine") for p in (before, after)]
+    assert (real[0]["layout.tp"], real[1]["layout.tp"]) == (1, 2)
+    params = [param_text(autolayout.param_settings(p, w)) for p, w in zip((before, after), real)]
+    assert params[0] == params[1] and 'layout.tp="auto"' in params[0]
