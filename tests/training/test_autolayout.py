@@ -200,17 +200,13 @@ def test_the_docs_show_the_plans_table(tmp_path, monkeypatch):
     assert shown[:6] == lines[:6] and shown[6] == "  ..." and shown[-1] == lines[-2]
 
 
-def test_megatron_layout_param_is_stable_across_the_measurement(tmp_path, monkeypatch):
-    """The segments' settings param names TP, PP, DP 'auto' before and after the record
-    (else Snakemake would plan them again), while the checkpoints' check gets the real ones."""
-    from hpcllm.training.plan.settings import param_text, weight_settings
+def test_the_canary_of_an_auto_layout_saves_as_its_segments_do():
+    """The training canary runs its own tiny layout, in the checkpoint format an auto
+    layout's segments save in (fully reshardable: hpcllm.training.plan.reshard)."""
+    from hpcllm.preflight.canary import train_canary_experiment
 
-    monkeypatch.chdir(tmp_path)
-    raw = {**opengptx(auto=True), "seed": 1234}  # (the schema's default)
-    before = prepared_on("juwels", raw)[1]
-    record_of(before.auto, {"tp2-pp1-dp8-mb16-none": 2.0}, autolayout.record_path("opengptx_800m"))
-    after = prepared_on("juwels", raw)[1]
-    real = [weight_settings(p, "transformer_engine") for p in (before, after)]
-    assert (real[0]["layout.tp"], real[1]["layout.tp"]) == (1, 2)
-    params = [param_text(autolayout.param_settings(p, w)) for p, w in zip((before, after), real)]
-    assert params[0] == params[1] and 'layout.tp="auto"' in params[0]
+    cluster = prepared_on("juwels", opengptx())[0]
+    lay = train_canary_experiment(opengptx(auto=True), cluster)["layout"]
+    assert "auto" not in lay and lay["reshardable_checkpoints"] is True
+    lay = train_canary_experiment(opengptx(auto=True, reshardable_checkpoints=False), cluster)
+    assert lay["layout"]["reshardable_checkpoints"] is False

@@ -146,13 +146,10 @@ def weight_settings(wildcards):
     """The experiment's weight-determining settings, one key=value line each: a param, so
     that changing one replans its segments (hpcllm.training.plan.settings)."""
     from hpcllm.models.megatron_args import transformer_impl_for
-    from hpcllm.training.plan.autolayout import param_settings
     from hpcllm.training.plan.settings import param_text, weight_settings
 
     prepared = EXPERIMENTS[wildcards.experiment]
-    settings = weight_settings(prepared, transformer_impl_for(CLUSTER))
-    # layout: auto: the measuring job's, the same before and after it
-    return param_text(param_settings(prepared, settings))
+    return param_text(weight_settings(prepared, transformer_impl_for(CLUSTER)))
 
 
 def data_settings(wildcards):

@@ -374,15 +374,3 @@ def as_measured(name: str, prepared, config: dict[str, Any], cluster, workdir: s
             "missing: the measuring job (rule measure_layout) makes it before the segments"
         )
     return again
-
-
-def param_settings(prepared, weights: dict[str, Any]) -> dict[str, Any]:
-    """The weight-determining settings as the segments' Snakemake param: an auto layout's
-    TP, PP and DP as ``auto``, the same before the measurement and after it (a change of
-    the param would plan the segments again); the segments compare the real ones with the
-    checkpoints' record (hpcllm.training.plan.settings)."""
-    if prepared.auto is None:
-        return weights
-    return {
-        k: "auto" if k in ("layout.tp", "layout.pp", "layout.dp") else v for k, v in weights.items()
-    }
