@@ -44,6 +44,8 @@ rule train_segment:
         # The training canary's record on GPU clusters (preflight.smk): none starts
         # before it passed.
         preflight=train_preflight,
+        # layout: auto: the measuring job's choice (measure_layout)
+        layout=layout_record,
     output:
         record="results/train/{experiment}/seg{k}.json",
     log:
@@ -97,6 +99,45 @@ rule train_segment:
         "../scripts/train_segment_chain.py"
         if CHAINED
         else "../scripts/train_segment.py"
+
+
+rule measure_layout:
+    # layout: auto: the best predicted layouts, a few iterations each at full size, in one
+    # job on the experiment's GPUs (one node where they fit there); the segments train
+    # with the fastest (hpcllm.training.campaign.measure_layout, docs/training.md).
+    input:
+        data=training_data,
+        tokenizer=training_tokenizer,
+        container=training_container,
+        preflight=train_preflight,
+    output:
+        record="results/layout/{experiment}.json",
+    log:
+        "logs/measure_layout/{experiment}.log",
+    benchmark:
+        "results/timings/measure_layout/{experiment}.tsv"
+    wildcard_constraints:
+        experiment="|".join(AUTO_EXPERIMENTS) or "NONE",
+    conda:
+        "../../envs/workflow.yaml"
+    threads: 1
+    resources:
+        **MEASURE_RESOURCES,
+        nodes=measure_nodes,
+        tasks=measure_nodes,
+        tasks_per_gpu=0,
+        mpi="",
+        runtime=measure_runtime,
+        slurm_extra=measure_slurm_extra,
+    params:
+        prepared=prepared_experiment,
+        cluster=CLUSTER,
+        # Recorded by Snakemake: other candidates measure again.
+        candidates=measure_key,
+        # each candidate's launch script and engine log
+        work="logs/measure_layout/{experiment}",
+    script:
+        "../scripts/measure_layout.py"
 
 
 rule plot_training:

@@ -350,3 +350,67 @@ if "train_preflight" not in globals():  # a Snakefile without preflight.smk's in
 
     def train_preflight(wildcards):
         return []
+
+
+# layout: auto (hpcllm.training.plan.autolayout): the candidates that fit, the measuring
+# job's record where it ran, and what the search costs, with every plan.
+AUTO_EXPERIMENTS = [n for n, p in EXPERIMENTS.items() if p.auto is not None]
+if workflow.is_main_process:
+    from hpcllm.training.plan import autolayout as _autolayout
+
+    for _name in AUTO_EXPERIMENTS:
+        _prepared = EXPERIMENTS[_name]
+        _table, _warning = _autolayout.table(
+            _name,
+            _prepared.auto,
+            _prepared.experiment["segments"]
+            * _prepared.experiment["iterations_per_segment"],
+            _prepared.layout.gpus,
+        )
+        logger.info(_table)
+        if _warning:
+            logger.warning(f"Warning: {_warning}")
+# The measuring job's node as train_segment's (the profile's GPUs, cores and memory).
+MEASURE_RESOURCES = {
+    _key: _value
+    for _key, _value in _profile_resources.get("train_segment", {}).items()
+    if _key in ("slurm_partition", "gres", "cpus_per_task", "mem_mb")
+}
+
+
+def layout_record(wildcards):
+    """The measuring job's record of an auto layout, for every segment (none otherwise).
+    Ancient: the campaign keeps the layout it started with."""
+    if wildcards.experiment not in AUTO_EXPERIMENTS:
+        return []
+    return [ancient(f"results/layout/{wildcards.experiment}.json")]
+
+
+def measure_nodes(wildcards):
+    return EXPERIMENTS[wildcards.experiment].auto.nodes
+
+
+def measure_runtime(wildcards):
+    """Minutes: the predicted search with a margin (hpcllm.work_time), or 30 without a
+    GPU rate to predict it."""
+    from hpcllm.work_time import MARGIN, ROUND_MINUTES
+
+    auto = EXPERIMENTS[wildcards.experiment].auto
+    if auto.search_gpu_hours is None:
+        return 30
+    gpus = (
+        auto.nodes
+        * EXPERIMENTS[wildcards.experiment].experiment["layout"]["procs_per_node"]
+    )
+    minutes = MARGIN * auto.search_gpu_hours * 60 / gpus + ROUND_MINUTES
+    return min(CLUSTER.max_minutes, ROUND_MINUTES * -(-int(minutes) // ROUND_MINUTES))
+
+
+def measure_key(wildcards):
+    """What the search measures (the candidates): a param, so a change measures again."""
+    auto = EXPERIMENTS[wildcards.experiment].auto
+    return " ".join(c.name for c in auto.candidates[: auto.measure])
+
+
+def measure_slurm_extra(wildcards):
+    return f"--ntasks-per-node=1{threads_per_core_flag()}"

@@ -6,13 +6,15 @@ go_offline()  # a compute job: no Hugging Face hub lookups (docs/clusters.md)
 
 from hpcllm import logs
 from hpcllm.training.campaign.segment import run_segment
+from hpcllm.training.plan.autolayout import as_measured
 from hpcllm.training.plan.experiment import Paths
 
 logs.setup(snakemake.log.main)
 experiment = snakemake.wildcards.experiment
 run_segment(
     experiment,
-    snakemake.params.prepared,
+    # layout: auto: the measuring job's choice (planned before it ran: again)
+    as_measured(experiment, snakemake.params.prepared, snakemake.config, snakemake.params.cluster),
     int(snakemake.wildcards.k),
     Paths(
         save=snakemake.params.save,

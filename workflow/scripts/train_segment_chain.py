@@ -14,6 +14,7 @@ import hpcllm
 from hpcllm import logs
 from hpcllm.training.campaign import chain_site
 from hpcllm.training.campaign.chain import Campaign, ChainStopped, sbatch_geometry, wait_for_segment
+from hpcllm.training.plan.autolayout import as_measured
 
 logs.setup(snakemake.log.main)
 settings = SimpleNamespace(**json.loads(os.environ.get("HPCLLM_CHAIN_SLURM_SETTINGS", "{}")))
@@ -27,7 +28,13 @@ answer = chain_site.site_answer(
 )
 campaign = Campaign(
     name=snakemake.wildcards.experiment,
-    prepared=snakemake.params.prepared,
+    # layout: auto: the measuring job's choice (planned before it ran: again)
+    prepared=as_measured(
+        snakemake.wildcards.experiment,
+        snakemake.params.prepared,
+        snakemake.config,
+        snakemake.params.cluster,
+    ),
     cluster=snakemake.params.cluster,
     workdir=os.getcwd(),
     container=container,

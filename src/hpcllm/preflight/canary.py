@@ -86,6 +86,10 @@ def train_canary_experiment(raw: dict[str, Any], cluster, nodes: int = 1) -> dic
         resolved["layout"].get("tp", 1), resolved["layout"].get("pp", 1), gpus
     )
     lay.update(nodes=nodes, procs_per_node=gpus, tp=tp, pp=pp)
+    # The canary's layout is the one above; with layout: auto, the checkpoint format the
+    # segments save in (hpcllm.training.plan.reshard: fully reshardable by default).
+    if lay.pop("auto", None) and lay.get("reshardable_checkpoints", "auto") == "auto":
+        lay["reshardable_checkpoints"] = True
     if tp == 1:
         lay["sequence_parallel"] = False
     exp["model"] = {**exp.get("model", {}), **tiny_model(tp, pp)}

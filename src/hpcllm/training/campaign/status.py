@@ -680,7 +680,9 @@ def campaign_status(
         experiment_status(
             workdir,
             name,
-            prepare_experiment(name, training["experiments"][name], config["text"], cluster),
+            prepare_experiment(
+                name, training["experiments"][name], config["text"], cluster, workdir
+            ),
             jobs,
             cluster=cluster,
             expected_starts=starts,

@@ -43,12 +43,18 @@ class Prepared:
     tokenizer_files: tuple[str, str]
     eod_token: str
     memory_gb: float
+    # layout: auto (hpcllm.training.plan.autolayout): the candidates and the choice
+    auto: Any = None
 
 
-def prepare_experiment(name: str, raw: dict[str, Any], text: dict[str, Any], cluster) -> Prepared:
+def prepare_experiment(
+    name: str, raw: dict[str, Any], text: dict[str, Any], cluster, workdir: str = "."
+) -> Prepared:
     """Resolve the preset and check layout, memory and data sources before any job runs.
 
-    Data that the text stage has not made yet is checked when the segment starts.
+    Data that the text stage has not made yet is checked when the segment starts. With
+    ``layout.auto`` the layout is the measuring job's choice where its record is in
+    ``workdir`` (results/layout/<name>.json), else the best predicted.
     """
     from hpcllm.models.planner import plan
     from hpcllm.models.presets import resolve_experiment
@@ -105,6 +111,18 @@ def prepare_experiment(name: str, raw: dict[str, Any], text: dict[str, Any], clu
     # are then not split over TP.
     from hpcllm.models.megatron_args import transformer_impl_for
 
+    auto = None
+    if lay.get("auto"):
+        from hpcllm.training.plan import autolayout
+
+        auto = autolayout.plan_auto(
+            name, exp, gpus, lay["procs_per_node"], vocab, gpu_gb,
+            cluster.gpu.rate_tflops(exp["precision"]) if cluster.gpu is not None else None,
+            transformer_impl_for(cluster) != "local",
+            autolayout.record_path(name, workdir),
+        )  # fmt: skip
+        exp = autolayout.with_layout(exp, auto.chosen)
+        lay = exp["layout"]
     runs = exp
     if lay.get("sequence_parallel") and transformer_impl_for(cluster) == "local":
         runs = {**exp, "layout": {**lay, "sequence_parallel": False}}
@@ -138,4 +156,4 @@ def prepare_experiment(name: str, raw: dict[str, Any], text: dict[str, Any], clu
     from hpcllm.text.tokenizers_config import engine_files
 
     files = engine_files(tok, text["tokenizers"][tok])
-    return Prepared(exp, layout, blend, files, eod, memory.total)
+    return Prepared(exp, layout, blend, files, eod, memory.total, auto)

@@ -1,0 +1,212 @@
+"""layout: auto, without Snakemake: the layouts that fit, their ranking by the model, the
+measuring job's record choosing the fastest, the plan's table and the search's cost."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcllm.models.planner import PlanError, check_layout, estimate_memory
+from hpcllm.training.campaign.measure_layout import (
+    candidate_experiment,
+    seconds_per_iteration,
+    without_checkpoints,
+)
+from hpcllm.training.plan import autolayout
+from hpcllm.training.plan.autolayout import Candidate
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_job_plan import TEXT, opengptx, prepared_on  # noqa: E402
+
+
+def auto_800m(tmp_path, monkeypatch, **layout):
+    monkeypatch.chdir(tmp_path)  # results/layout/<name>.json is read from the workdir
+    return prepared_on("juwels", opengptx(auto=True, **layout))[1]
+
+
+def test_candidates_fit_memory_and_rank_by_the_model(tmp_path, monkeypatch):
+    """The 800M model on JUWELS Booster's 4 nodes of 4 A100 40 GB: 60 layouts fit; the
+    model ranks TP 1, micro batch 8 first (no bubble, no TP cost, full GPU)."""
+    prepared = auto_800m(tmp_path, monkeypatch)
+    auto = prepared.auto
+    names = [c.name for c in auto.candidates]
+    assert len(names) == 60
+    assert names[:3] == ["tp1-pp1-dp16-mb8-none", "tp1-pp1-dp16-mb4-none", "tp2-pp1-dp8-mb16-none"]
+    assert not auto.measured and auto.measure == 3
+    # until measured, the plan runs the best predicted: the layout is applied
+    assert (prepared.layout.tp, prepared.layout.micro_batch) == (1, 8)
+    assert prepared.experiment["layout"]["sequence_parallel"] is False  # TP 1
+    scores = [c.score for c in auto.candidates]
+    assert scores == sorted(scores)
+    for c in auto.candidates:  # each fits 90% of 40 GB and divides as Megatron needs
+        assert c.memory_gb <= 36
+        assert c.tp <= 4 and c.tp * c.pp * c.dp == 16 and 512 % (c.micro * c.dp) == 0
+    # recomputation only where needed: micro batch 16 at TP 1 does not fit without it
+    full = {c.name for c in auto.candidates if c.recompute == "full"}
+    assert "tp1-pp1-dp16-mb16-full" in full and "tp2-pp1-dp8-mb16-none" in names
+    exp = autolayout.with_layout(
+        prepared.experiment, {"tp": 1, "pp": 1, "micro": 16, "recompute": "none"}
+    )
+    assert estimate_memory(exp, check_layout("x", exp, 16, 4), 50257).total > 36
+    # all fit in one node's TP x PP: measured on one node, the global batch scaled to it
+    assert auto.nodes == 1
+    one = candidate_experiment(prepared, auto.candidates[0], auto.nodes)
+    assert one["layout"]["nodes"] == 1 and one["batch"] == {"micro": 8, "global": 128}
+    assert one["iterations_per_segment"] == 5 and one["eval_iters"] == 0
+
+
+def test_the_model_orders_bubble_tp_and_small_micro_batches():
+    from hpcllm.models.presets import resolve_experiment
+
+    exp = resolve_experiment("x", opengptx())
+
+    def score(tp, pp, micro, global_batch=512):
+        e = autolayout.with_layout(exp, {"tp": tp, "pp": pp, "micro": micro, "recompute": "none"})
+        e["batch"]["global"] = global_batch
+        return autolayout.predicted_seconds(e, check_layout("x", e, 16, 4), 50257, 100.0)
+
+    assert score(1, 1, 4) < score(2, 1, 4) < score(4, 1, 4)  # TP's all-reduces
+    assert score(1, 1, 4) < score(1, 4, 4)  # the pipeline bubble
+    assert score(1, 4, 1, 16) < score(1, 4, 4, 16)  # 4 micro batches, not 1: less bubble
+    assert score(1, 1, 8) < score(1, 1, 1)  # bigger micro batches keep the GPU busy
+
+
+def test_measure_nodes():
+    def cand(tp, pp, dp):
+        return Candidate(tp, pp, dp, 1, "none", 1.0, 1.0)
+
+    assert autolayout.measure_nodes([cand(2, 2, 4)], 4, 4) == 1
+    assert autolayout.measure_nodes([cand(4, 2, 2)], 4, 4) == 2  # TP x PP spans 2 nodes
+    assert autolayout.measure_nodes([cand(4, 4, 1)], 4, 4) == 4  # the experiment's
+    assert autolayout.measure_nodes([cand(1, 1, 12)], 3, 4) == 1
+    assert autolayout.measure_nodes([cand(4, 2, 3)], 6, 4) == 2  # DP 3 -> 1
+    assert autolayout.measure_nodes([cand(2, 3, 2)], 3, 4) == 3  # 2 nodes do not divide 3
+    assert autolayout.scaled_global_batch(512, 4, 1) == 128
+
+
+def record_of(auto, times: dict[str, float | None], path):
+    measured = [
+        c if c.name not in times else
+        Candidate(**{**c.__dict__, "measured_s": times[c.name],
+                     "status": "measured" if times[c.name] else "failed (exit 1)"})
+        for c in auto.candidates
+    ]  # fmt: skip
+    return autolayout.write_record(path, "opengptx_800m", measured, 1, 4, 600.0, 3)
+
+
+def test_the_record_chooses_the_fastest_measured(tmp_path, monkeypatch):
+    """The measurement overrules the model: the second predicted is faster; a failed
+    candidate (out of memory) is never chosen; the plan reads the record and prints it."""
+    auto = auto_800m(tmp_path, monkeypatch).auto
+    record = autolayout.record_path("opengptx_800m")
+    times = {
+        "tp1-pp1-dp16-mb8-none": 3.9,
+        "tp1-pp1-dp16-mb4-none": 3.5,
+        "tp2-pp1-dp8-mb16-none": None,
+    }
+    written = record_of(auto, times, record)
+    assert written["chosen"]["micro"] == 4 and written["gpu_hours"] == pytest.approx(600 * 4 / 3600)
+    prepared = auto_800m(tmp_path, monkeypatch)
+    assert prepared.auto.measured and prepared.auto.chosen.name == "tp1-pp1-dp16-mb4-none"
+    assert (prepared.layout.tp, prepared.layout.micro_batch) == (1, 4)
+    text, warning = autolayout.table("opengptx_800m", prepared.auto, 3000, 16)
+    lines = text.splitlines()
+    assert lines[2].split()[-1] == "3.9" and lines[3].split()[-2:] == ["3.5", "<-"]
+    assert "failed (exit 1)" in lines[4]
+    # 0.667 GPU-hours against 3000 x 3.5 s x 16 GPUs = 46.7: 1.43 %, above the 1 % goal
+    assert "search: 0.667 GPU-hours = 1.43% of the campaign's 46.67" in text
+    assert "goal: at most 1%" in warning and "layout.auto.measure" in warning
+    assert autolayout.table("opengptx_800m", prepared.auto, 30000, 16)[1] is None
+
+
+def test_a_stale_or_broken_record_is_refused_with_the_way_out(tmp_path, monkeypatch):
+    auto = auto_800m(tmp_path, monkeypatch).auto
+    record = autolayout.record_path("opengptx_800m")
+    written = record_of(auto, {"tp1-pp1-dp16-mb8-none": 1.0}, record)
+    written["chosen"]["tp"] = 8  # a layout the experiment no longer has
+    record.write_text(json.dumps(written))
+    with pytest.raises(PlanError, match=r"opengptx_800m.json chose .* delete the record"):
+        auto_800m(tmp_path, monkeypatch)
+    record.write_text("{}")
+    with pytest.raises(PlanError, match=r"not a layout record .* delete it to measure again"):
+        auto_800m(tmp_path, monkeypatch)
+
+
+def test_a_segment_planned_before_the_measurement_takes_its_choice(tmp_path, monkeypatch):
+    prepared = auto_800m(tmp_path, monkeypatch)
+    config = {"training": {"experiments": {"opengptx_800m": opengptx(auto=True)}}, "text": TEXT}
+    cluster = prepared_on("juwels", opengptx())[0]
+    with pytest.raises(PlanError, match="measuring job .* makes it before the segments"):
+        autolayout.as_measured("opengptx_800m", prepared, config, cluster)
+    record_of(
+        prepared.auto, {"tp2-pp1-dp8-mb16-none": 2.0}, autolayout.record_path("opengptx_800m")
+    )
+    again = autolayout.as_measured("opengptx_800m", prepared, config, cluster)
+    assert (again.layout.tp, again.layout.dp, again.layout.micro_batch) == (2, 8, 16)
+    assert again.experiment["layout"]["sequence_parallel"] is True  # the experiment's, TP 2
+
+
+def test_torch_engine_chooses_among_micro_batches(tmp_path, monkeypatch):
+    """The torch engine is data parallel: its layouts are the micro batches of its DP."""
+    from hpcllm.clusters import load_cluster
+    from hpcllm.training.plan.experiment import prepare_experiment
+
+    monkeypatch.chdir(tmp_path)
+    cluster = load_cluster("local", Path(__file__).resolve().parents[2] / "config/clusters")
+    raw = {
+        "preset": "tiny",
+        "engine": "torch",
+        "data": {"tokenizer": "bpe", "sources": {"fineweb": 1.0}, "split": "98,2,0"},
+        "layout": {"nodes": 1, "procs_per_node": 2, "auto": {"measure": 2}},
+        "batch": {"micro": 1, "global": 16},
+        "segments": 1,
+        "iterations_per_segment": 4,
+        "time": {"limit_minutes": None, "margin_seconds": 60, "signal_seconds": 30},
+    }
+    auto = prepare_experiment("t", raw, TEXT, cluster).auto
+    assert [c.name for c in auto.candidates] == [f"tp1-pp1-dp2-mb{m}-none" for m in (8, 4, 2, 1)]
+    assert auto.measure == 2 and auto.search_gpu_hours is None
+    text, warning = autolayout.table("t", auto, 4, 2)
+    assert "GPU-hours unknown until measured" in text and warning is None
+
+
+def test_measuring_run_parts(tmp_path):
+    argv = ["python", "x.py", "--save", "a", "--load", "a", "--save-interval", "5", "--lr", "1"]
+    assert without_checkpoints(argv) == ["python", "x.py", "--lr", "1"]
+    log = tmp_path / "engine.log"
+    line = (
+        " [2026-01-01 00:00:00] iteration {i:8d}/       5 | consumed samples: {s:12d} | "
+        "elapsed time per iteration (ms): {ms:.1f} | learning rate: 1.0E-03 | "
+        "global batch size:    16 | lm loss: 5.0E+00 | loss scale: 1.0 | "
+        "number of skipped iterations:   0 | number of nan iterations:   0 |"
+    )
+    times = [900.0, 300.0, 110.0, 100.0, 120.0]
+    log.write_text(
+        "\n".join(line.format(i=i + 1, s=16 * (i + 1), ms=ms) for i, ms in enumerate(times))
+    )
+    assert seconds_per_iteration(log, 2) == pytest.approx(0.110)
+
+
+def test_the_docs_show_the_plans_table(tmp_path, monkeypatch):
+    """docs/training.md's table is what the plan prints for the 800M model on JUWELS."""
+    doc = (Path(__file__).resolve().parents[2] / "docs/training.md").read_text()
+    shown = doc.split("opengptx_800m: layout: auto", 1)[1].split("```", 1)[0]
+    shown = ("opengptx_800m: layout: auto" + shown).rstrip("\n").splitlines()
+    text, _ = autolayout.table("opengptx_800m", auto_800m(tmp_path, monkeypatch).auto, 3000, 16)
+    lines = text.splitlines()
+    assert shown[:6] == lines[:6] and shown[6] == "  ..." and shown[-1] == lines[-2]
+
+
+def test_the_canary_of_an_auto_layout_saves_as_its_segments_do():
+    """The training canary runs its own tiny layout, in the checkpoint format an auto
+    layout's segments save in (fully reshardable: hpcllm.training.plan.reshard)."""
+    from hpcllm.preflight.canary import train_canary_experiment
+
+    cluster = prepared_on("juwels", opengptx())[0]
+    lay = train_canary_experiment(opengptx(auto=True), cluster)["layout"]
+    assert "auto" not in lay and lay["reshardable_checkpoints"] is True
+    lay = train_canary_experiment(opengptx(auto=True, reshardable_checkpoints=False), cluster)
+    assert lay["layout"]["reshardable_checkpoints"] is False
