@@ -15,7 +15,7 @@ from hpcllm.training.campaign.measure_layout import (
     seconds_per_iteration,
     without_checkpoints,
 )
-from hpcllm.training.plan import autolayout
+from hpcllm.training.plan import autolayout, experiment
 from hpcllm.training.plan.autolayout import Candidate
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -140,11 +140,11 @@ def test_a_segment_planned_before_the_measurement_takes_its_choice(tmp_path, mon
     config = {"training": {"experiments": {"opengptx_800m": opengptx(auto=True)}}, "text": TEXT}
     cluster = prepared_on("juwels", opengptx())[0]
     with pytest.raises(PlanError, match="measuring job .* makes it before the segments"):
-        autolayout.as_measured("opengptx_800m", prepared, config, cluster)
+        experiment.as_measured("opengptx_800m", prepared, config, cluster)
     record_of(
         prepared.auto, {"tp2-pp1-dp8-mb16-none": 2.0}, autolayout.record_path("opengptx_800m")
     )
-    again = autolayout.as_measured("opengptx_800m", prepared, config, cluster)
+    again = experiment.as_measured("opengptx_800m", prepared, config, cluster)
     assert (again.layout.tp, again.layout.dp, again.layout.micro_batch) == (2, 8, 16)
     assert again.experiment["layout"]["sequence_parallel"] is True  # the experiment's, TP 2
 

@@ -6,8 +6,7 @@ go_offline()  # a compute job: no Hugging Face hub lookups (docs/clusters.md)
 
 from hpcllm import logs
 from hpcllm.training.campaign.segment import run_segment
-from hpcllm.training.plan.autolayout import as_measured
-from hpcllm.training.plan.experiment import Paths
+from hpcllm.training.plan.experiment import Paths, as_measured
 
 logs.setup(snakemake.log.main)
 experiment = snakemake.wildcards.experiment

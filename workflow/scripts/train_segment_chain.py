@@ -14,7 +14,7 @@ import hpcllm
 from hpcllm import logs
 from hpcllm.training.campaign import chain_site
 from hpcllm.training.campaign.chain import Campaign, ChainStopped, sbatch_geometry, wait_for_segment
-from hpcllm.training.plan.autolayout import as_measured
+from hpcllm.training.plan.experiment import as_measured
 
 logs.setup(snakemake.log.main)
 settings = SimpleNamespace(**json.loads(os.environ.get("HPCLLM_CHAIN_SLURM_SETTINGS", "{}")))

@@ -354,8 +354,6 @@ def pretrain_gpt_args(
     add("overlap_param_gather", overlap and distributed_optimizer)
     # The distributed optimizer's checkpoints in the format any TP/PP/DP loads, where the
     # campaign asks for it (hpcllm.training.plan.reshard: what each format survives).
-    from hpcllm.training.plan.reshard import wants_fully_reshardable
-
     fully = distributed_optimizer and save is not None and wants_fully_reshardable(experiment)
     add("dist_ckpt_optim_fully_reshardable", fully)
     if model.get("flash_attention"):  # (TE's; as_run turns it off for the local layers)
@@ -415,3 +413,23 @@ def pretrain_gpt_args(
     add("eval_iters", experiment.get("eval_iters", 0))
     add("distributed_backend", "nccl")
     return args
+
+
+# The experiment key (workflow/schemas/training.schema.yaml): auto, true or false.
+RESHARDABLE_KEY = "reshardable_checkpoints"
+
+
+def layout_may_change(experiment: dict[str, Any]) -> bool:
+    """Whether the campaign's layout is expected to change between segments: an
+    automatically chosen layout (``layout.auto``, the layout search) may be chosen again
+    on another site or node count. The hook for ``reshardable_checkpoints: auto``."""
+    layout = experiment.get("layout")
+    return layout == "auto" or (isinstance(layout, dict) and bool(layout.get("auto")))
+
+
+def wants_fully_reshardable(experiment: dict[str, Any]) -> bool:
+    """``layout.reshardable_checkpoints``: true, false, or auto (the default): fully
+    reshardable where the layout may change (:func:`layout_may_change`), else Megatron's
+    faster default (hpcllm.training.plan.reshard: what each format survives)."""
+    asked = experiment.get("layout", {}).get(RESHARDABLE_KEY, "auto")
+    return layout_may_change(experiment) if asked == "auto" else bool(asked)

@@ -356,21 +356,3 @@ def write_record(
     with atomic_path(path) as tmp:
         Path(tmp).write_text(json.dumps(record, indent=1) + "\n")
     return record
-
-
-def as_measured(name: str, prepared, config: dict[str, Any], cluster, workdir: str = "."):
-    """A segment's experiment with the measuring job's choice: planned again where the
-    plan ran before the record existed (the same run that measured)."""
-    if prepared.auto is None or prepared.auto.measured:
-        return prepared
-    from hpcllm.training.plan.experiment import prepare_experiment
-
-    again = prepare_experiment(
-        name, config["training"]["experiments"][name], config["text"], cluster, workdir
-    )
-    if not again.auto.measured:
-        raise PlanError(
-            f"training.experiments.{name}: layout: auto, but {again.auto.record} is "
-            "missing: the measuring job (rule measure_layout) makes it before the segments"
-        )
-    return again

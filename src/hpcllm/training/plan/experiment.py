@@ -157,3 +157,21 @@ def prepare_experiment(
 
     files = engine_files(tok, text["tokenizers"][tok])
     return Prepared(exp, layout, blend, files, eod, memory.total, auto)
+
+
+def as_measured(name: str, prepared, config: dict[str, Any], cluster, workdir: str = "."):
+    """A segment's experiment with the measuring job's choice: planned again where the
+    plan ran before the record existed (the same run that measured)."""
+    if prepared.auto is None or prepared.auto.measured:
+        return prepared
+    from hpcllm.models.planner import PlanError
+
+    again = prepare_experiment(
+        name, config["training"]["experiments"][name], config["text"], cluster, workdir
+    )
+    if not again.auto.measured:
+        raise PlanError(
+            f"training.experiments.{name}: layout: auto, but {again.auto.record} is "
+            "missing: the measuring job (rule measure_layout) makes it before the segments"
+        )
+    return again

@@ -41,8 +41,11 @@ from __future__ import annotations
 
 from typing import Any
 
-# The experiment key (workflow/schemas/training.schema.yaml): auto, true or false.
-KEY = "reshardable_checkpoints"
+# The experiment key and which format it asks for are the command line's (the models
+# floor, below this one: hpcllm.models.megatron_args passes the flag).
+from hpcllm.models.megatron_args import RESHARDABLE_KEY as KEY
+from hpcllm.models.megatron_args import wants_fully_reshardable
+
 # Megatron's names for the distributed optimizer's checkpoint formats (its content
 # metadata ``distrib_optim_sharding_type``); NO_DISTRIBUTED_OPTIMIZER: the optimizer
 # state follows the model's sharded tensors.
@@ -55,22 +58,6 @@ RECORD_KEYS = ("layout.tp", "layout.pp", "layout.dp", "layout.checkpoint_format"
 # Megatron's default gradient bucket: max(40M, 1M x DP) parameters
 # (distributed_data_parallel.py:68-69).
 _BUCKET_FLOOR, _BUCKET_PER_DP = 40_000_000, 1_000_000
-
-
-def layout_may_change(experiment: dict[str, Any]) -> bool:
-    """Whether the campaign's layout is expected to change between segments: an
-    automatically chosen layout (``layout.auto``, set by the layout search) may be chosen
-    again on another site or node count. The hook for ``reshardable_checkpoints: auto``."""
-    layout = experiment.get("layout")
-    return layout == "auto" or (isinstance(layout, dict) and bool(layout.get("auto")))
-
-
-def wants_fully_reshardable(experiment: dict[str, Any]) -> bool:
-    """``layout.reshardable_checkpoints``: true, false, or auto (the default): fully
-    reshardable where the layout may change (:func:`layout_may_change`), else Megatron's
-    faster default."""
-    asked = experiment.get("layout", {}).get(KEY, "auto")
-    return layout_may_change(experiment) if asked == "auto" else bool(asked)
 
 
 def checkpoint_format(experiment: dict[str, Any], transformer_impl: str | None) -> str:
