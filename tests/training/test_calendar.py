@@ -180,3 +180,35 @@ def test_the_page_sets_each_prediction_against_what_happened():
     # an unfinished campaign: no campaign end yet
     (row,) = calendar.prediction_rows(recs[:3])
     assert row["campaign_actual"] is None and row["campaign_error_s"] is None
+
+
+def test_before_any_segment_the_layout_search_measurement_rates_the_campaign(tmp_path):
+    """layout: auto's measuring job timed the chosen layout at full size on the site: the
+    plan, status and the first segment's own prediction use it before any segment ran,
+    and the campaign's own segments once they have."""
+    assert calendar.layout_measurement("x", tmp_path) is None  # not measured (yet)
+    path = tmp_path / "results" / "layout" / "x.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({
+        "nodes": 2, "chosen": {"tp": 2, "micro": 2, "measured_s": 2.5},
+        "candidates": [{"micro": 2, "measured_s": 2.5}, {"micro": 4, "measured_s": 2.9}],
+    }))  # fmt: skip
+    layout = calendar.layout_measurement("x", tmp_path)
+    assert layout == (2.5, 2)
+    f = calendar.campaign_forecast(EXP, [], 0, T0, model_seconds=3.0, layout=layout)
+    assert f.rate.seconds == 2.5  # the measurement, not the model estimate
+    assert f.rate.source == (
+        "2.5 s/iteration measured by layout: auto's measuring job on 2 nodes "
+        "(a few iterations: no range from it)"
+    )
+    # the first segment's job predicts from it (without it: no prediction)
+    save = tmp_path / "checkpoints" / "x"
+    first = calendar.segment_start(EXP, 1, 0, [tmp_path / "none"], save, "57", {},
+                                   now=T0, layout=layout)  # fmt: skip
+    assert first["prediction"]["segment_end"] == T0 + 300 + 100 * 2.5
+    # once a segment ran, its own rate wins
+    seg1 = calendar.measured([record(1, 2.0, T0, T0 + 260)])
+    assert calendar.rate_of(seg1, 3.0, layout).seconds == 2.0
+    # a broken record is the plan's to refuse: the calendar just has no measurement
+    path.write_text("{")
+    assert calendar.layout_measurement("x", tmp_path) is None

@@ -94,6 +94,7 @@ def training_calendar(names):
             time.time(),
             model_seconds=model,
             canary=calendar.canary_seconds(canary_record(f"train_{exp['engine']}")),
+            layout=calendar.layout_measurement(name),
         )
         what = calendar.describe(f) if f else "expected to finish: not known yet"
         if f is None and not calendar.segments_left(exp, iteration):

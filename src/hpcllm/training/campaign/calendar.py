@@ -4,8 +4,10 @@ The finish is laid out segment by segment from four measured things:
 
 - seconds per iteration: the campaign's own segments once any ran (the median of each
   segment's logged iteration times; the range: its slowest and fastest segment, or with
-  one segment the 10th and 90th percentile of its iterations), else the plan's model
-  estimate (FLOPs per iteration at the assumed or benchmarked TFLOP/s; no range);
+  one segment the 10th and 90th percentile of its iterations), else what ``layout: auto``'s
+  measuring job timed for the layout it chose (the model at full size on the site, a few
+  iterations: no range), else the plan's model estimate (FLOPs per iteration at the
+  assumed or benchmarked TFLOP/s; no range);
 - each segment's start-up and save: its job's time from Slurm's start to the record,
   less its iterations at its rate (median over segments), else the canary's segments
   (a tiny model: a real one loads and saves longer), else :data:`DEFAULT_OVERHEAD_S`;
@@ -158,7 +160,25 @@ def measured(records: Sequence[Mapping[str, Any]]) -> list[Measured]:
 # ---- the parts of a forecast
 
 
-def rate_of(segments: Sequence[Measured], model_seconds: float | None = None) -> Rate | None:
+def layout_measurement(name: str, workdir: str | os.PathLike = ".") -> tuple[float, int] | None:
+    """Seconds per iteration and nodes of the layout ``layout: auto``'s measuring job chose
+    for experiment ``name`` (results/layout/<name>.json), None where it has not run."""
+    from hpcllm.training.plan.autolayout import load_record, record_path
+
+    try:
+        record = load_record(record_path(name, workdir))
+    except Exception:  # noqa: BLE001  (a broken record is the plan's to refuse, not ours)
+        return None
+    seconds = (record or {}).get("chosen", {}).get("measured_s")
+    return (float(seconds), int(record.get("nodes") or 1)) if seconds else None
+
+
+def rate_of(
+    segments: Sequence[Measured],
+    model_seconds: float | None = None,
+    layout: tuple[float, int] | None = None,
+) -> Rate | None:
+    """``layout``: :func:`layout_measurement`, used before any segment ran."""
     rated = [m for m in segments if m.seconds_per_iteration]
     if rated:
         central = statistics.median(m.seconds_per_iteration for m in rated)
@@ -173,6 +193,15 @@ def rate_of(segments: Sequence[Measured], model_seconds: float | None = None) ->
             min(low, central),
             max(high, central),
             f"{_rate(central)} s/iteration over {n} segment{'s' * (n != 1)}",
+        )
+    if layout:
+        seconds, nodes = layout
+        return Rate(
+            seconds,
+            seconds,
+            seconds,
+            f"{_rate(seconds)} s/iteration measured by layout: auto's measuring job on "
+            f"{nodes} node{'s' * (nodes != 1)} (a few iterations: no range from it)",
         )
     if model_seconds:
         return Rate(
@@ -386,6 +415,7 @@ def segment_start(
     job_id: str | None,
     job_times: Mapping[str, float | None],
     now: float | None = None,
+    layout: tuple[float, int] | None = None,
 ) -> dict[str, Any]:
     """The ``timing`` of a segment's record at its start: its job's Slurm times and the
     prediction it makes (this segment's end and the campaign's), also appended to the
@@ -396,7 +426,7 @@ def segment_start(
     # this job's own wait counts among the measured ones (its record is not written yet)
     this = {"segment": segment, "timing": {"job": job}}
     history = measured([*read_records(records_folders, segment - 1), this])
-    rate = rate_of(history)
+    rate = rate_of(history, layout=layout)
     if rate is None:
         timing["prediction"] = None  # nothing measured yet: the first segment measures
         return timing
@@ -432,7 +462,9 @@ def segment_end(timing: dict[str, Any], rows: Iterable[Mapping[str, Any]]) -> di
     return {**timing, **(iteration_times(rows) or {}), "ended": time.time()}
 
 
-def job_timing(experiment, segment: int, start_iteration: int, paths) -> dict[str, Any] | None:
+def job_timing(
+    experiment, segment: int, start_iteration: int, paths, name: str | None = None
+) -> dict[str, Any] | None:
     """:func:`segment_start` for a segment job with ``paths`` (hpcllm.training.plan
     .experiment.Paths), asking Slurm about the job itself; None where that fails: the
     calendar never stops training."""
@@ -448,6 +480,8 @@ def job_timing(experiment, segment: int, start_iteration: int, paths) -> dict[st
             paths.save,
             job_id,
             queue_times.job_times(job_id),
+            # before any segment ran: what layout: auto's measuring job timed, if it ran
+            layout=layout_measurement(name) if name else None,
         )
     except Exception as e:  # noqa: BLE001  (a prediction is worth less than the segment)
         log.warning("segment %d: no prediction of its finish (%s: %s)", segment,
@@ -484,6 +518,7 @@ def campaign_forecast(
     now: float,
     model_seconds: float | None = None,
     canary: Sequence[float] = (),
+    layout: tuple[float, int] | None = None,
     running_since: float | None = None,
     running_logged: int | None = None,
     expected_starts: Sequence[float | None] = (),
@@ -493,7 +528,7 @@ def campaign_forecast(
     logged."""
     left = segments_left(experiment, iteration)
     history = measured(records)
-    rate = rate_of(history, model_seconds)
+    rate = rate_of(history, model_seconds, layout)
     if not left or rate is None:
         return None
     running_left = None

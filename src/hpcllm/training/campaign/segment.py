@@ -287,7 +287,7 @@ def _train_segment(
     log_offset = engine_log.stat().st_size if engine_log.exists() else 0
     # when the campaign will finish, as this job sees it at its start (hpcllm.training
     # .campaign.calendar): kept in the record, history for the results page
-    timing = calendar.job_timing(experiment, segment, start_iteration, paths)
+    timing = calendar.job_timing(experiment, segment, start_iteration, paths, name)
     if signals.received is None:
         command = engine_command(
             experiment,
