@@ -442,7 +442,7 @@ def test_sbatch_line_of_the_gpu_rules(name, dry_runs):
         assert "--ntasks-per-gpu" not in call
         if rule == "train_segment":
             assert res["nodes"] == experiment["layout"]["nodes"]
-            assert f"--signal=TERM@{experiment['time']['signal_seconds']}" in call, call
+            assert f"--signal=USR2@{experiment['time']['signal_seconds']}" in call, call
             # training.chain submits the segment jobs itself, with the same options (all
             # but the plugin's job name, log, comment and working directory)
             words = shlex.split(call)
