@@ -593,5 +593,5 @@ def signal_lead_warning(record_path: str | os.PathLike, leads: dict[str, int]) -
         f"{named}: a torch engine's save that takes longer is lost there (Megatron-LM stops "
         "at once on SIGTERM; a torch with the option, pytorch/pytorch PR 172596, waits). "
         "The save before the time limit is not affected (Slurm's SIGUSR2, which torchrun "
-        "ignores); stop a segment with `scancel --signal=USR2 <job>` to let it save"
+        "ignores)"
     )
