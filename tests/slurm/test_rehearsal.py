@@ -434,7 +434,7 @@ def signalled(rehearsal, slurm_cluster, tmp_path_factory):
     return work, first, engine_log, segment_log, second, planned
 
 
-def test_a_save_on_the_signal_outlasts_torchruns_30_s_and_the_next_attempt_resumes(
+def test_a_save_on_the_signal_outlasts_torchruns_30_s_and_the_next_run_resumes_from_it(
     signalled, slurm_cluster
 ):
     work, first, engine_log, segment_log, second, planned = signalled
@@ -451,10 +451,9 @@ def test_a_save_on_the_signal_outlasts_torchruns_30_s_and_the_next_attempt_resum
     assert signal_lead.save_seconds(engine_log) >= SIGNAL_SAVE_SECONDS, engine_log[-3000:]
     for killed in ("forcefully exiting", "SIGKILL", "DUE TO TIME LIMIT", "Signal 9"):
         assert killed not in engine_log, (killed, engine_log[-3000:])
-    save = work / "checkpoints" / EXPERIMENT
-    assert (save / "latest_checkpointed_iteration.txt").read_text().strip() == str(
-        stop["reached_iteration"]
-    )
+    # its checkpoint is complete (the record below: the next run resumed from it)
+    checksums = f"iter_{stop['reached_iteration']:07d}/hpcllm_checksums.json"
+    assert (work / "checkpoints" / EXPERIMENT / checksums).is_file()
     # the segment's log (one Slurm job per attempt: training.chain false, so that the
     # rule's own --signal is the job's): the launch (srun -> torchrun) ended with 0
     assert "engine exited with 0" in segment_log, segment_log[-3000:]

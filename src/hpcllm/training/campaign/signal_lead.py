@@ -115,9 +115,9 @@ def lead_note(experiment: dict[str, Any], found: dict[str, Any] | None, name: st
         )
     lead = lead_seconds(experiment, found)
     size = found.get("checkpoint_bytes")
-    measured_text = f"a save took {found['save_seconds']:.0f} s in segment {found['segment']}" + (
-        f" ({size / 1e9:.2f} GB)" if size else ""
-    )
+    measured_text = f"a save took {found['save_seconds']:.0f} s in segment {found['segment']}"
+    if size:
+        measured_text += f" ({size / 1e9:.2f} GB)" if size >= 1e8 else f" ({size / 1e6:.1f} MB)"
     if lead > configured:
         return (
             f"Warning: {name}: time.signal_seconds ({configured} s) is below what a save "
