@@ -388,9 +388,11 @@ def signalled(rehearsal, slurm_cluster, tmp_path_factory):
     with segment 1 far longer than its 3-minute job: Slurm's --signal (90 s before the
     limit; slurmctld sends it 60-90 s after the start) reaches the steps while the engine
     trains, well before its own --exit-duration-in-mins (2 minutes); the Megatron
-    stand-in's save on it takes 35 s. With one attempt the run fails there; the second
-    run, with the segment's target a little past that checkpoint, resumes from it; a dry
-    run then states the lead from the measured save."""
+    stand-in's save on it takes 35 s, and the image's torchrun ignores
+    TORCH_ELASTIC_SHUTDOWN_TIMEOUT (as NVIDIA's does: 30 s after a SIGTERM). With one
+    attempt the run fails there; the second run, with the segment's target a little past
+    that checkpoint, resumes from it; a dry run then states the lead from the measured
+    save."""
     done, _, _ = rehearsal
     work = tmp_path_factory.mktemp("signalled") / "work"
     shutil.copytree(done, work, symlinks=True)
@@ -402,6 +404,7 @@ def signalled(rehearsal, slurm_cluster, tmp_path_factory):
         HPCLLM_REHEARSAL_IMAGE=str(rehearsal_image.python_env()),
         HPCLLM_REHEARSAL_RECORD=str(work / "apptainer.jsonl"),
         HPCLLM_REHEARSAL_SIGNAL_SAVE_SECONDS=str(SIGNAL_SAVE_SECONDS),
+        HPCLLM_REHEARSAL_OLD_TORCHRUN="1",  # ignores TORCH_ELASTIC_SHUTDOWN_TIMEOUT: 30 s
         SCRATCH=str(work / "scratch"),
     )
 
