@@ -218,6 +218,7 @@ def build_launch(
     binds: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     rendezvous: bool = False,
+    launcher_ignores: str | None = None,
 ) -> Launch:
     """The launch of ``command`` on ``nodes`` x ``procs_per_node`` processes.
 
@@ -228,6 +229,8 @@ def build_launch(
     (``job_port_shell``). ``rendezvous``: the command joins torch.distributed through the
     environment (Megatron's ``env://``), so even one process without Slurm gets torchrun
     (``--standalone``: MASTER_ADDR, a free port, RANK and WORLD_SIZE).
+    ``launcher_ignores``: a signal name (``USR2``) the launcher is started with ignored
+    (:func:`ignoring`), so that one meant for the workers does not end it.
     """
     if nodes < 1 or procs_per_node < 1:
         raise ValueError(f"nodes ({nodes}) and procs_per_node ({procs_per_node}) must be >= 1")
@@ -254,6 +257,7 @@ def build_launch(
             list(command)
             if procs_per_node == 1 and not rendezvous
             else [
+                *ignoring(launcher_ignores),
                 bare_metal_tool("torchrun") if container is None else "torchrun",
                 "--standalone",
                 "--nproc_per_node",
@@ -293,6 +297,7 @@ def build_launch(
         command = bind_rank_to_gpu_cores(cluster, command)
     inside = container_exec(cluster, container, binds, unset_inside) if container else []
     launcher = [
+        *ignoring(launcher_ignores),
         bare_metal_tool(cluster.launcher) if container is None else cluster.launcher,
         "--nnodes",
         str(nodes),
@@ -315,6 +320,21 @@ def build_launch(
         unset_in_container=unset_inside,
         globs=cluster.env_globs,
     )
+
+
+# The words before the launcher that start it with a signal ignored: bash's `trap ""` sets
+# SIG_IGN, which exec keeps. torchrun (torch.distributed.elastic) installs handlers for
+# SIGTERM, SIGINT, SIGHUP and SIGQUIT only, so SIGUSR2 stays ignored in it, while its
+# workers, which inherit SIG_IGN too, install their own handler (Megatron-LM's
+# --exit-signal, the torch engine's). Inside the container where there is one: the
+# runtime (apptainer's starter forwards the signals it gets) is not the launcher.
+def ignoring(signal_name: str | None) -> list[str]:
+    """``bash -c 'trap "" USR2; exec "$0" "$@"'`` for ``USR2``; nothing for None."""
+    if signal_name is None:
+        return []
+    if not re.fullmatch(r"[A-Z][A-Z0-9]*", signal_name):
+        raise ValueError(f"not a signal name: {signal_name!r} (e.g. USR2)")
+    return ["bash", "-c", f'trap "" {signal_name}; exec "$0" "$@"']
 
 
 def _threads_env(cluster: Cluster) -> dict[str, str]:

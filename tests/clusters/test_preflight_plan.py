@@ -60,6 +60,11 @@ def test_the_plan_warns_where_the_probed_torchrun_cuts_the_signal_lead(tmp_path,
     text = " ".join((out.stdout + out.stderr).split())
     assert "the site probe found torch 2.6.0 in megatron-nvidia" in text, text[-3000:]
     assert "opengptx_800m (600 s)" in text  # its time.signal_seconds
+    # the fallback before the limit is SIGUSR2, whose lead the plan states
+    assert (
+        "opengptx_800m: Slurm's --signal=USR2 comes time.signal_seconds = 600 s before the "
+        "time limit (no checkpoint save measured yet)" in text
+    ), text[-3000:]
 
 
 @pytest.mark.parametrize(

@@ -451,7 +451,7 @@ def test_sbatch_line_of_the_gpu_rules(name, dry_runs):
         assert "--ntasks-per-gpu" not in call
         if rule == "train_segment":
             assert res["nodes"] == experiment["layout"]["nodes"]
-            assert f"--signal=TERM@{experiment['time']['signal_seconds']}" in call, call
+            assert f"--signal=USR2@{experiment['time']['signal_seconds']}" in call, call
             # training.chain submits the segment jobs itself, with the same options (all
             # but the plugin's job name, log, comment and working directory)
             words = shlex.split(call)
@@ -476,7 +476,7 @@ def test_the_preflight_jobs_run_in_the_development_qos(name, dry_runs):
     on the GPU partition (these sites have no devel partition), not in the production
     queue; the GPU jobs keep the profile's QOS."""
     cluster = load_cluster(name, REPO / "config" / "clusters", environ=USER_ENV)
-    seen = set()
+    seen, signals = set(), set()
     for rule, planned in planned_jobs(dry_runs(name)):
         res = job_resources(planned)
         if rule in ("site_probe", "canary"):
@@ -486,9 +486,12 @@ def test_the_preflight_jobs_run_in_the_development_qos(name, dry_runs):
             assert f"--qos={cluster.devel_qos.name}" in call, call
             nodes = 1 if rule == "site_probe" else 2  # a canary of multi-node jobs: two
             assert f"-p {cluster.partitions.gpu} " in call and f"--nodes={nodes}" in call, call
+            if rule == "canary":  # the segments' signal for the training canary
+                signals.add(re.search(r"--signal=(\w+)@", res["slurm_extra"]).group(1))
         elif rule in GPU_RULES:
             assert res.get("qos") == GPU_JOBS_QOS[name], (rule, res)
     assert seen == {"site_probe", "canary"}, seen
+    assert signals == {"USR2", "TERM"}, signals  # training's canary; the benchmarks'
 
 
 @pytest.mark.parametrize("name", PROFILES)

@@ -85,6 +85,9 @@ def test_plan_warns_where_the_images_torchrun_cuts_the_signal_lead(tmp_path):
     assert "torch 2.6.0 in megatron-rocm" in warning and "job 42" in warning
     assert "opengptx_800m (300 s)" in warning and "tiny" not in warning
     assert "30 s" in warning and "PR 172596" in warning
+    # the fallback before the time limit is SIGUSR2, which torchrun ignores: not affected
+    assert "SIGTERM to the job (a plain scancel, a preemption)" in warning
+    assert "before the time limit is not affected" in warning
     assert probe.signal_lead_warning(record, {"tiny": 30}) is None  # 30 s is all it asks
     inside["torchrun_shutdown_timeout"] = True
     record.write_text(json.dumps({"image": "megatron-rocm", "job_id": "42", "inside": inside}))

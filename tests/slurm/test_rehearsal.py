@@ -190,8 +190,12 @@ def test_binds_and_environment_are_the_facts_files(rehearsal, image):
             assert e["env"][name] == value
             assert e["command"][:3] == ["env", "-u", name], e["command"]
         # The probe and the evaluation start the image's Python themselves; every other
-        # job the launcher.
-        assert e["command"][3] == ("python" if alone else cluster.launcher)
+        # job the launcher, the training jobs with Slurm's SIGUSR2 ignored in it (the
+        # engine saves on it: hpcllm.training.campaign.signal_lead).
+        training = rule == "train_segment" or kinds.get(e["job"], "").startswith("train_")
+        if training:
+            assert e["command"][3:6] == ["bash", "-c", 'trap "" USR2; exec "$0" "$@"'], e
+        assert e["command"][6 if training else 3] == ("python" if alone else cluster.launcher)
         # The image's own Python runs the program, never the host's environment.
         assert e["env"]["PATH"].split(os.pathsep)[0] == str(image / "bin")
         assert str(slurmruns.REPO / ".venv") not in e["env"]["PATH"]
@@ -371,3 +375,101 @@ def test_a_failed_canary_holds_the_gpu_jobs_back(failed_canary):
     assert "unrecognized arguments: --exit-signal-handler" in (work / engine_log).read_text()
     assert not (work / "results/preflight/rehearsal/canary/train_megatron.json").exists()
     assert not (work / f"results/train/{EXPERIMENT}").exists()
+
+
+# ---- the fallback signal: a save longer than torchrun's 30 s, then the resume from it
+
+SIGNAL_SAVE_SECONDS = 35  # the stand-in's save on the exit signal (torchrun kills at 30)
+
+
+@pytest.fixture(scope="module")
+def signalled(rehearsal, slurm_cluster, tmp_path_factory):
+    """The rehearsal's folder without its training, run again (one Slurm job per attempt)
+    with segment 1 far longer than its 3-minute job: Slurm's --signal (90 s before the
+    limit; slurmctld sends it 60-90 s after the start) reaches the steps while the engine
+    trains, well before its own --exit-duration-in-mins (2 minutes); the Megatron
+    stand-in's save on it takes 35 s, and the image's torchrun ignores
+    TORCH_ELASTIC_SHUTDOWN_TIMEOUT (as NVIDIA's does: 30 s after a SIGTERM). With one
+    attempt the run fails there; the second run, with the segment's target a little past
+    that checkpoint, resumes from it; a dry run then states the lead from the measured
+    save."""
+    done, _, _ = rehearsal
+    work = tmp_path_factory.mktemp("signalled") / "work"
+    shutil.copytree(done, work, symlinks=True)
+    for made in ("results/train", "checkpoints", "logs/train_segment"):
+        shutil.rmtree(work / made / EXPERIMENT)
+    env = slurmruns.environment(slurm_cluster)
+    env.update(
+        PATH=f"{STANDINS}{os.pathsep}{env['PATH']}",
+        HPCLLM_REHEARSAL_IMAGE=str(rehearsal_image.python_env()),
+        HPCLLM_REHEARSAL_RECORD=str(work / "apptainer.jsonl"),
+        HPCLLM_REHEARSAL_SIGNAL_SAVE_SECONDS=str(SIGNAL_SAVE_SECONDS),
+        HPCLLM_REHEARSAL_OLD_TORCHRUN="1",  # ignores TORCH_ELASTIC_SHUTDOWN_TIMEOUT: 30 s
+        SCRATCH=str(work / "scratch"),
+    )
+
+    def run(iterations: int, *args: str, expected_s: float):
+        config = work / f"segment_{iterations}.yaml"
+        config.write_text(  # (far more passes over the samples than a real plan allows)
+            f"training: {{chain: false, max_attempts: 1, experiments: {{{EXPERIMENT}: "
+            f"{{iterations_per_segment: "
+            f"{iterations}, save_interval: 100000, data: {{max_passes: 1.0e+9}}, "
+            "time: {margin_seconds: 0, signal_seconds: 90}}}}\n"
+        )
+        cmd = slurmruns.command(
+            work, "rehearsal", "--configfile", str(CONFIG), str(config),
+            "--set-resources", "train_segment:runtime=3", *args, "--", TARGETS[0],
+        )  # fmt: skip
+        return subprocess.run(
+            cmd, cwd=work, env=env, capture_output=True, text=True,
+            timeout=hang_guard(expected_s),
+        )  # fmt: skip
+
+    first = run(100000, expected_s=150)  # the 3-minute job: signalled, saved, stopped
+    attempts = work / f"logs/train_segment/{EXPERIMENT}/seg1.attempts.json"
+    reached = json.loads(attempts.read_text())[0]["reached_iteration"] if attempts.exists() else 0
+    engine_log = work / f"logs/train_segment/{EXPERIMENT}/seg1.engine.log"
+    engine_log = engine_log.read_text() if engine_log.exists() else first.stderr[-6000:]
+    segment_log = work / f"logs/train_segment/{EXPERIMENT}/seg1.log"  # (the next run's `log:`)
+    segment_log = segment_log.read_text() if segment_log.exists() else ""
+    second = run(reached + 2, expected_s=45) if reached else None  # resumes, 2 iterations
+    planned = run(reached + 2, "-n", "-f", expected_s=15) if reached else None  # the lead
+    return work, first, engine_log, segment_log, second, planned
+
+
+def test_a_save_on_the_signal_outlasts_torchruns_30_s_and_the_next_run_resumes_from_it(
+    signalled, slurm_cluster
+):
+    work, first, engine_log, segment_log, second, planned = signalled
+    output = first.stdout + first.stderr
+    assert first.returncode != 0, output[-3000:]
+    entries = json.loads((work / f"logs/train_segment/{EXPERIMENT}/seg1.attempts.json").read_text())
+    stop = entries[0]
+    assert stop["failure"] == "signal" and stop["reached_iteration"] > 0, (stop, engine_log[-3000:])
+    # Megatron-LM's stop on its --exit-signal, after a save of 35 s that torchrun (which
+    # kills its workers 30 s after a SIGTERM) let finish: no kill, no time limit
+    assert "exiting program after receiving SIGTERM." in engine_log, engine_log[-3000:]
+    from hpcllm.training.campaign import signal_lead
+
+    assert signal_lead.save_seconds(engine_log) >= SIGNAL_SAVE_SECONDS, engine_log[-3000:]
+    for killed in ("forcefully exiting", "SIGKILL", "DUE TO TIME LIMIT", "Signal 9"):
+        assert killed not in engine_log, (killed, engine_log[-3000:])
+    # its checkpoint is complete (the record below: the next run resumed from it)
+    checksums = f"iter_{stop['reached_iteration']:07d}/hpcllm_checksums.json"
+    assert (work / "checkpoints" / EXPERIMENT / checksums).is_file()
+    # the segment's log (one Slurm job per attempt: training.chain false, so that the
+    # rule's own --signal is the job's): the launch (srun -> torchrun) ended with 0
+    assert "engine exited with 0" in segment_log, segment_log[-3000:]
+    # the second run resumes from that checkpoint and completes the segment
+    assert second is not None and second.returncode == 0, (second.stdout + second.stderr)[-3000:]
+    record = json.loads((work / f"results/train/{EXPERIMENT}/seg1.json").read_text())
+    assert record["resumed_from_iteration"] == stop["reached_iteration"]
+    assert record["last_iteration"] == stop["reached_iteration"] + 2
+    # its record keeps the longest save of its attempts and the checkpoint's size, and the
+    # next plan states the --signal lead from them
+    assert record["save_seconds"] >= SIGNAL_SAVE_SECONDS and record["checkpoint_bytes"] > 0
+    text = " ".join((planned.stdout + planned.stderr).split())
+    assert f"{EXPERIMENT}: Slurm's --signal=USR2 comes 90 s before the time limit" in text, text[
+        -3000:
+    ]
+    assert f"a save took {record['save_seconds']:.0f} s in segment 1" in text

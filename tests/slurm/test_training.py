@@ -477,7 +477,7 @@ def chain_campaign(work: Path, cluster, monkeypatch, *configs: Path, requeue: bo
         "runtime": 30,
         "mem_mb": 4000,
         "slurm_partition": "batch",
-        "slurm_extra": "--ntasks-per-node=1 --signal=TERM@30",
+        "slurm_extra": "--ntasks-per-node=1 --signal=USR2@30",
     }
     settings = SimpleNamespace(requeue=requeue, no_requeue=not requeue, qos=None, reservation=None)
     return Campaign(

@@ -35,6 +35,9 @@ from hpcllm.training.checkpoints import lease
         # Megatron-LM's own lines for the same two stops
         ("exiting program after 5.0 minutes", None, "time_limit"),
         ("exiting program at iteration 700", None, "signal"),
+        # Megatron-LM's --exit-signal-handler stop (its text for any --exit-signal); Slurm's
+        # --signal reaches the steps, not the segment (signum None)
+        ("[2026-11-26 23:00:00] exiting program after receiving SIGTERM.", None, "signal"),
         ("slurmstepd: error: *** JOB 12 ON n1 CANCELLED AT 2026 DUE TO TIME LIMIT ***", 15, "time_limit"),
         ("srun: error: Node failure on n2", None, "node_failure"),
         # the signal that reached the survivors of a node failure does not hide it

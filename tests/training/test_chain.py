@@ -31,7 +31,7 @@ def test_the_segment_jobs_sbatch_options_are_the_plugins_for_the_rules_resources
         "slurm_account": "opengptx",
         "constraint": "a100",
         "qos": "normal",
-        "slurm_extra": "--ntasks-per-node=1 --signal=TERM@300 --threads-per-core=1",
+        "slurm_extra": "--ntasks-per-node=1 --signal=USR2@300 --threads-per-core=1",
     }
     settings = SimpleNamespace(requeue=False, no_requeue=True, qos=None, reservation=None)
     args = chain.sbatch_geometry(resources, threads=1, settings=settings)
@@ -39,7 +39,7 @@ def test_the_segment_jobs_sbatch_options_are_the_plugins_for_the_rules_resources
     for part in (
         "-A opengptx", "-p booster", "-t 240", "-C a100", "--qos=normal", "--mem 400000",
         "--nodes=4", "--no-requeue", "--cpus-per-task=48", "--gres=gpu:4",
-        "--ntasks-per-node=1 --signal=TERM@300 --threads-per-core=1",
+        "--ntasks-per-node=1 --signal=USR2@300 --threads-per-core=1",
     ):  # fmt: skip
         assert part in line, line
     # tasks_per_gpu=0 switches --ntasks-per-gpu off, as for the rule's own job

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from support import hang_guard
 
+from hpcllm.training.campaign import signal_lead
 from hpcllm.training.checkpoints import tracker as checkpoints
 from hpcllm.training.checkpoints.tracker import CheckpointError
 from hpcllm.training.engines.torch_engine import main, parser, train
@@ -138,7 +139,8 @@ def long_run(tmp_path_factory, data_prefixes, vocab_file) -> dict:
 
 
 def test_signal_saves_and_resume_is_exact(tmp_path, data_prefixes, vocab_file, long_run):
-    """SIGUSR1 mid-run: the iteration finishes, a checkpoint is saved, exit 0, incomplete.
+    """SIGUSR2 (Slurm's --signal of a segment job) mid-run: the iteration finishes, a
+    checkpoint is saved, exit 0, incomplete; the save's time logged as Megatron logs it.
 
     The signal is sent once iteration 3 is logged; wherever in the 80 iterations it
     lands, the engine stops at the next iteration's end, saves it, and the resumed run
@@ -154,9 +156,10 @@ def test_signal_saves_and_resume_is_exact(tmp_path, data_prefixes, vocab_file, l
         while "iteration        3/" not in log.read_text():
             assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
             time.sleep(0.05)
-        proc.send_signal(signal.SIGUSR1)
+        proc.send_signal(signal.SIGUSR2)
         assert proc.wait(timeout=hang_guard(10)) == 0, log.read_text()[-3000:]  # ~10 s quiet
     text = log.read_text()
+    assert signal_lead.save_seconds(text) is not None, text[-2000:]
     stopped = checkpoints.latest_iteration(save)
     assert 3 <= stopped < LONG, text[-2000:]
     assert f"exiting at iteration {stopped} (signal)" in text

@@ -276,8 +276,13 @@ def canary_resource(name):
 
 
 def canary_slurm_extra(wildcards):
-    """One task per node; Slurm's signal before the time limit as for the segments."""
-    extra = f"--ntasks-per-node=1 --signal=TERM@{_canary.TIME['signal_seconds']}"
+    """One task per node; Slurm's signal before the time limit as for the segments (their
+    SIGUSR2, hpcllm.training.campaign.signal_lead: the launch starts torchrun with it
+    ignored, the engine saves on it); SIGTERM for the benchmarks, which save nothing."""
+    from hpcllm.training.campaign.signal_lead import SLURM_NAME
+
+    name = SLURM_NAME if wildcards.kind.startswith("train") else "TERM"
+    extra = f"--ntasks-per-node=1 --signal={name}@{_canary.TIME['signal_seconds']}"
     return extra + threads_per_core_flag()
 
 

@@ -219,9 +219,30 @@ def segment_runtime(wildcards):
 
 
 def segment_slurm_extra(wildcards):
-    """Slurm signals the job steps (srun -> torchrun -> the engine) before the time limit."""
-    seconds = EXPERIMENTS[wildcards.experiment].experiment["time"]["signal_seconds"]
-    return f"--ntasks-per-node=1 --signal=TERM@{seconds}{threads_per_core_flag()}"
+    """Slurm signals the job steps (srun -> torchrun -> the engine) before the time limit:
+    SIGUSR2, which torchrun ignores and the engines save on, early enough for the save
+    measured so far (hpcllm.training.campaign.signal_lead; the plan says which lead)."""
+    from hpcllm.training.campaign import signal_lead
+
+    experiment = EXPERIMENTS[wildcards.experiment].experiment
+    save = f"checkpoints/{wildcards.experiment}"
+    if (
+        workflow.is_main_process
+        and CLUSTER.uses_slurm
+        and wildcards.experiment not in _LEAD_NOTED
+    ):
+        _LEAD_NOTED.add(wildcards.experiment)
+        note = signal_lead.lead_note(
+            experiment, signal_lead.measured(save), wildcards.experiment
+        )
+        (logger.warning if note.startswith("Warning") else logger.info)(note)
+    return (
+        f"--ntasks-per-node=1 {signal_lead.slurm_signal(experiment, save)}"
+        f"{threads_per_core_flag()}"
+    )
+
+
+_LEAD_NOTED = set()  # experiments whose signal lead the plan stated
 
 
 def threads_per_core_flag():

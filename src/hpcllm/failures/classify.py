@@ -75,8 +75,10 @@ _PATTERNS: list[tuple[str, re.Pattern]] = [
     (
         "signal",
         re.compile(
-            # torch engine; Megatron-LM (--exit-signal-handler); the segment before the engine
-            r"^exiting at iteration \d+ \(signal\)|exiting program at iteration \d+",
+            # torch engine; Megatron-LM (--exit-signal-handler: its text whatever the
+            # --exit-signal, training.py at the pin); the segment before the engine
+            r"^exiting at iteration \d+ \(signal\)|exiting program after receiving SIGTERM|"
+            r"exiting program at iteration \d+",
             re.M,
         ),
     ),

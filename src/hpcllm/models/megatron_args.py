@@ -69,6 +69,7 @@ FLAGS: dict[str, dict[str, str]] = {
         "exit_interval": "--exit-interval",
         "exit_duration_in_mins": "--exit-duration-in-mins",
         "exit_signal_handler": "--exit-signal-handler",
+        "exit_signal": "--exit-signal",
         "bf16": "--bf16",
         "fp16": "--fp16",
         "optimizer": "--optimizer",
@@ -371,6 +372,11 @@ def pretrain_gpt_args(
     add("exit_interval", stop_iteration if stop_iteration < train_iters else None)
     add("exit_duration_in_mins", exit_minutes)
     add("exit_signal_handler")
+    # The signal it saves and exits on (a signal.Signals name at the pin: its
+    # TrainingConfig.exit_signal): Slurm's --signal before the limit, which torchrun
+    # ignores (hpcllm.training.campaign.signal_lead). Only this one: a SIGTERM (a plain
+    # scancel) ends Megatron-LM at once.
+    add("exit_signal", "SIGUSR2")
     precision = experiment.get("precision", "bf16")
     add("bf16", precision == "bf16")
     add("fp16", precision == "fp16")

@@ -568,9 +568,12 @@ def run_probe(
 
 def signal_lead_warning(record_path: str | os.PathLike, leads: dict[str, int]) -> str | None:
     """A warning where the probe found the image's torchrun without --shutdown-timeout and
-    an experiment gives its workers more than torchrun's fixed 30 s after Slurm's SIGTERM
-    (``leads``: experiment -> seconds, engine_process.shutdown_timeout): there a save that takes
-    longer is killed. None where the record is missing or older than the question."""
+    an experiment gives its workers more than torchrun's fixed 30 s after a SIGTERM
+    (``leads``: experiment -> seconds, engine_process.shutdown_timeout). Slurm's signal
+    before the time limit is not affected (SIGUSR2, which torchrun ignores:
+    hpcllm.training.campaign.signal_lead); a SIGTERM to the job is (a plain scancel, a
+    preemption): there torchrun kills the workers 30 s later. None where the record is
+    missing or older than the question."""
     longer = {name: s for name, s in leads.items() if s > 30}
     if not longer or not Path(record_path).is_file():
         return None
@@ -585,8 +588,10 @@ def signal_lead_warning(record_path: str | os.PathLike, leads: dict[str, int]) -
     return (
         f"the site probe found torch {inside.get('torch')} in {record.get('image')} "
         f"({record_path}, job {record.get('job_id')}): its torchrun has no "
-        "--shutdown-timeout, so it kills the workers 30 s after forwarding Slurm's SIGTERM, "
-        f"whatever time.signal_seconds gives them: {named}. A checkpoint save that takes "
-        "longer than 30 s is lost at the end of a segment; build the image with a torch "
-        "that has the option (pytorch/pytorch PR 172596), or make the save fit in 30 s"
+        "--shutdown-timeout, so on a SIGTERM to the job (a plain scancel, a preemption) it "
+        "kills the workers 30 s later, not after the time.signal_seconds of "
+        f"{named}: a torch engine's save that takes longer is lost there (Megatron-LM stops "
+        "at once on SIGTERM; a torch with the option, pytorch/pytorch PR 172596, waits). "
+        "The save before the time limit is not affected (Slurm's SIGUSR2, which torchrun "
+        "ignores)"
     )

@@ -15,10 +15,14 @@ of the pinned commit checks and what the workflow reads back, nothing more:
 - the ranks meet in a gloo process group (torchrun's rendezvous across the nodes) and
   each prints its node; the last rank prints Megatron's per-iteration log line;
 - ``--load``/``--save``/``--save-interval``/``--exit-interval``/``--exit-signal-handler``/
-  ``--exit-duration-in-mins``: resumes from and writes checkpoints in Megatron's layout
+  ``--exit-signal`` (a ``signal.Signals`` name, SIGTERM by default, as at the pin; only that
+  one is caught)/``--exit-duration-in-mins``: resumes from and writes checkpoints in Megatron's layout
   (``iter_0000004/mp_rank_00[_000]/model_optim_rng.pt``, the tracker file last), each
   with its rank's weights of the model's names and shapes in the legacy layout (a fixed
-  draw, not trained), so that the export and the evaluation after it have a model.
+  draw, not trained), so that the export and the evaluation after it have a model;
+  after each save rank 0 prints Megatron's ``save-checkpoint`` timer line. A save on the
+  exit signal first sleeps ``$HPCLLM_REHEARSAL_SIGNAL_SAVE_SECONDS`` (a large model's
+  save, longer than torchrun's 30 s shutdown timeout), where the rehearsal sets it.
 """
 
 import os
@@ -146,7 +150,8 @@ def main() -> int:
     minutes = value("--exit-duration-in-mins", None, float)
     stopped = []
     if "--exit-signal-handler" in opts:
-        signal.signal(signal.SIGTERM, lambda *_: stopped.append("signal"))
+        exit_signal = signal.Signals[value("--exit-signal", "SIGTERM")]  # KeyError as at the pin
+        signal.signal(exit_signal, lambda *_: stopped.append("signal"))
 
     layers, hidden = value("--num-layers", 1, int), value("--hidden-size", 1, int)
 
@@ -207,6 +212,9 @@ def main() -> int:
     def save_checkpoint(it: int) -> None:
         if not save:
             return
+        started = time.time()
+        if stopped:
+            time.sleep(float(os.environ.get("HPCLLM_REHEARSAL_SIGNAL_SAVE_SECONDS") or 0))
         if rank == 0:
             print(f"saving checkpoint at iteration {it:7d} to {save}", flush=True)
         tp_rank, pp_rank = rank % tp, rank // (tp * dp)
@@ -222,6 +230,10 @@ def main() -> int:
             Path(save, tracker + ".tmp").write_text(str(it))
             os.replace(Path(save, tracker + ".tmp"), Path(save, tracker))
             print(f"  successfully saved checkpoint from iteration {it:7d} to {save}", flush=True)
+        if rank == world - 1:  # Megatron's timers log on the last rank
+            ms = (time.time() - started) * 1000
+            print(f"(min, max) time across ranks (ms):\n    {'save-checkpoint '.ljust(48, '.')}: "
+                  f"({ms:.2f}, {ms:.2f})", flush=True)  # fmt: skip
 
     interval = value("--save-interval", None, int)
     flops = 72 * global_batch * seq * layers * hidden**2 * (1 + seq / (6 * hidden))

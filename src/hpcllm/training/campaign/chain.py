@@ -69,7 +69,7 @@ from typing import Any
 from hpcllm.atomic import atomic_path
 from hpcllm.failures.classify import classify_text, is_transient
 from hpcllm.launch import clean_environment as _clean_environment
-from hpcllm.training.campaign import attempts, records
+from hpcllm.training.campaign import attempts, records, signal_lead
 from hpcllm.training.checkpoints import lease
 from hpcllm.training.checkpoints import tracker as checkpoints
 
@@ -278,7 +278,10 @@ def submit(campaign: Campaign, after: str | None = None) -> str:
         "--export=ALL",
         "--comment",
         f"hpcllm_chain_{campaign.name}",
-        *campaign.sbatch,
+        # the --signal lead for the saves measured so far (the campaign's is its start's)
+        *signal_lead.with_lead(
+            campaign.sbatch, campaign.prepared.experiment, Path(campaign.workdir) / campaign.save
+        ),
         "-D",
         campaign.workdir,
     ]

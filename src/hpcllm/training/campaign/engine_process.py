@@ -14,21 +14,25 @@ from pathlib import Path
 from typing import Any
 
 from hpcllm.models.megatron_args import MEGATRON_ENV
+from hpcllm.training.campaign.signal_lead import EXIT_SIGNAL, SLURM_NAME
 
 log = logging.getLogger(__name__)
 
 
 class Signals:
-    """SIGTERM/SIGUSR1/SIGINT caught from the segment's start (Slurm's --signal, scancel,
-    Ctrl-C).
+    """SIGTERM/SIGUSR1/SIGINT caught from the segment's start (scancel, Ctrl-C; Slurm's
+    --signal reaches the job steps, not the batch shell the segment runs in).
 
     Caught from the start, a signal during the start-up (data checks, before the engine
     runs) ends the segment cleanly instead of killing it half-way; once the engine runs
-    it is passed on as SIGTERM to the launch's process group (its own: a Ctrl-C reaches
-    the engine only this way, also one that came while it was being started): srun
-    forwards it to the tasks, torchrun to the workers (it does not forward SIGUSR1), and
-    the engines save and exit on SIGTERM. The segment waits for that; a second Ctrl-C
-    kills the group at once.
+    it is passed on as the engines' exit signal (SIGUSR2, signal_lead.EXIT_SIGNAL) to the
+    launch's process group (its own: a Ctrl-C reaches the engine only this way, also one
+    that came while it was being started) and to every process below it: torchrun's
+    workers run in sessions of their own, and torchrun ignores SIGUSR2, so that it waits
+    for them instead of killing them 30 s after a SIGTERM; on Slurm the launch's srun
+    forwards it to the step's processes. The engines save and exit on it. The segment
+    sends it again while the engine runs (a worker started after the first one missed
+    it) and waits; a second Ctrl-C kills them all at once.
     """
 
     CAUGHT = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
@@ -60,18 +64,44 @@ class Signals:
                 self.signal_child(signal.SIGKILL)
             else:
                 log.warning("got signal %d: asking the engine to save and stop", signum)
-                self.signal_child(signal.SIGTERM)
+                self.signal_child(EXIT_SIGNAL)
         else:
             log.warning("got signal %d before the engine started: it will not start", signum)
 
     def signal_child(self, signum: int) -> None:
         """``signum`` to the launch's process group (the launch script, its launcher and
-        the engine); to the child alone if the group is gone."""
+        the engine), to the child alone if the group is gone, and to every process below
+        the child (torchrun's workers, each in a session of its own)."""
+        below = descendants(self.child.pid)
         try:
             os.killpg(self.child.pid, signum)
         except ProcessLookupError:
             with contextlib.suppress(ProcessLookupError):
                 self.child.send_signal(signum)
+        for pid in below:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (Linux's /proc), children first."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                stat = f.read()
+        except OSError:  # ended meanwhile
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])  # after the command's name
+        children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(0), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def _die_with_parent(parent: int):
@@ -128,20 +158,24 @@ def run_launch(
                 preexec_fn=_die_with_parent(os.getpid()),
             )
             if signals.received is not None:  # between the check and the start
-                signals.signal_child(signal.SIGTERM)
+                signals.signal_child(EXIT_SIGNAL)
             try:
                 while True:
                     try:
-                        return signals.child.wait(timeout=poll_s if while_running else None)
+                        return signals.child.wait(timeout=poll_s)
                     except subprocess.TimeoutExpired:
-                        while_running()
+                        if signals.received is not None:  # to workers started since
+                            signals.signal_child(EXIT_SIGNAL)
+                        if while_running:
+                            while_running()
             finally:
                 signals.child = None
 
 
 def shutdown_timeout(experiment: dict[str, Any]) -> int:
-    """Seconds torchrun lets the workers save and exit after forwarding SIGTERM: the
-    signal's lead (time.signal_seconds), at least torchrun's own 30."""
+    """Seconds torchrun lets the workers save and exit after forwarding a SIGTERM (a plain
+    scancel, a preemption): the signal's lead (time.signal_seconds), at least torchrun's
+    own 30. The fallback before the time limit (SIGUSR2, ignored by torchrun) needs none."""
     return max(30, int((experiment.get("time") or {}).get("signal_seconds") or 0))
 
 
@@ -154,10 +188,12 @@ def segment_launch(experiment: dict[str, Any], command: list[str], cluster, cont
         binds, env = [], dict(MEGATRON_ENV)
     else:  # the torch engine is hpcllm: in an image it needs the checkout's src/
         binds, env = package_in_container(container)
-    # On Slurm's SIGTERM (time.signal_seconds before the limit) torchrun forwards it and
-    # SIGKILLs the workers after TORCH_ELASTIC_SHUTDOWN_TIMEOUT, 30 s by default: less
-    # than a large model's save. The whole lead is theirs (torchrun's --shutdown-timeout,
-    # pytorch/pytorch PR 172596; an older torch ignores the variable and keeps 30 s).
+    # Slurm's --signal before the limit is SIGUSR2, which the launcher is started with
+    # ignored (signal_lead): the workers save and exit, torchrun waits for them. On a
+    # SIGTERM (scancel, a preemption) torchrun forwards it and SIGKILLs the workers after
+    # TORCH_ELASTIC_SHUTDOWN_TIMEOUT, 30 s by default: there the signal's lead is theirs
+    # (torchrun's --shutdown-timeout, pytorch/pytorch PR 172596; an older torch ignores
+    # the variable and keeps 30 s; Slurm's KillWait or GraceTime may end them earlier).
     env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(shutdown_timeout(experiment))
     lay = experiment["layout"]
     return build_launch(
@@ -169,4 +205,5 @@ def segment_launch(experiment: dict[str, Any], command: list[str], cluster, cont
         binds=binds,
         env=env,
         rendezvous=experiment["engine"] == "megatron",
+        launcher_ignores=SLURM_NAME,
     )

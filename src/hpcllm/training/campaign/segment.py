@@ -31,7 +31,7 @@ from hpcllm.failures.classify import (
 )
 from hpcllm.models.megatron_args import exit_duration_minutes, transformer_impl_for
 from hpcllm.progress import Progress
-from hpcllm.training.campaign import attempts, calendar, records
+from hpcllm.training.campaign import attempts, calendar, records, signal_lead
 from hpcllm.training.campaign.engine_process import Signals, run_launch, segment_launch
 from hpcllm.training.checkpoints import lease
 from hpcllm.training.checkpoints import tracker as checkpoints
@@ -126,14 +126,15 @@ def warn_early_signal(experiment: dict[str, Any], left: float | None) -> float |
     return left
 
 
-def time_lead(experiment: dict[str, Any]) -> float:
+def time_lead(experiment: dict[str, Any], save: str | None = None) -> float:
     """Seconds before its job's end from which a segment stops for time: the engine exits
-    ``margin_seconds`` before it, Slurm's --signal comes up to ``signal_seconds`` + 30 s
-    before it."""
+    ``margin_seconds`` before it, Slurm's --signal comes up to its lead + 30 s before it
+    (``time.signal_seconds``, or more where a save measured in ``save`` needs it)."""
     limits = experiment.get("time") or {}
-    return max(
-        limits.get("margin_seconds") or 0, (limits.get("signal_seconds") or 0) + SLURM_SIGNAL_PERIOD
-    )
+    lead = limits.get("signal_seconds") or 0
+    if save is not None and lead:
+        lead = signal_lead.lead_seconds(experiment, signal_lead.measured(save))
+    return max(limits.get("margin_seconds") or 0, lead + SLURM_SIGNAL_PERIOD)
 
 
 def iteration_progress(what: str, engine_log: Path, start: int, stop: int) -> Callable[[], None]:
@@ -201,7 +202,7 @@ def run_segment(
             start_iteration,
             log_offset=log_offset,
             deadline=deadline,
-            time_lead=time_lead(prepared.experiment) if deadline is not None else None,
+            time_lead=time_lead(prepared.experiment, paths.save) if deadline is not None else None,
         )
 
         def end(failure: str | None, message: str = "", reached: int | None = None) -> None:
@@ -304,6 +305,9 @@ def _train_segment(
         )
         launch = segment_launch(experiment, command, cluster, container)
         log.info("segment %d of %s: iterations %d..%d", segment, name, start_iteration + 1, stop)
+        if deadline is not None:  # a Slurm job: its --signal (the rule's slurm_extra)
+            note = signal_lead.lead_note(experiment, signal_lead.measured(paths.save), name)
+            (log.warning if note.startswith("Warning") else log.info)("%s", note)
         script = engine_log.with_suffix(".sh")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         oom_before = oom_kill_count()
@@ -360,7 +364,8 @@ def _train_segment(
             f"({failure}; see {paths.engine_log}); {after}",
             failure,
         )
-    lines = [r for r in parse_log_lines(engine_log.read_text()) if r["iteration"] <= stop]
+    engine_text = engine_log.read_text()
+    lines = [r for r in parse_log_lines(engine_text) if r["iteration"] <= stop]
     last = lines[-1] if lines else {}
     record = {
         "experiment": name,
@@ -381,6 +386,9 @@ def _train_segment(
         # says when a model is older than the data now there
         "data_digest": data_digest(prepared.blend.prefixes),
         **calendar.job_timing_end(timing, engine_log, log_offset, stop),
+        # the longest save of its attempts, its checkpoint's size, an iteration's time:
+        # the next segment job's --signal lead (hpcllm.training.campaign.signal_lead)
+        **signal_lead.measure(engine_text, checkpoints.iteration_dir(paths.save, reached)),
     }
     # The GPUs' energy where the engine logged it (hpcllm.bench.energy), and its tokens.
     from hpcllm.bench.energy import log_energy

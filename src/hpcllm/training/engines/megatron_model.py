@@ -101,6 +101,7 @@ CONFIG_EFFECT: dict[str, Any] = {
     "exit_interval": None,
     "exit_duration_in_mins": None,
     "exit_signal_handler": None,
+    "exit_signal": None,
     "bf16": lambda _: {"bf16": True},
     "fp16": lambda _: {"fp16": True},
     "optimizer": None,

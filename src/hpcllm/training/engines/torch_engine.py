@@ -13,7 +13,7 @@ directory layout and every log line follows Megatron's ``training_log`` format, 
 resume, log parsing and aggregation treat both engines alike.
 
 Stopping: at ``--exit-interval`` (the segment's last iteration), after
-``--exit-duration-in-mins``, or on SIGTERM/SIGUSR1 (with ``--exit-signal-handler``): the
+``--exit-duration-in-mins``, or on SIGTERM/SIGUSR1/SIGUSR2 (with ``--exit-signal-handler``): the
 current iteration is finished, a checkpoint saved, and the process exits with 0. Whether
 the segment is complete is read from the checkpoint's iteration, not from the exit code.
 Without ``--exit-signal-handler`` SIGTERM ends the process at once, as it ends Megatron's.
@@ -37,7 +37,7 @@ import time
 _EARLY_SIGNALS: list[int] = []
 _START = time.time()  # --exit-duration-in-mins counts from here, as in Megatron
 if __name__ == "__main__":
-    for _sig in (signal.SIGTERM, signal.SIGUSR1):
+    for _sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(_sig, lambda signum, frame: _EARLY_SIGNALS.append(signum))
 
 import argparse  # noqa: E402
@@ -56,6 +56,7 @@ import torch.distributed as dist  # noqa: E402
 
 from hpcllm.bench.energy import EnergyCounter, job_energy  # noqa: E402
 from hpcllm.models.planner import pad_vocab  # noqa: E402
+from hpcllm.training.campaign.signal_lead import save_timer_line  # noqa: E402
 from hpcllm.training.checkpoints import checksums  # noqa: E402
 from hpcllm.training.checkpoints import tracker as checkpoints  # noqa: E402
 from hpcllm.training.checkpoints.tracker import CheckpointError  # noqa: E402
@@ -84,7 +85,7 @@ def parser() -> argparse.ArgumentParser:
     a("--train-iters", type=int, required=True, help="length of the whole run (LR schedule)")
     a("--exit-interval", type=int, default=None, help="stop at an iteration divisible by it")
     a("--exit-duration-in-mins", type=float, default=None)
-    a("--exit-signal-handler", action="store_true", help="save and exit on SIGTERM/SIGUSR1")
+    a("--exit-signal-handler", action="store_true", help="save and exit on SIGTERM/SIGUSR1/SIGUSR2")
     a("--bf16", action="store_true", help="bf16 autocast (weights and optimizer in fp32)")
     a(
         "--fp16",
@@ -268,7 +269,7 @@ def seed_everything(seed: int) -> None:
 
 
 class StopFlag:
-    """Set by SIGTERM/SIGUSR1; the loop finishes the iteration, saves and exits."""
+    """Set by SIGTERM/SIGUSR1/SIGUSR2; the loop finishes the iteration, saves and exits."""
 
     def __init__(self) -> None:
         self.signal: int | None = None
@@ -276,7 +277,7 @@ class StopFlag:
     def install(self) -> None:
         if _EARLY_SIGNALS:  # came during the imports
             self.signal = _EARLY_SIGNALS[-1]
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame) -> None:
@@ -316,7 +317,10 @@ def _set_rng_state(state: dict) -> None:
 def save_checkpoint(
     save: str, iteration: int, model, optimizer, scheduler: dict, args, d: Dist
 ) -> None:
-    """Rank 0 writes ``iter_*/mp_rank_00/model_optim_rng.pt``, then commits the tracker."""
+    """Rank 0 writes ``iter_*/mp_rank_00/model_optim_rng.pt``, then commits the tracker;
+    then it prints how long that took as Megatron-LM prints its save timer (the segment
+    sizes Slurm's signal lead from it: hpcllm.training.campaign.signal_lead)."""
+    started = time.time()
     rng = [None] * d.world
     dist.all_gather_object(rng, _rng_state())
     if d.rank == 0:
@@ -343,6 +347,8 @@ def save_checkpoint(
             flush=True,
         )
     dist.barrier()
+    if d.rank == 0:
+        print(save_timer_line((time.time() - started) * 1000), flush=True)
 
 
 def load_checkpoint(load: str, model, optimizer, args, d: Dist) -> int:
@@ -548,8 +554,8 @@ def train(args: argparse.Namespace) -> dict:
     else:
         if __name__ == "__main__":
             # The start-up's handlers only remember signals: without --exit-signal-handler
-            # SIGTERM and SIGUSR1 end the process, as they end Megatron's.
-            for sig in (signal.SIGTERM, signal.SIGUSR1):
+            # SIGTERM and SIGUSR1/2 end the process, as they end Megatron's.
+            for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
                 signal.signal(sig, signal.SIG_DFL)
         if _EARLY_SIGNALS:  # one came during the imports: end as it would have ended us
             raise SystemExit(128 + _EARLY_SIGNALS[-1])
