@@ -25,6 +25,7 @@ from hpcllm.launch import build_launch
 from hpcllm.training.campaign import signal_lead
 from hpcllm.training.campaign.engine_process import descendants, segment_launch, shutdown_timeout
 from hpcllm.training.campaign.segment import time_lead
+from hpcllm.training.engines.log_lines import save_timer_line
 
 SAVE_SECONDS = 33  # longer than torchrun's 30 s shutdown timeout
 
@@ -89,7 +90,7 @@ def test_the_lead_covers_the_measured_save(tmp_path):
         " 4000.0 | lm loss: 1.0E+00 |\n"
         "INFO:megatron.core.timers:(min, max) time across ranks (ms):\n"
         "    save-checkpoint ................................: (118000.00, 121500.00)\n"
-        + signal_lead.save_timer_line(90_000.0)  # the torch engine's, as Megatron's
+        + save_timer_line(90_000.0)  # the torch engine's, as Megatron's
     )
     assert signal_lead.save_seconds(log) == 121.5
     assert signal_lead.save_seconds("save-checkpoint-non-persistent ...: (1.00, 2.00)") is None

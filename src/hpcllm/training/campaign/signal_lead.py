@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import signal
 from pathlib import Path
 from typing import Any
 
-from hpcllm.training.engines.log_lines import parse_log_lines
+from hpcllm.training.engines.log_lines import parse_log_lines, save_seconds
 
 # The signal the engines save and exit on before the time limit, as Slurm and Megatron-LM
 # name it (--signal=USR2@..., --exit-signal SIGUSR2).
@@ -35,24 +34,6 @@ SLURM_NAME = EXIT_SIGNAL.name.removeprefix("SIG")
 # A save measured once may take longer the next time (a busier file system, a larger
 # optimizer state after a layout change): the lead is twice the save, plus an iteration.
 SAVE_FACTOR = 2
-
-# Megatron-LM's timer line (megatron/core/timers.py, ``--timing-log-option`` minmax or
-# max): "    save-checkpoint ......: (min, max)" or "...: max", in milliseconds.
-_SAVE_TIMER = re.compile(r"\bsave-checkpoint \.*: \(?(?:[\d.]+, )?([\d.]+)\)?")
-
-
-def save_timer_line(milliseconds: float) -> str:
-    """The timer lines as Megatron-LM prints them after a save (its minmax option)."""
-    name = "save-checkpoint ".ljust(48, ".")
-    return (
-        f"(min, max) time across ranks (ms):\n    {name}: ({milliseconds:.2f}, {milliseconds:.2f})"
-    )
-
-
-def save_seconds(text: str) -> float | None:
-    """The longest save an engine log reports, in seconds; None if it reports none."""
-    found = [float(m.group(1)) / 1000 for m in _SAVE_TIMER.finditer(text)]
-    return max(found) if found else None
 
 
 def folder_bytes(folder: str | Path) -> int:

@@ -30,3 +30,22 @@ def parse_log_lines(text: str) -> list[dict[str, Any]]:
                     row[key.strip()] = value.strip()
         rows.append(row)
     return rows
+
+
+# Megatron-LM's timer line (megatron/core/timers.py, ``--timing-log-option`` minmax or
+# max): "    save-checkpoint ......: (min, max)" or "...: max", in milliseconds.
+_SAVE_TIMER = re.compile(r"\bsave-checkpoint \.*: \(?(?:[\d.]+, )?([\d.]+)\)?")
+
+
+def save_timer_line(milliseconds: float) -> str:
+    """The timer lines as Megatron-LM prints them after a save (its minmax option)."""
+    name = "save-checkpoint ".ljust(48, ".")
+    return (
+        f"(min, max) time across ranks (ms):\n    {name}: ({milliseconds:.2f}, {milliseconds:.2f})"
+    )
+
+
+def save_seconds(text: str) -> float | None:
+    """The longest save an engine log reports, in seconds; None if it reports none."""
+    found = [float(m.group(1)) / 1000 for m in _SAVE_TIMER.finditer(text)]
+    return max(found) if found else None

@@ -56,10 +56,10 @@ import torch.distributed as dist  # noqa: E402
 
 from hpcllm.bench.energy import EnergyCounter, job_energy  # noqa: E402
 from hpcllm.models.planner import pad_vocab  # noqa: E402
-from hpcllm.training.campaign.signal_lead import save_timer_line  # noqa: E402
 from hpcllm.training.checkpoints import checksums  # noqa: E402
 from hpcllm.training.checkpoints import tracker as checkpoints  # noqa: E402
 from hpcllm.training.checkpoints.tracker import CheckpointError  # noqa: E402
+from hpcllm.training.engines.log_lines import save_timer_line  # noqa: E402
 from hpcllm.training.plan.data import Blend, build_datasets, check_blend, sample_counts  # noqa: E402
 
 log = logging.getLogger(__name__)
