@@ -244,6 +244,14 @@ def test_a_start_up_error_of_one_node_holds_though_srun_then_cancelled_the_step(
     step = "slurmstepd-n1: error: *** STEP 6003.0 ON n1 CANCELLED AT 2026-11-26T20:52:50 ***\n"
     assert classify_text(step + GLOO_START_UP) == "cancelled"
     assert classify_text(GLOO_START_UP.replace(srun_did, "")) == "cancelled"
+    # the other node's agent, its peer gone, fails to close the rendezvous (a full run's
+    # log, 2026-11-27): a consequence, not processes that never met
+    shutdown = (
+        "W1127 00:57:36.038000 7430 torch/distributed/elastic/rendezvous/dynamic_rendezvous"
+        ".py:1298] The node 'localhost_7430_0' has failed to shutdown the rendezvous '3003' "
+        "due to an error of type RendezvousConnectionError.\n"
+    )
+    assert classify_text(GLOO_START_UP.replace(srun_did, shutdown + srun_did)) == "error"
 
 
 def test_a_rank_that_failed_first_keeps_its_own_class():

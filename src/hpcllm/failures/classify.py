@@ -132,10 +132,13 @@ _PATTERNS: list[tuple[str, re.Pattern]] = [
         # torchrun's c10d rendezvous and the TCP store of torch.distributed: the
         # processes of the job never met (a wrong host, an unreachable interface or port).
         # Only the messages of meeting, not DistNetworkError at large: a rank that fails
-        # ends the others' store connections, which they log as one too.
+        # ends the others' store connections, which they log as one too; so does the
+        # agent of a node whose peer ended ("has failed to shutdown the rendezvous ...
+        # due to an error of type RendezvousConnectionError"): a consequence.
         "rendezvous_error",
         re.compile(
-            r"Rendezvous(?:Timeout|Connection)Error|TCP client failed to connect|"
+            r"(?<!due to an error of type )Rendezvous(?:Timeout|Connection)Error|"
+            r"TCP client failed to connect|"
             r"The client socket has timed out after .* while trying to connect to|"
             r"Timed out after \d+ seconds waiting for clients|"
             r"The server socket has failed to (?:bind|listen)|"
