@@ -20,7 +20,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -192,3 +195,35 @@ def test_a_layout_change_megatron_loads_plans_without_a_refusal(work, no_slurm, 
     assert "Nothing was submitted" not in out
     jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", out.split("Job stats:", 1)[1], re.M))
     assert jobs.get("train_segment") == "2", out[-4000:]
+
+
+def hpcllm_status(work: Path, env: dict[str, str]) -> str:
+    """`hpcllm status` of the run (squeue fails here: the queue is reported unknown)."""
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "hpcllm"), "status", "-d", str(work),
+         "--configfile", str(EXAMPLES), f"{NAME}.yaml", "--profile", PROFILE],
+        capture_output=True, text=True, env=env, cwd=work, timeout=hang_guard(5),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_status_shows_a_layout_the_checkpoints_cannot_be_loaded_with(work, no_slurm):
+    """As it shows changed settings: the refusal the plan gives, naming the format and the
+    ways out; the checkpoint is this experiment's model, so its figures stay."""
+    trained(work, DP_ONLY, tp=2)
+    configure(work, tp=1)
+    out = hpcllm_status(work, no_slurm)
+    assert f"  {NAME}: 0/2 segments, checkpoint iteration {ITERATION}/8" in out, out
+    (line,) = [line for line in out.splitlines() if line.startswith("    layout refused: ")]
+    words = refusal_words("TP=2 PP=1 DP=1", "TP=1 PP=1 DP=2")
+    words[0] = words[0].replace(f"checkpoints/{NAME}", str(work / "checkpoints" / NAME))
+    assert all(w in line for w in words), line
+    assert "a run submits nothing" in line and "stale" not in out
+
+    configure(work, tp=2)  # back to the saved layout: resumes
+    assert "layout refused" not in hpcllm_status(work, no_slurm)
+    shutil.rmtree(work / "checkpoints" / NAME)
+    trained(work, FULLY, tp=2)  # a fully reshardable save: any layout loads it
+    configure(work, tp=1)
+    assert "layout refused" not in hpcllm_status(work, no_slurm)

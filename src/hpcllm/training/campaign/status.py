@@ -55,6 +55,10 @@ class ExperimentStatus:
     stale: str | None = None
     # the last attempt refused the checkpoint (damaged or unverified): last_failure says why
     refused_checkpoint: bool = False
+    # A layout Megatron cannot load the checkpoints with (hpcllm.training.plan.reshard): the
+    # plan's message, naming the checkpoint format and the ways out. The same model: its
+    # figures stay; the next run submits nothing.
+    layout_refused: str | None = None
     earlier_failure: str | None = None  # an attempt's failure that a later attempt followed
     # The GPUs' energy over the iterations whose log lines carry it (hpcllm.bench.energy).
     wh_per_million_tokens: float | None = None
@@ -245,6 +249,9 @@ def experiment_status(
     changed = _changed_settings(save, prepared, cluster) if iteration is not None else None
     if changed:
         done = 0
+    layout_refused = None
+    if iteration is not None and not changed and done < exp["segments"]:
+        layout_refused = _layout_refusal(name, save, prepared, cluster)
     logs = sorted(
         (workdir / "logs" / "train_segment" / name).glob("seg*.engine.log"), key=_segment_of
     )
@@ -371,7 +378,7 @@ def experiment_status(
         after = f" ({after})" if after and after != "(null)" else ""
         mine.append(f"{j['id']} {j['state']} chain {what}{after}")
     finish = None
-    if not changed and done < exp["segments"]:
+    if not changed and not layout_refused and done < exp["segments"]:
         finish = _finish(workdir, name, exp, iteration or 0, now, jobs, chain_name,
                          running_since, logged, expected_starts)  # fmt: skip
     stop = stopped(save)
@@ -403,6 +410,7 @@ def experiment_status(
         running_gpu_hours=running_seconds * layout.gpus / 3600,
         stale=stale,
         refused_checkpoint=refused_checkpoint,
+        layout_refused=layout_refused,
         earlier_failure=earlier_failure,
         wh_per_million_tokens=wh_per_million_tokens(*energy) if energy else None,
         calendar=finish,
@@ -511,6 +519,24 @@ def _changed_settings(save: Path, prepared, cluster) -> str | None:
     return "; ".join(differences(old, current)) or None
 
 
+def _layout_refusal(name: str, save: Path, prepared, cluster) -> str | None:
+    """Why Megatron cannot load the checkpoints in ``save`` with the experiment's layout
+    (as the plan refuses it: hpcllm.training.plan.settings.layout_message), or None."""
+    from hpcllm.training.plan import reshard
+    from hpcllm.training.plan.settings import layout_message, load_recorded
+
+    recorded = load_recorded(save)  # readable: _changed_settings read it
+    impl = None
+    if cluster is not None:
+        from hpcllm.models.megatron_args import transformer_impl_for
+
+        impl = transformer_impl_for(cluster)
+    reason = reshard.layout_refusal(
+        (recorded or {}).get("layout") or {}, reshard.layout_settings(prepared, impl)
+    )
+    return layout_message(name, save, reason, planning=True) if reason else None
+
+
 def sweep_status(workdir: Path, points: dict[str, dict], jobs) -> dict[str, dict[str, Any]]:
     """Per benchmark experiment: points, done, running, failed {point: class}, held
     {point: the point holding it} (hpcllm.bench.hold: not run, not a failure of its own)."""
@@ -594,6 +620,8 @@ def format_status(
         )
         if e.stale:
             lines.append(f"    stale files: {e.stale}")
+        if e.layout_refused:
+            lines.append(f"    layout refused: {e.layout_refused}")
         lines.append(
             f"    loss {_num(e.train_loss, '.4f')} (validation {_num(e.valid_loss, '.4f')}), "
             f"last segment {_num(e.tokens_per_second, ',.0f')} tokens/s, "
