@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import EXAMPLES, hang_guard, make_workdir, run_snakemake
+from support import EXAMPLES, REPO, hang_guard, make_workdir, run_snakemake
 
 from hpcllm.clusters import load_cluster
 from hpcllm.models.megatron_args import transformer_impl_for
@@ -43,7 +43,7 @@ from hpcllm.training.plan.settings import (
     weight_settings,
 )
 
-NAME = "rs"
+NAME = "m"
 PROFILE = "profiles/rehearsal"
 TARGET = f"results/train/{NAME}/seg2.json"
 SLURM_TOOLS = ("sbatch", "srun", "squeue", "sinfo", "sacct", "sacctmgr", "scontrol", "scancel")
@@ -149,6 +149,14 @@ def refusal_words(saved: str, new: str) -> list[str]:
     ]
 
 
+def documented_warning() -> str:
+    """The dry run's warning as docs/training.md shows it (one fenced block)."""
+    doc = (REPO / "docs" / "training.md").read_text()
+    head = f"Warning: training.experiments.{NAME}: the checkpoints in checkpoints/{NAME}"
+    assert doc.count(head) == 1, "docs/training.md shows the layout refusal once"
+    return head + doc.split(head, 1)[1].split("```", 1)[0]
+
+
 @pytest.mark.workflow
 def test_a_tp_change_of_dp_reshardable_checkpoints_submits_nothing(work, no_slurm):
     saved = trained(work, DP_ONLY, tp=2)
@@ -159,14 +167,19 @@ def test_a_tp_change_of_dp_reshardable_checkpoints_submits_nothing(work, no_slur
 
     dry = snakemake(work, no_slurm, "-n")
     out = dry.stdout + dry.stderr
-    assert f"Warning: {words[0]}" in out, out[-4000:]
+    assert out.count(f"Warning: {words[0]}") == 1, out[-4000:]  # once
     assert all(w in out for w in words), out[-4000:]
     assert "a run submits nothing (a dry run warns)" in out
+    # docs/training.md ("Changing an experiment") shows this dry run's warning
+    shown = " ".join(documented_warning().split())
+    assert shown in " ".join(out.split()), shown
 
     real = snakemake(work, no_slurm, check=False)
     out = real.stdout + real.stderr
     assert real.returncode != 0, out[-4000:]
     assert f"Nothing was submitted: {words[0]}" in out, out[-4000:]
+    said = " ".join(shown.removeprefix("Warning: ").split())
+    assert f"Nothing was submitted: {said}" in " ".join(out.split())
     assert all(w in out for w in words), out[-4000:]
     # refused before the executor submitted anything or a container was built: the Slurm
     # executor only asked `scontrol show config` at its start (its job_status_query.py)

@@ -222,9 +222,10 @@ def check_training_reruns(dag):
         for name, segments in stale_reruns(planned, reached, target).items()
     ]
     # a layout Megatron cannot load the checkpoints with: refused before the site sees it
-    problems += list(filter(None, (layout_refused(name) for name in sorted(names))))
-    if problems and not (workflow.dryrun or workflow.touch):
-        raise WorkflowError("Nothing was submitted: " + "\n".join(problems))
+    # (a dry run: the plan warned already, training_functions.smk)
+    layouts = list(filter(None, (layout_refused(name) for name in sorted(names))))
+    if (problems or layouts) and not (workflow.dryrun or workflow.touch):
+        raise WorkflowError("Nothing was submitted: " + "\n".join(problems + layouts))
     for problem in problems:
         logger.warning(f"Warning: {problem}")
 
