@@ -9,8 +9,9 @@ hpcllm.training.checkpoints.tracker.latest_iteration reads; the plan reads no te
 the record a segment writes (settings.check_checkpoint_settings) for TP=2 on one node.
 The config then asks TP=1 on the same GPUs (so DP=2). Where the record says
 ``dp_reshardable`` a dry run warns and a real run stops with "Nothing was submitted"
-before the executor sees a job (cost.smk, check_training_reruns): no Slurm command is
-ever run (each one here fails as not installed), nothing in the folder changes. In
+before the executor sees a job (cost.smk, check_training_reruns): no job is submitted
+and no image built (the Slurm commands and apptainer fail here as not installed; only the
+executor's start-up query `scontrol show config` is made), nothing in the folder changes. In
 ``fully_reshardable`` format, or a DP change within Megatron's bucket rule, the same
 plan has no refusal. ``hpcllm status`` shows the refusal (hpcllm.training.campaign.status).
 """
