@@ -24,6 +24,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from hpcllm.training.campaign.calendar import iteration_times
 from hpcllm.training.engines.log_lines import parse_log_lines, save_seconds
 
 # The signal the engines save and exit on before the time limit, as Slurm and Megatron-LM
@@ -49,13 +50,9 @@ def measure(engine_log_text: str, checkpoint: str | Path) -> dict[str, Any]:
         found["save_seconds"] = round(saved, 3)
     if Path(checkpoint).is_dir():
         found["checkpoint_bytes"] = folder_bytes(checkpoint)
-    times = sorted(
-        r["elapsed time per iteration (ms)"]
-        for r in parse_log_lines(engine_log_text)
-        if isinstance(r.get("elapsed time per iteration (ms)"), float)
-    )
+    times = iteration_times(parse_log_lines(engine_log_text))  # the calendar's median
     if times:
-        found["iteration_seconds"] = round(times[len(times) // 2] / 1000, 3)
+        found["iteration_seconds"] = round(times["seconds_per_iteration"], 3)
     return found
 
 
