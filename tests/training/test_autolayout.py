@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from hpcllm.models.planner import PlanError, check_layout, estimate_memory
 from hpcllm.training.campaign.measure_layout import (
@@ -19,7 +20,10 @@ from hpcllm.training.plan import autolayout, experiment
 from hpcllm.training.plan.autolayout import Candidate
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_job_plan import TEXT, opengptx, prepared_on  # noqa: E402
+from test_job_plan import REPO, TEXT, opengptx, prepared_on  # noqa: E402
+
+from hpcllm.clusters import load_cluster  # noqa: E402
+from hpcllm.training.plan.job_plan import segment_job  # noqa: E402
 
 
 def auto_800m(tmp_path, monkeypatch, **layout):
@@ -51,11 +55,13 @@ def test_candidates_fit_memory_and_rank_by_the_model(tmp_path, monkeypatch):
         prepared.experiment, {"tp": 1, "pp": 1, "micro": 16, "recompute": "none"}
     )
     assert estimate_memory(exp, check_layout("x", exp, 16, 4), 50257).total > 36
-    # all fit in one node's TP x PP: measured on one node, the global batch scaled to it
-    assert auto.nodes == 1
-    one = candidate_experiment(prepared, auto.candidates[0], auto.nodes)
-    assert one["layout"]["nodes"] == 1 and one["batch"] == {"micro": 8, "global": 128}
-    assert one["iterations_per_segment"] == 5 and one["eval_iters"] == 0
+    # the campaign spans nodes: measured on two, DP across them, the global batch scaled
+    assert auto.nodes == 2
+    two = candidate_experiment(prepared, auto.candidates[0], auto.nodes)
+    assert two["layout"]["nodes"] == 2 and two["batch"] == {"micro": 8, "global": 256}
+    assert two["iterations_per_segment"] == 5 and two["eval_iters"] == 0
+    for c in auto.candidates[: auto.measure]:  # DP 8 or 4 on 2 nodes: more memory, fits
+        assert c.memory_gb <= c.measure_gb <= 36
 
 
 def test_the_model_orders_bubble_tp_and_small_micro_batches():
@@ -74,16 +80,52 @@ def test_the_model_orders_bubble_tp_and_small_micro_batches():
     assert score(1, 1, 8) < score(1, 1, 1)  # bigger micro batches keep the GPU busy
 
 
-def test_measure_nodes():
-    def cand(tp, pp, dp):
-        return Candidate(tp, pp, dp, 1, "none", 1.0, 1.0)
+def auto_on(cluster: str, preset: str, nodes: int, tmp_path, monkeypatch, **auto):
+    """The plan of ``layout: auto`` for a preset on a cluster's ``nodes``."""
+    monkeypatch.chdir(tmp_path)
+    raw = {k: v for k, v in opengptx().items() if k not in ("model", "batch", "optim")}
+    raw.update(preset=preset, layout={"nodes": nodes, "auto": auto or True})
+    c = load_cluster(cluster, REPO / "config/clusters", environ={"HPCLLM_SCRATCH": "/s"})
+    prepared = experiment.prepare_experiment("x", raw, TEXT, c)
+    return c, prepared, segment_job("x", prepared, c, 50257, TEXT["tokenizers"]["bpe"])
 
-    assert autolayout.measure_nodes([cand(2, 2, 4)], 4, 4) == 1
-    assert autolayout.measure_nodes([cand(4, 2, 2)], 4, 4) == 2  # TP x PP spans 2 nodes
-    assert autolayout.measure_nodes([cand(4, 4, 1)], 4, 4) == 4  # the experiment's
-    assert autolayout.measure_nodes([cand(1, 1, 12)], 3, 4) == 1
-    assert autolayout.measure_nodes([cand(4, 2, 3)], 6, 4) == 2  # DP 3 -> 1
-    assert autolayout.measure_nodes([cand(2, 3, 2)], 3, 4) == 3  # 2 nodes do not divide 3
+
+@pytest.mark.parametrize(
+    ("preset", "nodes", "measure_nodes"),
+    [("gpt_7b", 16, 4), ("gpt_13b6", 40, 40)],
+)
+def test_the_measuring_job_keeps_each_candidate_within_the_gpus_memory(
+    preset, nodes, measure_nodes, tmp_path, monkeypatch
+):
+    """7B and 13.6B on JUWELS (A100 40 GB, 36 GB usable): on 1-2 nodes the distributed
+    optimizer's state would be divided over a DP 16-40 times smaller than the campaign's
+    (49-76 GB per GPU, out of memory); the measuring job takes the fewest nodes on which
+    every measured candidate fits (7B: 4 nodes; 13.6B: only its own 40), and every
+    candidate's memory there is the plan's check at that size."""
+    cluster, prepared, _ = auto_on("juwels", preset, nodes, tmp_path, monkeypatch)
+    auto = prepared.auto
+    vocab = prepared.experiment["model"]["vocab_size"] or 50257
+    assert auto.nodes == measure_nodes and auto.measure == 3
+    for c in auto.candidates[: auto.measure]:
+        assert c.memory_gb <= c.measure_gb <= 36
+        assert c.measure_gb == autolayout.measure_memory(
+            "x", prepared.experiment, c, auto.nodes, 4, vocab, 40, "transformer_engine"
+        )
+        assert autolayout.dp_crosses_nodes(c.tp, c.dp * auto.nodes // nodes, 4)
+    if measure_nodes < nodes:  # the next smaller divisor leaves one out (or its DP in a node)
+        smaller = max(d for d in range(1, measure_nodes) if nodes % d == 0)
+        assert any(
+            autolayout.measure_memory(
+                "x", prepared.experiment, c, smaller, 4, vocab, 40, "transformer_engine"
+            )
+            is None
+            for c in auto.candidates[: auto.measure]
+        )
+
+
+def test_one_node_campaigns_measure_on_one_node(tmp_path, monkeypatch):
+    _, prepared, _ = auto_on("juwels", "gpt3_860m", 1, tmp_path, monkeypatch)
+    assert prepared.auto.nodes == 1
     assert autolayout.scaled_global_batch(512, 4, 1) == 128
 
 
@@ -191,13 +233,22 @@ def test_measuring_run_parts(tmp_path):
 
 
 def test_the_docs_show_the_plans_table(tmp_path, monkeypatch):
-    """docs/training.md's table is what the plan prints for the 800M model on JUWELS."""
-    doc = (Path(__file__).resolve().parents[2] / "docs/training.md").read_text()
+    """docs/training.md's table is what the plan prints for the shipped example
+    (config/experiments/opengptx_800m.yaml, its 10 x 3000 iterations) on 4 JUWELS nodes."""
+    doc = (REPO / "docs/training.md").read_text()
     shown = doc.split("opengptx_800m: layout: auto", 1)[1].split("```", 1)[0]
     shown = ("opengptx_800m: layout: auto" + shown).rstrip("\n").splitlines()
-    text, _ = autolayout.table("opengptx_800m", auto_800m(tmp_path, monkeypatch).auto, 3000, 16)
+    prepared = auto_800m(tmp_path, monkeypatch)
+    shipped = yaml.safe_load((REPO / "config/experiments/opengptx_800m.yaml").read_text())
+    exp = shipped["training"]["experiments"]["opengptx_800m"]
+    iterations = exp["segments"] * exp["iterations_per_segment"]
+    assert iterations == 30000 and exp["layout"]["nodes"] == 4
+    text, warning = autolayout.table("opengptx_800m", prepared.auto, iterations, 16)
     lines = text.splitlines()
-    assert shown[:6] == lines[:6] and shown[6] == "  ..." and shown[-1] == lines[-2]
+    cut = shown.index("  ...")
+    assert shown[:cut] == lines[:cut] and shown[cut + 1 :] == lines[-1 - len(shown[cut + 1 :]) : -1]
+    assert "0.913 GPU-hours (predicted) = 0.21% of the campaign's 444.07" in text
+    assert warning is None
 
 
 def test_the_canary_of_an_auto_layout_saves_as_its_segments_do():

@@ -412,18 +412,16 @@ def measure_nodes(wildcards):
 
 
 def measure_runtime(wildcards):
-    """Minutes: the predicted search with a margin (hpcllm.work_time), or 30 without a
-    GPU rate to predict it."""
+    """Minutes: the most the search may run (every round of the two best predicted,
+    hpcllm.training.plan.autolayout.search_seconds) with the margin, within the site's
+    limit; or 30 without a GPU rate to predict it. The job starts no launch that would
+    not fit the time left."""
     from hpcllm.work_time import MARGIN, ROUND_MINUTES
 
     auto = EXPERIMENTS[wildcards.experiment].auto
-    if auto.search_gpu_hours is None:
+    if auto.job_seconds is None:
         return 30
-    gpus = (
-        auto.nodes
-        * EXPERIMENTS[wildcards.experiment].experiment["layout"]["procs_per_node"]
-    )
-    minutes = MARGIN * auto.search_gpu_hours * 60 / gpus + ROUND_MINUTES
+    minutes = MARGIN * auto.job_seconds / 60 + ROUND_MINUTES
     return min(CLUSTER.max_minutes, ROUND_MINUTES * -(-int(minutes) // ROUND_MINUTES))
 
 
