@@ -4,6 +4,7 @@ measuring job's record choosing the fastest, the plan's table and the search's c
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -87,7 +88,8 @@ def auto_on(cluster: str, preset: str, nodes: int, tmp_path, monkeypatch, **auto
     raw.update(preset=preset, layout={"nodes": nodes, "auto": auto or True})
     c = load_cluster(cluster, REPO / "config/clusters", environ={"HPCLLM_SCRATCH": "/s"})
     prepared = experiment.prepare_experiment("x", raw, TEXT, c)
-    return c, prepared, segment_job("x", prepared, c, 50257, TEXT["tokenizers"]["bpe"])
+    vocab = prepared.experiment["model"]["vocab_size"] or 50257
+    return c, prepared, segment_job("x", prepared, c, vocab, TEXT["tokenizers"]["bpe"])
 
 
 @pytest.mark.parametrize(
@@ -261,3 +263,134 @@ def test_the_canary_of_an_auto_layout_saves_as_its_segments_do():
     assert "auto" not in lay and lay["reshardable_checkpoints"] is True
     lay = train_canary_experiment(opengptx(auto=True, reshardable_checkpoints=False), cluster)
     assert lay["layout"]["reshardable_checkpoints"] is False
+
+
+# ---- every preset on every site
+
+
+def _sites() -> list[str]:
+    return sorted(p.stem for p in (REPO / "config/clusters").glob("*.yaml"))
+
+
+# Nodes per preset: what its campaign takes (GPT-3 175B as Megatron-LM's example: 1536
+# GPUs' worth is beyond most partitions, so 128 nodes or the partition's largest power of 2).
+PRESET_NODES = {
+    "tiny": 1,
+    "gpt3_860m": 2,
+    "opengptx_800m": 4,
+    "gpt_7b": 16,
+    "gpt_13b6": 40,
+    "gpt3_175b": 128,
+}
+
+
+def nodes_on(cluster, preset: str) -> int:
+    nodes = PRESET_NODES[preset]
+    if cluster.gpu_partition_nodes and nodes > cluster.gpu_partition_nodes:
+        nodes = 2 ** int(math.log2(cluster.gpu_partition_nodes))
+    return nodes
+
+
+def test_every_preset_has_nodes_here():
+    from hpcllm.models.presets import PRESETS
+
+    assert set(PRESETS) == set(PRESET_NODES)
+
+
+@pytest.mark.parametrize("site", _sites())
+def test_every_preset_plans_on_every_site(site, tmp_path, monkeypatch):
+    """layout: auto for every preset on the site's profile: the pick plans without
+    refusal (the segment's own check of the job as it runs there, memory included), its
+    memory is the plan's figure, every measured candidate fits the GPU in the measuring
+    job too, which spans two nodes or more, DP across them, where the campaign does; the
+    costs are in the site's billing unit."""
+    from hpcllm.models.presets import PRESETS
+
+    cluster = load_cluster(site, REPO / "config/clusters", environ={"HPCLLM_SCRATCH": "/s"})
+    limit = 0.9 * cluster.gpu.memory_gb if cluster.gpu is not None else math.inf
+    ppn = cluster.gpus_per_node or 2
+    for preset in PRESETS:
+        nodes = nodes_on(cluster, preset)
+        extra = {} if cluster.gpus_per_node else {"procs_per_node": 2}
+        monkeypatch.chdir(tmp_path)
+        raw = {k: v for k, v in opengptx().items() if k not in ("model", "batch", "optim")}
+        raw.update(preset=preset, layout={"nodes": nodes, "auto": True, **extra})
+        prepared = experiment.prepare_experiment(preset, raw, TEXT, cluster)
+        vocab = prepared.experiment["model"]["vocab_size"] or 50257
+        job = segment_job(preset, prepared, cluster, vocab, TEXT["tokenizers"]["bpe"])
+        auto, where = prepared.auto, f"{preset} on {site} ({nodes} nodes)"
+        assert auto.chosen == auto.candidates[0], where
+        assert job.memory.total == pytest.approx(auto.chosen.memory_gb), where
+        assert job.memory.total <= limit, where
+        measured = auto.candidates[: auto.measure]
+        assert auto.measure == min(3, len(auto.candidates)), where
+        for c in measured:
+            assert c.memory_gb <= c.measure_gb <= limit, (where, c)
+            assert c.tp * c.pp * c.dp == nodes * ppn and c.tp <= ppn, (where, c)
+            if autolayout.dp_crosses_nodes(c.tp, c.dp, ppn):
+                assert auto.nodes >= 2, (where, c)
+                assert autolayout.dp_crosses_nodes(c.tp, c.dp * auto.nodes // nodes, ppn), where
+        assert nodes % auto.nodes == 0 and auto.nodes >= min(2, nodes), where
+        text, _ = autolayout.table(preset, auto, 1000, prepared.layout.gpus)
+        if auto.search_gpu_hours is not None:
+            billed = auto.search_gpu_hours * cluster.billed_gpus_per_node / cluster.gpus_per_node
+            assert f"search: {billed:,.3f} GPU-hours (predicted)" in text, where
+
+
+def test_lumi_plans_its_own_pick(tmp_path, monkeypatch):
+    """The 800M example on 4 LUMI nodes (no Transformer Engine: no sequence parallelism,
+    no flash attention, no distributed optimizer when resuming): the candidates' memory is
+    the job as it runs there, so the pick the plan makes is one it accepts (before: TP 1
+    micro 16 at an estimated 48.9 GB, refused by the segment's check at 102.4 GB)."""
+    cluster, prepared, job = auto_on("lumi", "opengptx_800m", 4, tmp_path, monkeypatch)
+    auto = prepared.auto
+    assert auto.chosen.name == "tp1-pp1-dp32-mb8-selective"
+    assert (
+        job.memory.total == pytest.approx(auto.chosen.memory_gb) == pytest.approx(37.91, abs=0.01)
+    )
+    assert any("flash attention and the distributed optimizer" in w for w in job.warnings)
+    # LUMI bills one GPU-hour per 2 GCDs: the table's hours are half the GCD-hours
+    assert auto.billing == 0.5
+    text, _ = autolayout.table("x", auto, 30000, 32)
+    gcd_hours = 30000 * auto.chosen.score * 32 / 3600
+    assert f"of the campaign's {gcd_hours / 2:,.2f}" in text
+    assert f"search: {auto.search_gpu_hours / 2:,.3f} GPU-hours" in text
+
+
+def test_auto_refuses_at_plan_time_naming_the_sites_limit(tmp_path, monkeypatch):
+    """No layout fits: the refusal names the GPU's memory and asks for more nodes or a
+    smaller model, never a layout by hand; no launch fits the site's time limit: it names
+    gpu_partition.max_minutes."""
+    with pytest.raises(PlanError) as refused:
+        auto_on("juwels", "gpt3_175b", 1, tmp_path, monkeypatch)
+    message = str(refused.value)
+    assert "no layout of 4 GPUs runs the model within 90% of the GPU's 40 GB" in message
+    assert "more nodes or a smaller model" in message
+    assert "set the layout" not in message and "tp:" not in message
+    _, prepared, _ = auto_on("juwels", "gpt_7b", 16, tmp_path, monkeypatch)
+    exp = prepared.experiment
+    with pytest.raises(PlanError, match=r"within the site's time limit of 1 min \(gpu_partition"):
+        autolayout.plan_auto(
+            "x", exp, 64, 4, 50257, 40, 125, "transformer_engine",
+            tmp_path / "r.json", max_minutes=1,
+        )  # fmt: skip
+    # a limit that holds one launch of the best, not three: fewer are measured, and said so
+    one = autolayout.round_seconds(prepared.auto.candidates[0], autolayout.DEFAULTS)
+    auto = autolayout.plan_auto(
+        "x", exp, 64, 4, 50257, 40, 125, "transformer_engine", tmp_path / "r.json",
+        max_minutes=math.ceil(1.5 * one * 1.2 / 60),
+    )  # fmt: skip
+    assert auto.measure < 3 and "more do not fit the site's" in auto.notes[0]
+
+
+def test_search_cost_is_one_launch_per_candidate_on_the_measuring_gpus(tmp_path, monkeypatch):
+    """The scaled-down job keeps each rank's work: its iterations take the campaign's
+    predicted time, not a share of it (the 800M on JUWELS: 3 x (120 s + 5 x ~3.4 s) on
+    2 nodes of 4 GPUs)."""
+    auto = auto_800m(tmp_path, monkeypatch).auto
+    seconds = sum(120 + 5 * c.score for c in auto.candidates[:3])
+    assert (
+        auto.search_gpu_hours == pytest.approx(seconds * 8 / 3600) == pytest.approx(0.913, abs=1e-3)
+    )
+    worst = seconds + 2 * sum(120 + 5 * c.score for c in auto.candidates[:2])
+    assert auto.job_seconds == pytest.approx(worst)
