@@ -323,6 +323,9 @@ class Decision:
     margin: float | None  # the next fastest's mean over the fastest's, minus 1
     noise: float | None  # SEPARATION standard errors of that difference, over the mean
     equal: tuple[str, ...] = ()  # the candidates within the noise of the fastest
+    # Among equals: how much slower than any of them the chosen may be (its mean less
+    # theirs plus SEPARATION standard errors of the difference, over the fastest's mean)
+    slower_at_most: float = 0.0
 
     def describe(self) -> str:
         if self.margin is None:
@@ -335,7 +338,7 @@ class Decision:
         return (
             f"{self.chosen.name}: {', '.join(self.equal)} are equal within the noise "
             f"(margin {self.margin:.1%}, noise {self.noise:.1%}); the least predicted "
-            "memory per GPU chosen"
+            f"memory per GPU chosen, at most {self.slower_at_most:.1%} slower than the best"
         )
 
 
@@ -351,12 +354,12 @@ def decide(measured: list[Candidate]) -> Decision:
     if not stats:
         raise PlanError("no layout candidate was measured: see the measuring job's log")
     ranked = sorted((c for c in measured if c.name in stats), key=lambda c: stats[c.name][0])
-    best, (mean, error) = ranked[0], stats[ranked[0].name]
+    best, mean = ranked[0], stats[ranked[0].name][0]
     if len(ranked) == 1:
         return Decision(best, None, None)
 
-    def noise(c: Candidate) -> float:
-        return SEPARATION * math.hypot(error, stats[c.name][1])
+    def noise(c: Candidate, d: Candidate = best) -> float:
+        return SEPARATION * math.hypot(stats[d.name][1], stats[c.name][1])
 
     nxt = ranked[1]
     margin = (stats[nxt.name][0] - mean) / mean
@@ -364,7 +367,14 @@ def decide(measured: list[Candidate]) -> Decision:
         return Decision(best, margin, noise(nxt) / mean)
     equal = [c for c in ranked if stats[c.name][0] - mean <= noise(c)]
     chosen = min(equal, key=lambda c: (c.memory_gb, c.score, c.name))
-    return Decision(chosen, margin, noise(nxt) / mean, tuple(c.name for c in equal))
+    worst = max(
+        stats[chosen.name][0] - stats[c.name][0] + noise(chosen, c)
+        for c in equal
+        if c is not chosen
+    )
+    return Decision(
+        chosen, margin, noise(nxt) / mean, tuple(c.name for c in equal), max(0.0, worst) / mean
+    )
 
 
 def fastest(measured: list[Candidate]) -> Candidate:
@@ -384,11 +394,15 @@ def search(
     candidate with its new samples added, or failed), then again those the noise does
     not separate from the fastest, until it does or each ran ``rounds`` times. ``keep``
     gets the list after every launch (the record of what is measured so far);
-    ``fits_in_time`` says whether a candidate's next launch fits the job's time left."""
+    ``fits_in_time`` says whether a candidate's next launch fits the job's time left.
+    Candidates with samples already (an earlier attempt's) are not launched again in the
+    first round."""
     out = list(listed)
     todo = list(range(min(count, len(out))))
-    for _ in range(rounds):
+    for round_ in range(rounds):
         for i in todo:
+            if round_ == 0 and _samples(out[i]):
+                continue  # timed by an earlier attempt of the job (its progress)
             if not fits_in_time(out[i]):
                 if not _samples(out[i]):
                     out[i] = replace(out[i], status="not measured: the job's time ran out")
