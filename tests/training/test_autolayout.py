@@ -564,3 +564,29 @@ def test_the_measuring_job_starts_no_launch_past_its_time(tmp_path, monkeypatch)
     )
     assert len(calls) == 2
     assert out["candidates"][2]["status"] == "not measured: the job's time ran out"
+
+
+def test_the_canarys_start_up_sizes_the_first_launch(tmp_path, monkeypatch):
+    """Where the site's training canary ran, its longest segment (start-up, two tiny
+    iterations and a save) is the first launch's start-up when longer than the assumed
+    120 s, until the measuring job measured one of its own."""
+    from hpcllm.training.campaign import measure_layout
+
+    prepared = auto_800m(tmp_path, monkeypatch)
+    canary = tmp_path / "canary.json"
+    canary.write_text(json.dumps({"segments": [{"seconds": 250.0}, {"seconds": 310.0}]}))
+    assert autolayout.recorded_startup_s([canary, tmp_path / "missing.json"]) == 310.0
+    assert autolayout.start_seconds([]) == autolayout.START_S
+    timeouts = []
+
+    def run(name, prepared_, c, nodes, folder, cluster, container=None, timeout_s=None):
+        timeouts.append((timeout_s, c.score))
+        return measure_layout.Launch([3.0, 3.5, 4.0], 140.0, None)
+
+    monkeypatch.setattr(measure_layout, "run_candidate", run)
+    measure_layout.measure_layouts(
+        "opengptx_800m", prepared, tmp_path / "r.json", tmp_path / "w", None, None, 120,
+        [str(canary)],
+    )  # fmt: skip
+    assert timeouts[0][0] == pytest.approx(1.5 * (310 + 5 * timeouts[0][1]))
+    assert timeouts[1][0] == pytest.approx(1.5 * (140 + 5 * timeouts[1][1]))

@@ -160,11 +160,12 @@ def run_candidate(
 
 
 def measure_layouts(name: str, prepared, record: str | os.PathLike, work, cluster,
-                    container: str | None = None,
-                    limit_minutes: float | None = None) -> dict:  # fmt: skip
+                    container: str | None = None, limit_minutes: float | None = None,
+                    canary_records: list[str] = ()) -> dict:  # fmt: skip
     """The measuring job: the plan's ``measure`` best candidates in this allocation
     (:func:`hpcllm.training.plan.autolayout.search`); writes and returns the record.
-    ``limit_minutes``: the job's time limit (no launch starts that would not fit)."""
+    ``limit_minutes``: the job's time limit (no launch starts that would not fit);
+    ``canary_records``: the site's training canary, whose start-up is the first guess."""
     from hpcllm.work_time import MARGIN
 
     auto = prepared.auto
@@ -178,13 +179,15 @@ def measure_layouts(name: str, prepared, record: str | os.PathLike, work, cluste
     gpus = auto.nodes * lay["procs_per_node"]
     progress = folder / "progress.json"
     listed = kept_progress(progress, list(auto.candidates), auto.measure)
-    startups: list[float] = []
+    planned_start = autolayout.start_seconds(list(canary_records))
+    startups: list[float] = []  # this job's own launches'
     timed = auto.search_gpu_hours is not None  # seconds predicted: time-outs possible
 
     def launch_seconds(c: Candidate) -> float | None:
         if not timed:
             return None
-        start = max(startups) if startups else autolayout.START_S
+        # the longest start-up of this job's launches, else the planned one
+        start = max(startups) if startups else planned_start
         return MARGIN * autolayout.round_seconds(c, opts, start)
 
     def fits_in_time(c: Candidate) -> bool:

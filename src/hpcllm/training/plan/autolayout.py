@@ -268,6 +268,25 @@ def measure_nodes(
     raise AssertionError("unreachable: the experiment's own nodes qualify")
 
 
+def recorded_startup_s(records: list[str | os.PathLike]) -> float | None:
+    """The longest start-up the site's training canary measured (each of its segments'
+    seconds: the launch, its start-up, two iterations of a tiny model and a save; a lower
+    bound for a full-size start-up), or None where none has run."""
+    seconds = []
+    for path in records:
+        try:
+            record = json.loads(Path(path).read_text())
+            seconds += [float(s["seconds"]) for s in record.get("segments", [])]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return max(seconds) if seconds else None
+
+
+def start_seconds(records: list[str | os.PathLike]) -> float:
+    """The start-up a launch is planned with: START_S, or the canary's where longer."""
+    return max(START_S, recorded_startup_s(records) or 0.0)
+
+
 def round_seconds(c: Candidate, opts: dict[str, int], start_s: float = START_S) -> float:
     """One launch of a candidate: start-up and its warm-up and timed iterations."""
     return start_s + (opts["warmup_iterations"] + opts["iterations"]) * c.score
