@@ -590,3 +590,19 @@ def test_the_canarys_start_up_sizes_the_first_launch(tmp_path, monkeypatch):
     )  # fmt: skip
     assert timeouts[0][0] == pytest.approx(1.5 * (310 + 5 * timeouts[0][1]))
     assert timeouts[1][0] == pytest.approx(1.5 * (140 + 5 * timeouts[1][1]))
+
+
+def test_a_launch_past_its_time_out_is_ended(tmp_path):
+    """A launch that would run 60 s is ended after its 1 s time-out (SIGTERM to it and
+    its children), and says so; one within its time-out exits as it does."""
+    from hpcllm.training.campaign.measure_layout import launch_with_timeout
+
+    log = tmp_path / "engine.log"
+    rc, timed_out = launch_with_timeout(
+        "sleep 60 & wait\n", tmp_path / "slow.sh", log, {"PATH": "/usr/bin:/bin"}, 1.0, 0.2
+    )
+    assert timed_out and rc != 0
+    rc, timed_out = launch_with_timeout(
+        "echo done\n", tmp_path / "quick.sh", log, {"PATH": "/usr/bin:/bin"}, 30.0, 0.2
+    )
+    assert (rc, timed_out) == (0, False) and "done" in log.read_text()

@@ -93,6 +93,33 @@ class Launch:
     failure: str | None
 
 
+def launch_with_timeout(
+    script_text: str, script_path: Path, engine_log: Path, env: dict[str, str],
+    timeout_s: float | None, poll_s: float = 5.0,
+) -> tuple[int, bool]:  # fmt: skip
+    """Run a launch script (engine_process.run_launch) ended after ``timeout_s``: SIGTERM
+    to the launch and every process below it, SIGKILL KILL_AFTER_S later; its exit
+    status and whether it was timed out."""
+    from hpcllm.training.campaign.engine_process import Signals, run_launch
+
+    started = time.time()
+    timed_out: list[float] = []
+    with Signals() as signals:
+
+        def watch() -> None:
+            now = time.time()
+            if timeout_s is None or now - started < timeout_s:
+                return
+            if not timed_out:
+                signals.signal_child(signal.SIGTERM)
+                timed_out.append(now)
+            elif now - timed_out[0] > KILL_AFTER_S:
+                signals.signal_child(signal.SIGKILL)
+
+        rc = run_launch(script_text, script_path, engine_log, env, signals, watch, poll_s)
+    return rc, bool(timed_out)
+
+
 def run_candidate(
     name: str, prepared, c: Candidate, nodes: int, folder: Path, cluster, container=None,
     timeout_s: float | None = None,
@@ -103,7 +130,7 @@ def run_candidate(
     from hpcllm.launch import python_for
     from hpcllm.models.megatron_args import transformer_impl_for
     from hpcllm.models.planner import check_layout
-    from hpcllm.training.campaign.engine_process import Signals, run_launch, segment_launch
+    from hpcllm.training.campaign.engine_process import segment_launch
     from hpcllm.training.engines.command import engine_command
     from hpcllm.training.plan.experiment import Paths
 
@@ -129,23 +156,10 @@ def run_candidate(
     launch = segment_launch(exp, command, cluster, container)
     log.info("measuring %s of %s on %d node(s), time-out %s s", c.name, name, nodes, timeout_s)
     started = time.time()
-    timed_out = []
-    with Signals() as signals:
-
-        def watch() -> None:  # the candidate's own time-out: SIGTERM, a minute later SIGKILL
-            now = time.time()
-            if timeout_s is None or now - started < timeout_s:
-                return
-            if not timed_out:
-                signals.signal_child(signal.SIGTERM)
-                timed_out.append(now)
-            elif now - timed_out[0] > KILL_AFTER_S:
-                signals.signal_child(signal.SIGKILL)
-
-        rc = run_launch(
-            launch.shell(), work / "launch.sh", Path(paths.engine_log),
-            {**os.environ, "PYTHONUNBUFFERED": "1"}, signals, watch,
-        )  # fmt: skip
+    rc, timed_out = launch_with_timeout(
+        launch.shell(), work / "launch.sh", Path(paths.engine_log),
+        {**os.environ, "PYTHONUNBUFFERED": "1"}, timeout_s,
+    )  # fmt: skip
     wall = time.time() - started
     warmup = autolayout.settings(exp["layout"])["warmup_iterations"]
     every = iteration_seconds(paths.engine_log, 0)

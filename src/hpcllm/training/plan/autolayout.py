@@ -4,9 +4,9 @@ The experiment keeps its job geometry (``nodes`` x ``procs_per_node`` GPUs, so t
 resources do not depend on the search); within it :func:`candidates` lists every layout
 the engine can run: TP (inside a node, dividing the heads), PP (dividing the layers), the
 micro batch (dividing the global batch per DP rank), and recomputation only where needed
-(the first of none, selective, full whose estimate fits; Megatron-LM only). Memory is the
-planner's model (:func:`hpcllm.models.planner.estimate_memory`); a candidate fits under
-``headroom`` x the GPU's memory (all fit where the memory is unknown: the CPU).
+(the first of none, selective, full that fits; Megatron-LM only). A candidate is one the
+plan's own check accepts (:func:`as_planned`: the job as it runs on the site,
+job_plan.experiment_as_run, through planner.plan), so its memory is the plan's figure.
 
 Throughput model (a ranking, the measurement decides), seconds per iteration:
 
@@ -19,9 +19,12 @@ Throughput model (a ranking, the measurement decides), seconds per iteration:
 Where the cluster has no GPU (no rate), the same product with a rate of 1 orders them.
 
 The measuring job (:mod:`hpcllm.training.campaign.measure_layout`) runs the ``measure``
-best at full size, a few iterations each after a warm-up, inside one allocation, and
-writes ``results/layout/<experiment>.json``; the plan and the segments read it: the
-fastest measured is the layout the campaign trains with, kept from its first segment on.
+best at full model size on :func:`measure_nodes` of the experiment's nodes (each within
+the memory check there, DP across nodes where the campaign's is), a few iterations a
+launch after a warm-up, inside one allocation; :func:`search` launches again those the
+noise does not separate (:func:`decide`) and writes ``results/layout/<experiment>.json``;
+the plan and the segments read it: its choice is the layout the campaign trains with,
+kept from its first segment on.
 """
 
 from __future__ import annotations
