@@ -12,6 +12,17 @@ same settings (:func:`hpcllm.models.planner.estimate_memory` of the experiment a
     python benchmarks/gpu_memory_model.py --megatron /path/to/Megatron-LM
     python benchmarks/gpu_memory_model.py --megatron shared/reference/megatron-lm-core_v0.19.0 --only 350m
 
+On the lent GPU machine (the device tool: the working tree is copied, nothing is
+installed there): copy the pinned tree into an ignored folder and carry it (11 MB):
+
+    cp -r ../shared/reference/megatron-lm-core_v0.19.0 data/megatron-lm      # /data/ is ignored
+    run(command="python3 benchmarks/gpu_memory_model.py --megatron data/megatron-lm
+        --json $OUT/gpu_memory.json --logs $OUT/logs", carry=["data/megatron-lm"],
+        timeout_s=420)
+
+Each run is ended after ``--timeout`` seconds (110 by default: three runs within about
+5.5 minutes at worst); ``--only 350m 1.3b`` runs two.
+
 Without a CUDA device it prints the configurations, the estimates and the command lines,
 says it skipped the runs, and exits 0 (a check of the paths and the arguments). On one
 GPU DP is 1, so the distributed optimizer divides nothing: the model then predicts the
