@@ -2,8 +2,9 @@
 
 On the test cluster (tests/slurm/autolayout.yaml) the torch engine's layouts of one node
 with 2 processes are the micro batches 8, 4, 2, 1. ``auto_pick`` measures the model's best
-3 (the default) in one Slurm job and trains its segment with the faster; ``auto_all`` measures all 4 in
-another (the exhaustive measurement). The pick's measured time in the exhaustive table is
+3 (the default) in one Slurm job, launching again (2 launches at most) those the noise
+does not separate, and trains its segment with the choice; ``auto_all`` measures all 4
+once each in another (the exhaustive measurement). The pick's measured time in the exhaustive table is
 within 5 % of the fastest there (reported, not failed, where CPU noise puts it outside);
 the plan prints the table before and after.
 """
@@ -52,11 +53,22 @@ def test_auto_layout_chooses_by_measurement_through_sbatch(cluster, tmp_path):
     full = json.loads((work / "results/layout/auto_all.json").read_text())
     assert [c["micro"] for c in pick["candidates"] if c["measured_s"]] == [8, 4, 2]
     assert sorted(c["micro"] for c in full["candidates"] if c["measured_s"]) == [1, 2, 4, 8]
-    for record in (pick, full):  # the fastest measured is the one chosen
+    for record in (pick, full):  # the fastest measured is chosen, or one of its equals
         fastest = min((c for c in record["candidates"] if c["measured_s"]),
                       key=lambda c: c["measured_s"])  # fmt: skip
-        assert record["chosen"]["micro"] == fastest["micro"]
-        assert record["gpu_hours"] > 0 and record["job_id"]
+        if record["equal"]:  # within the noise: the least predicted memory among them
+            equal = [c for c in record["candidates"] if c["status"].startswith("measured")
+                     and f"mb{c['micro']}-" in " ".join(record["equal"])]  # fmt: skip
+            assert fastest in equal and record["chosen"] in equal, record
+            assert record["chosen"]["memory_gb"] == min(c["memory_gb"] for c in equal)
+        else:
+            assert record["chosen"]["micro"] == fastest["micro"]
+        assert record["decision"] and record["gpu_hours"] > 0 and record["job_id"]
+        # every timed iteration kept; the mean of them is the candidate's time
+        for c in record["candidates"]:
+            if c["measured_s"]:
+                assert len(c["samples"]) % 6 == 0
+                assert c["measured_s"] == pytest.approx(sum(c["samples"]) / len(c["samples"]))
     # The goal, against the exhaustive measurement (another job, minutes later): within
     # 5 %. CPU timings on a shared machine vary more than that between jobs (four runs:
     # micro batch 2, 4, 8, 8 fastest), so a miss is reported with both tables, not failed.

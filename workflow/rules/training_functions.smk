@@ -376,8 +376,9 @@ if "train_preflight" not in globals():  # a Snakefile without preflight.smk's in
 # layout: auto (hpcllm.training.plan.autolayout): the candidates that fit, the measuring
 # job's record where it ran, and what the search costs, with every plan.
 AUTO_EXPERIMENTS = [n for n, p in EXPERIMENTS.items() if p.auto is not None]
+from hpcllm.training.plan import autolayout as _autolayout
+
 if workflow.is_main_process:
-    from hpcllm.training.plan import autolayout as _autolayout
 
     for _name in AUTO_EXPERIMENTS:
         _prepared = EXPERIMENTS[_name]
@@ -412,18 +413,25 @@ def measure_nodes(wildcards):
 
 
 def measure_runtime(wildcards):
-    """Minutes: the predicted search with a margin (hpcllm.work_time), or 30 without a
-    GPU rate to predict it."""
+    """Minutes: the most the search may run (every round of the two best predicted,
+    hpcllm.training.plan.autolayout.search_seconds; each launch's start-up the training
+    canary's where it ran and took longer than assumed) with the margin, within the
+    site's limit; or 30 without a GPU rate to predict it. The job starts no launch that
+    would not fit the time left."""
     from hpcllm.work_time import MARGIN, ROUND_MINUTES
 
-    auto = EXPERIMENTS[wildcards.experiment].auto
-    if auto.search_gpu_hours is None:
+    prepared = EXPERIMENTS[wildcards.experiment]
+    auto = prepared.auto
+    if auto.job_seconds is None:
         return 30
-    gpus = (
-        auto.nodes
-        * EXPERIMENTS[wildcards.experiment].experiment["layout"]["procs_per_node"]
+    start = _autolayout.start_seconds(train_preflight(wildcards))
+    seconds = _autolayout.search_seconds(
+        list(auto.candidates[: auto.measure]),
+        _autolayout.settings(prepared.experiment["layout"]),
+        start,
+        worst=True,
     )
-    minutes = MARGIN * auto.search_gpu_hours * 60 / gpus + ROUND_MINUTES
+    minutes = MARGIN * seconds / 60 + ROUND_MINUTES
     return min(CLUSTER.max_minutes, ROUND_MINUTES * -(-int(minutes) // ROUND_MINUTES))
 
 

@@ -15,4 +15,6 @@ measure_layouts(
     snakemake.params.work,
     snakemake.params.cluster,
     container=snakemake.input.container[0] if snakemake.input.container else None,
+    limit_minutes=snakemake.resources.runtime,
+    canary_records=list(snakemake.input.preflight),
 )

@@ -115,11 +115,14 @@ def prepare_experiment(
     if lay.get("auto"):
         from hpcllm.training.plan import autolayout
 
+        gpus_per_node = getattr(cluster, "gpus_per_node", 0)
         auto = autolayout.plan_auto(
             name, exp, gpus, lay["procs_per_node"], vocab, gpu_gb,
             cluster.gpu.rate_tflops(exp["precision"]) if cluster.gpu is not None else None,
-            transformer_impl_for(cluster) != "local",
-            autolayout.record_path(name, workdir),
+            transformer_impl_for(cluster), autolayout.record_path(name, workdir),
+            max_minutes=cluster.max_minutes if cluster.uses_slurm else None,
+            # the site's billing unit (LUMI bills one GPU-hour per two GCDs)
+            billing=cluster.billed_gpus_per_node / gpus_per_node if gpus_per_node else 1.0,
         )  # fmt: skip
         exp = autolayout.with_layout(exp, auto.chosen)
         lay = exp["layout"]

@@ -46,16 +46,28 @@ def check_nodes(name: str, layout: dict[str, Any], cluster) -> None:
         )
 
 
+def experiment_as_run(
+    experiment: dict[str, Any], transformer_impl: str
+) -> tuple[dict[str, Any], list[str]]:
+    """The experiment as its engine runs it with ``transformer_impl`` (a segment that may
+    resume: megatron_args.as_run), and what of it that drops; the torch engine as asked.
+    The one memory model of the plan's check and of layout: auto's candidates."""
+    from hpcllm.models.megatron_args import as_run
+
+    impl = transformer_impl if experiment["engine"] == "megatron" else "transformer_engine"
+    return as_run(experiment, impl, resumes=True)
+
+
 def memory_as_run(name: str, prepared, cluster, vocab_size: int) -> tuple[Memory, list[str]]:
     """The memory per GPU of the layout as Megatron-LM runs it on ``cluster`` (refused
     when it does not fit), and a warning for each thing the experiment asks for that it
     runs without there (sequence parallelism, flash attention and the distributed optimizer
     on the local layers)."""
-    from hpcllm.models.megatron_args import as_run, transformer_impl_for
+    from hpcllm.models.megatron_args import transformer_impl_for
 
     exp, lay = prepared.experiment, prepared.experiment["layout"]
     impl = transformer_impl_for(cluster) if exp["engine"] == "megatron" else "transformer_engine"
-    runs, dropped = as_run(exp, impl, resumes=True)
+    runs, dropped = experiment_as_run(exp, impl)
     gpu_gb = cluster.gpu.memory_gb if cluster.gpu is not None else None
     _, memory = plan(name, runs, prepared.layout.gpus, vocab_size, gpu_gb, lay["procs_per_node"])
     warnings = (
