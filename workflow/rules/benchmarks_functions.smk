@@ -142,8 +142,20 @@ def bench_hold(point):
         return None  # sized again once the DAG knows (_size_bench_jobs_again)
     if hold and workflow.is_main_process and point["id"] not in _HOLD_NOTED:
         _HOLD_NOTED.add(point["id"])
-        logger.info(held_job_note(point, hold, bench_runtime_min(point)))
+        own, held = bench_profile_runtime(point), HELD_JOB_MINUTES
+        logger.info(
+            held_job_note(point, hold, own or bench_runtime_min(point), own or held)
+        )
     return hold
+
+
+def bench_profile_runtime(point):
+    """The minutes the profile's set-resources gives the point's rule (they win over the
+    rule's own, a held point's too), or None."""
+    from hpcllm.plan_cost import runtime_minutes
+
+    value = _profile_resources.get(f"bench_{point['benchmark']}", {}).get("runtime")
+    return None if value is None else runtime_minutes(value)
 
 
 # Snakemake sizes a job's resources while it builds the DAG (its params use them), before

@@ -139,13 +139,14 @@ def submission_hold(
     return hold
 
 
-def held_job_note(point: dict, hold: dict, minutes: int) -> str:
-    """What the plan says of a point that will be held (``minutes``: its own limit)."""
+def held_job_note(point: dict, hold: dict, minutes: float, held_minutes: float) -> str:
+    """What the plan says of a point that will be held: its job's time limit
+    ``held_minutes`` instead of its own ``minutes``."""
     return (
         f"benchmarks: {point['id']} will be held ({hold['held_by']}, "
         f"{nodes_text(hold['held_by_nodes'])}, failed with {hold['held_by_status']}): its "
-        f"job asks for {nodes_text(HELD_JOB_NODES)} for {HELD_JOB_MINUTES} min, not "
-        f"{nodes_text(point['nodes'])} for {minutes} min, and only writes its record "
+        f"job asks for {nodes_text(HELD_JOB_NODES)} for {held_minutes:g} min, not "
+        f"{nodes_text(point['nodes'])} for {minutes:g} min, and only writes its record "
         '(hpcllm.bench.hold; docs/benchmarks.md, "Held points").'
     )
 
@@ -202,6 +203,16 @@ def held_saving(
         gpu_hours_per_minute_held=len(held) * HELD_JOB_NODES * billed_gpus / 60,
         largest_nodes=max((p["nodes"] for p in held), default=0),
     )
+
+
+def first_failures(points: Iterable[dict]) -> list[str]:
+    """Per series, the smallest point on more than one node: the first a failure of the
+    network or at start-up can reach, holding every larger point of its series."""
+    series: dict[tuple, list[dict]] = {}
+    for point in points:
+        if point["nodes"] > 1:
+            series.setdefault(series_key(point), []).append(point)
+    return [min(members, key=lambda p: p["nodes"])["id"] for members in series.values()]
 
 
 def hold_message(hold: dict, point: dict) -> str:
