@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from support import planned, run_snakemake
+from support import REPO, planned, run_snakemake
 
 from hpcllm.bench import hold
 from hpcllm.bench.summary import compact_table, hold_notes, summarize, write_compact
@@ -322,3 +322,177 @@ def test_the_plan_reruns_a_held_point_with_the_point_that_held_it_and_nothing_el
     for f in (workdir / "results/bench/language" / strong1).iterdir():
         f.unlink()
     assert plan() == {weak1, strong1, strong2}
+
+
+def gpu_point(nodes: int) -> dict:
+    """A point of a GPU cluster (its nodes are Slurm nodes)."""
+    return {**point(nodes), "gpu_model": "A100"}
+
+
+def test_a_point_that_will_be_held_is_known_on_the_login_node_unless_its_holder_reruns(
+    results,
+):
+    record(results, point(2), "nccl_error", "NCCL error\n")
+    held = hold.submission_hold(point(4), results)
+    assert (held["held_by"], held["held_by_status"]) == (point(2)["id"], "nccl_error")
+    # the point that holds it runs first in this run: decided again at submission
+    assert hold.submission_hold(point(4), results, lambda: {point(2)["id"]}) is None
+    assert hold.submission_hold(point(4, "weak"), results) is None  # another series
+    note = hold.held_job_note(point(4), held, 45, hold.HELD_JOB_MINUTES)
+    assert note.startswith(
+        f"benchmarks: {point(4)['id']} will be held ({point(2)['id']}, 2 nodes, failed "
+        f"with nccl_error): its job asks for 1 node for {hold.HELD_JOB_MINUTES} min, not "
+        "4 nodes for 45 min"
+    )
+
+
+def test_a_job_on_fewer_nodes_than_its_point_that_finds_no_hold_starts_no_engine(results):
+    """Submitted as held on one node, then its holder was rerun: the job refuses."""
+    with pytest.raises(RuntimeError, match=r"needs 4 nodes but its job has 1 node: it was"):
+        hold.check_allocation(gpu_point(4), {"SLURM_JOB_NUM_NODES": "1"})
+    hold.check_allocation(gpu_point(4), {"SLURM_JOB_NUM_NODES": "4"})
+    hold.check_allocation(gpu_point(4), {})  # not a Slurm job
+    hold.check_allocation(point(4), {"SLURM_JOB_NUM_NODES": "1"})  # processes, not nodes
+    # through the job's own look at the records: nothing holds it, so it checks
+    os.environ["SLURM_JOB_NUM_NODES"] = "1"
+    try:
+        with pytest.raises(RuntimeError, match="Its engine was not started"):
+            job(results, gpu_point(4))
+        record(results, point(2), "nccl_error", "NCCL error\n")
+        assert job(results, gpu_point(4))["status"] == "held"  # held on its one node
+    finally:
+        del os.environ["SLURM_JOB_NUM_NODES"]
+
+
+def test_what_held_points_save_is_counted_from_their_nodes_and_limits():
+    points = [point(n) for n in (1, 2, 4, 8)] + [point(n, "weak") for n in (2, 4)]
+    assert sorted(hold.first_failures(points)) == sorted([point(2)["id"], point(2, "weak")["id"]])
+    minutes = {4: 30, 8: 60}
+    saving = hold.held_saving(points, point(2)["id"], lambda p: minutes[p["nodes"]], 4)
+    assert saving.held == (point(4)["id"], point(8)["id"])
+    assert saving.full_limit_gpu_hours == (4 * 30 + 8 * 60) * 4 / 60  # 40
+    assert saving.held_limit_gpu_hours == 2 * hold.HELD_JOB_MINUTES * 4 / 60
+    assert (saving.gpu_hours_per_minute_full, saving.gpu_hours_per_minute_held) == (
+        12 * 4 / 60,
+        2 * 4 / 60,
+    )
+    assert saving.largest_nodes == 8
+
+
+def test_the_docs_quote_what_the_held_points_benchmark_prints_for_juwels():
+    """docs/benchmarks.md's figures for the JUWELS language sweep are computed
+    (benchmarks/held_points_cost.py), not written by hand."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "held_points_cost", REPO / "benchmarks" / "held_points_cost.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    savings, cluster = module.sweep_savings(
+        "juwels", {"language": "config/experiments/language.yaml"}
+    )
+    full = sum(s.full_limit_gpu_hours for s in savings)
+    held = sum(s.held_limit_gpu_hours for s in savings)
+    per_minute = sum(s.gpu_hours_per_minute_full for s in savings)
+    largest = max(s.largest_nodes for s in savings)
+    docs = " ".join((REPO / "docs" / "benchmarks.md").read_text().split())
+    quoted = (
+        f"{sum(len(s.held) for s in savings)} points held, {full:,.0f} GPU-hours at their "
+        f"time limits on their nodes, {held:.0f} on one node each; {per_minute:.0f} "
+        f"GPU-hours billed for each minute the held jobs live on their nodes, "
+        f"{sum(s.gpu_hours_per_minute_held for s in savings):.1f} on one; the largest "
+        f"held job {largest} nodes, {100 * largest / cluster.gpu_partition_nodes:.0f} % of "
+        f"the Booster's {cluster.gpu_partition_nodes}"
+    )
+    assert quoted in docs, quoted
+
+
+def held_sweep(gpus_per_node: int, cluster: str) -> str:
+    """A tiny language series of 1 and 2 nodes on ``cluster`` (mock data; 8 heads: TP is
+    the node's GPUs)."""
+    import yaml
+
+    tiny = {
+        "preset": "tiny",
+        "overrides": {"model": {"num_attention_heads": 8}},
+        "gpus_per_replica": gpus_per_node,
+        "strong_global_batch": 16,
+        "weak_grad_accum": 2,
+    }
+    experiment = {
+        "benchmark": "language",
+        "engine": "megatron",
+        "models": {"tiny": tiny},
+        "scaling": ["strong"],
+        "precision": ["bf16"],
+        "seq_length": 64,
+        "micro_batch": 1,
+        "iterations": 3,
+        "warmup_iterations": 1,
+        "max_nodes": {cluster: 2},
+    }
+    return yaml.safe_dump({"benchmarks": {"experiments": {"hold_language": experiment}}})
+
+
+@pytest.mark.workflow
+@pytest.mark.parametrize("cluster", ["juwels", "lumi"])
+def test_the_plan_of_a_cluster_profile_asks_one_node_for_a_point_that_will_be_held(
+    workdir, cluster
+):
+    """Dry runs with the cluster's profile, the site checked (image, probe and canary
+    made), after the 1-node point failed with an NCCL error: the 2-node point's job is
+    planned on one node for the held job's minutes, priced so, and the plan says it;
+    with the failed point rerun first, the point is planned on its two nodes."""
+    from hpcllm.clusters import load_cluster
+
+    gpus = load_cluster(cluster, REPO / "config" / "clusters").gpus_per_node
+    (workdir / "sweep.yaml").write_text(held_sweep(gpus, cluster))
+    env = {"HPCLLM_ACCOUNT": "myproject"}
+    small, large = (point_id("hold_language", "tiny", "strong", "bf16", n) for n in (1, 2))
+    summary = "results/bench/summary.csv"
+    args = ("-n", "--profile", f"profiles/{cluster}", "--configfile", "sweep.yaml")
+
+    def dry_run(*more: str) -> str:
+        proc = run_snakemake(workdir, *args, *more, "--", summary, examples=False, env=env)
+        return proc.stdout + proc.stderr
+
+    # the site's checks done, in order: what the plan makes before the points
+    out = dry_run()
+    when = time.time() - 100
+    for rule in ("build_container", "site_probe", "canary"):
+        for path in re.findall(rf"rule {rule}:\n(?:.*\n)*?\s+output: (\S+)", out):
+            target = workdir / path.rstrip(",")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text('{"status": "ok", "nodes": 2}\n')
+            when += 10
+            os.utime(target, (when, when))
+    folder = workdir / "results/bench/language" / small
+    folder.mkdir(parents=True)
+    (folder / "run.log").write_text("NCCL error\n")
+    (folder / "run.json").write_text(json.dumps({"id": small, "status": "nccl_error"}))
+    timings = workdir / f"results/timings/bench_language/{small}.tsv"
+    timings.parent.mkdir(parents=True)
+    timings.write_text("s\n1.0\n")
+
+    out = dry_run()
+    assert planned(out) == {"bench_language": 1, "aggregate_benchmarks": 1}, out[-3000:]
+    assert (
+        f"{large} will be held ({small}, 1 node, failed with nccl_error): its job "
+        f"asks for 1 node for {hold.HELD_JOB_MINUTES} min, not 2 nodes" in out
+    ), out[-3000:]
+    resources = re.search(rf"wildcards: point={re.escape(large)}\n\s+resources: (.*)", out)
+    assert ", nodes=1, " in resources[1] and ", tasks=1, " in resources[1], resources[1]
+    assert f", runtime={hold.HELD_JOB_MINUTES}," in resources[1] + ",", resources[1]
+    priced = (
+        hold.HELD_JOB_MINUTES
+        / 60
+        * load_cluster(cluster, REPO / "config" / "clusters").billed_gpus_per_node
+    )
+    assert f"bench_language: 1 job(s), 0.2 node-hours, {priced:.1f} GPU-hours" in out
+
+    out = dry_run("--forcerun", f"results/bench/language/{small}/run.json")
+    assert planned(out)["bench_language"] == 2, out[-3000:]
+    assert "will be held" not in out
+    resources = re.search(rf"wildcards: point={re.escape(large)}\n\s+resources: (.*)", out)
+    assert ", nodes=2, " in resources[1] and ", tasks=2, " in resources[1], resources[1]

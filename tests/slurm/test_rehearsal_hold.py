@@ -36,6 +36,7 @@ import pytest
 import rehearsal_image
 import slurmruns
 import testcluster
+import yaml
 from support import EXAMPLES, hang_guard
 
 from hpcllm.bench.hold import reached_training
@@ -52,6 +53,10 @@ SUMMARY = "results/bench/summary.csv"
 # The interface of another site (JUWELS'), which no node of the test cluster has.
 WRONG_INTERFACE = "ib0"
 GLOO_LINE = "  GLOO_SOCKET_IFNAME: lo\n"
+# profiles/rehearsal's set-resources runtime of bench_language (minutes)
+PROFILE_RUNTIME = yaml.safe_load((slurmruns.REPO / "profiles/rehearsal/config.yaml").read_text())[
+    "set-resources"
+]["bench_language"]["runtime"]
 
 
 def workdir_with_cluster_file(path: Path) -> Path:
@@ -97,6 +102,15 @@ def execs_of(work: Path, job: str) -> list[dict]:
     """What the stand-in apptainer ran for the Slurm job ``job`` (one line per exec)."""
     lines = (work / "apptainer.jsonl").read_text().splitlines()
     return [e for e in map(json.loads, lines) if e["job"] == job]
+
+
+def slurm_size(cluster, job: str) -> tuple[int, int]:
+    """The nodes and the time limit (minutes) Slurm gave job ``job``."""
+    out = cluster.run("squeue", "-h", "--states=all", "-j", job, "-o", "%D|%l").strip()
+    nodes, limit = out.split("|")
+    days, _, clock = limit.rpartition("-")  # [days-]hours:minutes:seconds
+    hours, minutes, seconds = ([0, 0] + [int(x) for x in clock.split(":")])[-3:]
+    return int(nodes), (int(days or 0) * 24 + hours) * 60 + minutes + (seconds > 0)
 
 
 def status_output(work: Path, env: dict[str, str]) -> str:
@@ -154,10 +168,18 @@ def test_a_start_up_failure_of_the_2_node_point_holds_its_4_node_point_through_s
         assert not reached_training("language", small_folder / "run.log")  # no iteration
         # Its engine started on both nodes (in the image) and failed there.
         assert sorted(e["node"] for e in execs_of(work, failed["slurm_job_id"])) == ["n1", "n2"]
-        # The 4-node point's job ran on all four nodes, did not start its engine, and
-        # says why: the 2-node point, its class, its log.
+        # The 4-node point's job was decided held on the login node when it was
+        # submitted (after the 2-node point's record): it asked Slurm for one node, not
+        # its four (for the profile's runtime, which wins over the held job's
+        # HELD_JOB_MINUTES as over any point's own), did not start its engine, and says
+        # why: the 2-node point, its class, its log.
         job = held["slurm_job_id"]
-        assert states[job]["state"] == "COMPLETED" and states[job]["nodes"] == "n[1-4]"
+        assert states[job]["state"] == "COMPLETED", states[job]
+        assert slurm_size(cluster, job) == (1, PROFILE_RUNTIME), states[job]
+        assert (
+            f"{LARGE} will be held ({SMALL}, 2 nodes, failed with error): its job asks "
+            f"for 1 node for {PROFILE_RUNTIME} min, not 4 nodes for {PROFILE_RUNTIME} min" in output
+        ), output[-3000:]
         assert execs_of(work, job) == []
         assert held["status"] == "held", held
         assert (held["held_by"], held["held_by_nodes"], held["held_by_status"]) == (
@@ -197,6 +219,8 @@ def test_a_start_up_failure_of_the_2_node_point_holds_its_4_node_point_through_s
             assert again["status"] == "ok", (again, run_log(work, point)[-3000:])
             assert again["slurm_job_id"] not in (failed["slurm_job_id"], job)
             assert states[again["slurm_job_id"]]["nodes"] == nodes
+        assert slurm_size(cluster, record(work, LARGE)["slurm_job_id"])[0] == 4
+        assert "will be held" not in output  # its holder reran first, and passed
         assert "of 8 on node n4" in run_log(work, LARGE)
         summary = pd.read_csv(work / SUMMARY).set_index("id")
         assert set(summary["status"]) == {"ok"}, summary["status"]

@@ -200,6 +200,17 @@ def test_a_users_fineweb_config_plans_the_users_data_only(tmp_path):
         assert example not in out, example
     outputs = set(re.findall(r"data/tokenized/[\w/.-]+_text_document\.bin", out))
     assert outputs and all(p.startswith("data/tokenized/fineweb_bpe/fineweb") for p in outputs)
+    # A tokenize batch holds a node's 48 cores (12 shards x 4 threads) and 1 GB a thread:
+    # the dry run shows the memory as submitted, and says that its threads are capped at
+    # -n's --cores (1), the submitted job's are not.
+    batches = re.findall(r"rule tokenize_batch:\n(?:.*\n)*?\s+resources: (.*)", out)
+    memory = [int(re.search(r"\bmem_mb=(\d+),", r)[1]) for r in batches]
+    assert sorted(memory) == [16000] + [48000] * 5, batches  # 64 shards: 5 x 12 + 4
+    assert (
+        "tokenize_batch: jobs are submitted with 48 threads (--cpus-per-task) and 48000 MB; "
+        "this dry run shows threads: 1, Snakemake's cap for -n without --cores "
+        "(-n --cores 48 shows them as submitted)." in out
+    ), out[-3000:]
 
 
 def test_null_in_a_configfile_unsets_the_key_it_names(tmp_path):

@@ -2,7 +2,14 @@
 # benchmarks.smk, which includes this file first).
 from snakemake.exceptions import WorkflowError
 
-from hpcllm.bench.hold import held_by, smaller_points
+from hpcllm.bench.hold import (
+    HELD_JOB_MINUTES,
+    HELD_JOB_NODES,
+    held_by,
+    held_job_note,
+    smaller_points,
+    submission_hold,
+)
 from hpcllm.bench.sweeps import SweepError, expand_all, facts_of, point_time_limit
 from hpcllm.configuration import load_schema
 from hpcllm.containers import image_for
@@ -96,8 +103,89 @@ def bench_language_inputs(wildcards):
     return inputs
 
 
+BENCH_RULES = ("bench_language", "bench_vision")
+_HOLD_NOTED = set()  # points whose hold the plan stated (once per point and process)
+_SIZED = set()  # the DAGs whose bench jobs were sized again once they knew what reruns
+
+
+class RerunsNotKnown(Exception):
+    """Snakemake sizes jobs (params use resources) before it knows which jobs run."""
+
+
+def bench_rerunning():
+    """The points this run still runs: none without a DAG (or in a job, whose DAG is its
+    own job); RerunsNotKnown while the DAG does not know yet."""
+    dag = workflow.dag
+    if dag is None:
+        return set()
+    if workflow.is_main_process and id(dag) not in _SIZED:
+        raise RerunsNotKnown
+    return {
+        job.wildcards["point"]
+        for job in dag.needrun_jobs()
+        if job.rule.name in BENCH_RULES
+    }
+
+
+def bench_hold(point):
+    """The hold the point's job will find (hpcllm.bench.hold.submission_hold), decided
+    from the smaller points' records: at plan time and again when the job is submitted
+    (Snakemake sizes a job's resources again once its inputs are done). Slurm only: here
+    a point takes no nodes to save."""
+    if not CLUSTER.uses_slurm:
+        return None
+    try:
+        hold = submission_hold(
+            point, f"results/bench/{point['benchmark']}", bench_rerunning
+        )
+    except RerunsNotKnown:
+        return None  # sized again once the DAG knows (_size_bench_jobs_again)
+    if hold and workflow.is_main_process and point["id"] not in _HOLD_NOTED:
+        _HOLD_NOTED.add(point["id"])
+        own, held = bench_profile_runtime(point), HELD_JOB_MINUTES
+        logger.info(
+            held_job_note(point, hold, own or bench_runtime_min(point), own or held)
+        )
+    return hold
+
+
+def bench_profile_runtime(point):
+    """The minutes the profile's set-resources gives the point's rule (they win over the
+    rule's own, a held point's too), or None."""
+    from hpcllm.plan_cost import runtime_minutes
+
+    value = _profile_resources.get(f"bench_{point['benchmark']}", {}).get("runtime")
+    return None if value is None else runtime_minutes(value)
+
+
+# Snakemake sizes a job's resources while it builds the DAG (its params use them), before
+# it knows which jobs run, and keeps them for the plan's cost and the dry run's listing.
+# A point's hold depends on whether the point that holds it reruns first: once the DAG
+# knows that, the bench jobs are sized again. (At submission Snakemake sizes every job
+# again itself, once its inputs are done.) Only in this process: a job's DAG is its own.
+if workflow.is_main_process:
+    from snakemake.dag import DAG as _BenchDAG
+
+    _update_needrun = _BenchDAG.update_needrun
+
+    async def _size_bench_jobs_again(dag, *args, **kwargs):
+        result = await _update_needrun(dag, *args, **kwargs)
+        if id(dag) not in _SIZED:
+            _SIZED.add(id(dag))
+            for job in dag.needrun_jobs():
+                if job.rule.name in BENCH_RULES:
+                    job._resources = job._params = None
+        return result
+
+    _BenchDAG.update_needrun = _size_bench_jobs_again
+
+
 def bench_nodes(wildcards):
-    return BENCH_POINTS[wildcards.point]["nodes"] if CLUSTER.uses_slurm else 1
+    """The point's nodes; one for a point that will be held (it only writes its record)."""
+    point = BENCH_POINTS[wildcards.point]
+    if not CLUSTER.uses_slurm:
+        return 1
+    return HELD_JOB_NODES if bench_hold(point) else point["nodes"]
 
 
 def bench_threads(wildcards):
@@ -118,7 +206,8 @@ def bench_runtime_min(point):
 
 
 def bench_runtime(wildcards):
-    return bench_runtime_min(BENCH_POINTS[wildcards.point])
+    point = BENCH_POINTS[wildcards.point]
+    return HELD_JOB_MINUTES if bench_hold(point) else bench_runtime_min(point)
 
 
 def bench_time_limit_s(wildcards, resources):

@@ -126,7 +126,8 @@ rule tokenize_batch:
         "../../envs/workflow.yaml"
     threads: batch_threads
     resources:
-        mem_mb=lambda wildcards, threads: 1000 * threads,
+        # 1 GB a thread (of the batch as submitted: a dry run caps threads at --cores)
+        mem_mb=batch_mem_mb,
         runtime=batch_runtime,
     params:
         shards=batch_shards,

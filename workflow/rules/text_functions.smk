@@ -236,7 +236,36 @@ def tokenize_threads(wildcards):
 def batch_threads(wildcards):
     """A batch's threads: TOKENIZE_THREADS per shard, at most a node's cores."""
     threads = TOKENIZE_THREADS * len(batch_shards(wildcards))
-    return min(threads, CLUSTER.cpus_per_node) if CLUSTER.uses_slurm else threads
+    threads = min(threads, CLUSTER.cpus_per_node) if CLUSTER.uses_slurm else threads
+    note_dry_run_threads("tokenize_batch", threads)
+    return threads
+
+
+def batch_mem_mb(wildcards, threads):
+    """1 GB per thread of the batch as submitted. Not from ``threads`` on a cluster: a
+    dry run caps every job's threads at its --cores (1 unless given, Snakemake's
+    default for -n), a Slurm run does not, so the dry run would show 1 GB."""
+    return 1000 * (batch_threads(wildcards) if CLUSTER.uses_slurm else threads)
+
+
+_THREADS_NOTED = set()
+
+
+def note_dry_run_threads(rule, threads):
+    """Say once per rule where a dry run of a Slurm profile shows fewer threads than the
+    jobs are submitted with (Snakemake caps threads at -n's --cores, 1 by default)."""
+    if not (workflow.is_main_process and workflow.dryrun and CLUSTER.uses_slurm):
+        return
+    cores = workflow.resource_settings.cores
+    if rule in _THREADS_NOTED or not isinstance(cores, int) or threads <= cores:
+        return
+    _THREADS_NOTED.add(rule)
+    logger.info(
+        f"{rule}: jobs are submitted with {threads} threads (--cpus-per-task) and "
+        f"{1000 * threads} MB; this dry run shows "
+        f"threads: {cores}, Snakemake's cap for -n without --cores "
+        f"(-n --cores {threads} shows them as submitted)."
+    )
 
 
 def batch_runtime(wildcards, input, threads):

@@ -13,6 +13,13 @@ The rules run each point after the smaller ones of its series (so that their rec
 there to look at) and rerun a held point when the point that holds it reruns
 (``bench_after`` in workflow/rules/benchmarks_functions.smk): rerunning the failed point
 releases the points it held, and nothing else reruns.
+
+The same look is taken on the login node when the point's job is submitted (Snakemake
+sizes a job's resources again once its inputs, the smaller points' runs, are done): a
+point that will be held asks for one node for :data:`HELD_JOB_MINUTES`
+(:func:`submission_hold`), not for the point's nodes and time limit, so that a 256-node
+point does not wait for 256 nodes only to write its record. A job that finds no hold on
+fewer nodes than its point needs refuses to start the engine (:func:`check_allocation`).
 """
 
 from __future__ import annotations
@@ -20,10 +27,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from hpcllm.atomic import atomic_paths
+from hpcllm.work_time import STARTUP_MINUTES
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +120,101 @@ def nodes_text(nodes: int) -> str:
     return f"{nodes} node" if nodes == 1 else f"{nodes} nodes"
 
 
+# A held point's job: one node for the start-up allowance of every point's limit (its
+# job's Snakemake and the look at the records take seconds to a few minutes), no work.
+HELD_JOB_NODES = 1
+HELD_JOB_MINUTES = STARTUP_MINUTES
+
+
+def submission_hold(
+    point: dict, results: str | Path, rerunning: Callable[[], Collection[str]] = tuple
+) -> dict | None:
+    """The hold the point's job will find (:func:`find_hold` on ``results``), decided on
+    the login node before it is submitted; None where it runs, or where the point that
+    holds it is among ``rerunning()`` (the points this run still runs: that point goes
+    first and the hold is decided again when this point's job is submitted)."""
+    hold = find_hold(point, results)
+    if hold is None or hold["held_by"] in rerunning():
+        return None
+    return hold
+
+
+def held_job_note(point: dict, hold: dict, minutes: float, held_minutes: float) -> str:
+    """What the plan says of a point that will be held: its job's time limit
+    ``held_minutes`` instead of its own ``minutes``."""
+    return (
+        f"benchmarks: {point['id']} will be held ({hold['held_by']}, "
+        f"{nodes_text(hold['held_by_nodes'])}, failed with {hold['held_by_status']}): its "
+        f"job asks for {nodes_text(HELD_JOB_NODES)} for {held_minutes:g} min, not "
+        f"{nodes_text(point['nodes'])} for {minutes:g} min, and only writes its record "
+        '(hpcllm.bench.hold; docs/benchmarks.md, "Held points").'
+    )
+
+
+def check_allocation(point: dict, environ: Mapping[str, str] | None = None) -> None:
+    """Refuse to start a point's engine on fewer nodes than the point needs: its job was
+    submitted as held (one node), and the records no longer hold it (its holder was
+    rerun or removed in between). Outside a Slurm job, or for a point of a cluster
+    without GPUs (its "nodes" are processes), there is nothing to check."""
+    environ = os.environ if environ is None else environ
+    got = environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES")
+    if point.get("gpu_model", "cpu") == "cpu" or not (got and got.isdigit()):
+        return
+    if int(got) < point["nodes"]:
+        raise RuntimeError(
+            f"hpcllm: {point['id']} needs {nodes_text(point['nodes'])} but its job has "
+            f"{nodes_text(int(got))}: it was submitted as held, and no smaller point of "
+            "its series holds it any more. Its engine was not started. Run the workflow "
+            "again: the job is then submitted on the point's nodes."
+        )
+
+
+@dataclass(frozen=True)
+class HeldSaving:
+    """What the points held by one failure cost, submitted on their nodes or held on
+    one: ``*_limit_gpu_hours`` at their time limits (what a plan prices and Slurm
+    reserves), ``gpu_hours_per_minute_*`` per minute a held job lives (what Slurm
+    bills: it ends within seconds to minutes either way)."""
+
+    failed: str
+    held: tuple[str, ...]
+    full_limit_gpu_hours: float
+    held_limit_gpu_hours: float
+    gpu_hours_per_minute_full: float
+    gpu_hours_per_minute_held: float
+    largest_nodes: int
+
+
+def held_saving(
+    points: Iterable[dict], failed: str, limit_minutes: Callable[[dict], int], billed_gpus: int
+) -> HeldSaving:
+    """The saving when ``failed`` (a point id) holds the larger points of its series;
+    ``billed_gpus``: the GPUs a node is billed for."""
+    by_id = {p["id"]: p for p in points}
+    smaller = smaller_points(by_id.values())
+    held = [by_id[i] for i, below in smaller.items() if failed in below]
+    full_nodes = sum(p["nodes"] for p in held)
+    return HeldSaving(
+        failed=failed,
+        held=tuple(p["id"] for p in held),
+        full_limit_gpu_hours=sum(p["nodes"] * limit_minutes(p) for p in held) * billed_gpus / 60,
+        held_limit_gpu_hours=len(held) * HELD_JOB_NODES * HELD_JOB_MINUTES * billed_gpus / 60,
+        gpu_hours_per_minute_full=full_nodes * billed_gpus / 60,
+        gpu_hours_per_minute_held=len(held) * HELD_JOB_NODES * billed_gpus / 60,
+        largest_nodes=max((p["nodes"] for p in held), default=0),
+    )
+
+
+def first_failures(points: Iterable[dict]) -> list[str]:
+    """Per series, the smallest point on more than one node: the first a failure of the
+    network or at start-up can reach, holding every larger point of its series."""
+    series: dict[tuple, list[dict]] = {}
+    for point in points:
+        if point["nodes"] > 1:
+            series.setdefault(series_key(point), []).append(point)
+    return [min(members, key=lambda p: p["nodes"])["id"] for members in series.values()]
+
+
 def hold_message(hold: dict, point: dict) -> str:
     """What the held point's log says: why it did not run, and how it will."""
     other_record = Path(hold["held_by_log"]).with_name("run.json")
@@ -127,9 +231,11 @@ def hold_message(hold: dict, point: dict) -> str:
 def hold_if_failed_below(point: dict, log_path: str | Path, record_path: str | Path) -> dict | None:
     """Write ``point``'s log and record as held when a smaller point of its series failed
     in a way that holds (:func:`find_hold`), and return the record; else None (the
-    point runs). The results folder is the one the point's own folder is in."""
+    point runs, on the nodes it needs: :func:`check_allocation`). The results folder is
+    the one the point's own folder is in."""
     hold = find_hold(point, Path(record_path).parent.parent)
     if hold is None:
+        check_allocation(point)
         return None
     record = {
         "id": point["id"],
