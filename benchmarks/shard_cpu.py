@@ -7,8 +7,9 @@ stage (``tokenize_source_shard``, as a ``tokenize`` job runs it) in fresh proces
 whole file as 1 shard, and the 4 shards of it one after the other. The order of the two
 alternates from round to round. CPU seconds are user + system of the processes
 (``RUSAGE_CHILDREN``), wall seconds beside them; a job's fixed cost (its Python start
-and imports) is in both, once for 1 shard and 4 times for 4. Prints every round's ratio
-and their median, with the load average. ``--compare REF`` also runs the stage of git
+and imports, the tokenizer's load) is in both, once for 1 shard and 4 times for 4: it is
+measured on its own (a shard of one document) and the ratio is also printed without it.
+Prints every round's ratios and their medians, with the load average. ``--compare REF`` also runs the stage of git
 revision REF (its ``src`` exported) in the same rounds.
 
 Usage: python benchmarks/shard_cpu.py [--text-megabytes 200] [--repeat 5] [--shards 4]
@@ -105,24 +106,37 @@ def main(argv: list[str] | None = None) -> dict:
         sources[args.compare] = export_src(args.compare, work / f"rev-{args.compare}")
     out = work / "out"
     out.mkdir(exist_ok=True)
+    tiny = work / "one-document.jsonl"
+    with open(path, "rb") as src:
+        tiny.write_bytes(src.readline())
     ratios: dict[str, list[float]] = {name: [] for name in sources}
+    work_ratios: dict[str, list[float]] = {name: [] for name in sources}
     for r in range(args.repeat):
         load = os.getloadavg()[0]
         for name, src in sources.items():
             runs = {}
             for shards in (1, args.shards)[:: 1 if r % 2 == 0 else -1]:
                 runs[shards] = shards_cost(src, tok, path, shards, out)
+            fixed, _ = shards_cost(src, tok, tiny, 1, out)
             (cpu1, wall1), (cpun, walln) = runs[1], runs[args.shards]
             ratios[name].append(cpun / cpu1)
+            # the same without the fixed cost of a job: what reading and encoding cost
+            work_ratio = (cpun - args.shards * fixed) / max(cpu1 - fixed, 1e-9)
+            work_ratios[name].append(work_ratio)
             print(
                 f"round {r + 1} ({name}, load {load:.1f}): 1 shard {cpu1:.2f} CPU-s "
                 f"({wall1:.2f} s wall), {args.shards} shards {cpun:.2f} CPU-s "
-                f"({walln:.2f} s wall): ratio {cpun / cpu1:.2f}"
+                f"({walln:.2f} s wall): ratio {cpun / cpu1:.2f}; a one-document shard "
+                f"(the fixed cost of a job) {fixed:.2f} CPU-s; without it {work_ratio:.2f}"
             )
     medians = {name: statistics.median(v) for name, v in ratios.items()}
+    work_medians = {name: statistics.median(v) for name, v in work_ratios.items()}
     for name, m in medians.items():
-        print(f"{name}: {args.shards} shards / 1 shard, CPU, median of {args.repeat}: {m:.2f}")
-    return {"ratios": ratios, "medians": medians}
+        print(
+            f"{name}: {args.shards} shards / 1 shard, CPU, median of {args.repeat}: {m:.2f} "
+            f"(without the jobs' fixed cost: {work_medians[name]:.2f})"
+        )
+    return {"ratios": ratios, "medians": medians, "work_medians": work_medians}
 
 
 if __name__ == "__main__":
