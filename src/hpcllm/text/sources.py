@@ -10,8 +10,8 @@ Sharding keeps source order: shard k gets a contiguous block, so the shards conc
 many files as shards, the blocks are blocks of files (each Slurm job reads only its own
 files); otherwise plain JSON lines files are cut into blocks by bytes at line starts
 (each job reads only its block), and other files' records are counted and split into
-blocks. Limits (documents,
-bytes) are split evenly over the shards and apply to each shard's block from its start.
+blocks. Limits (documents, bytes) are split evenly over the shards and apply to each
+shard's block from its start.
 """
 
 from __future__ import annotations
