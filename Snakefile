@@ -59,6 +59,18 @@ include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/cost.smk"
 
 
+# A target that names an experiment the config does not define (Snakemake would say only
+# "No rule to produce ..."): the experiments it defines, and the closest.
+if workflow.is_main_process:
+    _problem = commandline.unknown_experiment_targets(
+        commandline.requested_targets(sys.argv),
+        EXPERIMENTS,
+        [r.name for r in workflow.rules],
+    )
+    if _problem:
+        raise WorkflowError(_problem)
+
+
 rule all:
     default_target: True
     input:

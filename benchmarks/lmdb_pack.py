@@ -11,7 +11,8 @@ medians of --repeats runs:
   ``sync`` (the durable equivalent of a pack, which ends with an fsync; the pack is
   timed with a ``sync`` after it too), and pack_lmdb's speed as a fraction of each,
   measured in the same run: the runs alternate pack, tar, tar + sync;
-- with --job, the pack as its job runs it, process start included: a fresh Python that
+- with --job, the pack as its job runs it, process start included (and with
+  --compare-sizes, the same with other transaction and read-ahead sizes): a fresh Python that
   makes the pack_lmdb script's imports, then packs (pack_dataset_split) and syncs; for a
   small split (--images 2000 --size 400x300: 2,000 JPEGs, ~130 MB) the start is a large
   part of the job. (Snakemake's own job process around it is benchmarks/job_overhead.py's.)
@@ -60,17 +61,22 @@ from hpcllm import logs
 from hpcllm.vision.datasets_config import pack_dataset_split
 logs.setup(sys.argv[4])
 cfg = {"root": sys.argv[2], "layout": "imagenet"}
+if len(sys.argv) > 6:  # other transaction and read-ahead sizes (MB), for --compare-sizes
+    from hpcllm.vision import lmdb_pack
+    lmdb_pack.pack_lmdb.__kwdefaults__["txn_bytes"] = int(sys.argv[6]) << 20
+    lmdb_pack.pack_lmdb.__kwdefaults__["read_ahead_bytes"] = int(sys.argv[7]) << 20
 pack_dataset_split("bench", cfg, {}, "train", sys.argv[3], sys.argv[3] + ".report.json",
                    threads=int(sys.argv[5]))
 """
 SCRIPTS = Path(__file__).resolve().parents[1] / "workflow" / "scripts"
 
 
-def job(tree: Path, out: Path, threads: int) -> None:
+def job(tree: Path, out: Path, threads: int, sizes: tuple[int, int] | None = None) -> None:
+    """``sizes``: the transaction and read-ahead MB instead of the defaults."""
     lmdb = out / "job.lmdb"
     shutil.rmtree(lmdb, ignore_errors=True)
     cmd = [sys.executable, "-c", JOB, str(SCRIPTS), str(tree), str(lmdb), str(out / "job.log")]
-    subprocess.run([*cmd, str(threads)], check=True)
+    subprocess.run([*cmd, str(threads), *map(str, sizes or ())], check=True)
     sync()
 
 
@@ -186,6 +192,12 @@ def main() -> None:
         help="also pack without starting the disk writes after each commit (everything is "
         "then written by the fsync at the end)",
     )
+    parser.add_argument(
+        "--compare-sizes",
+        metavar="TXN_MB/AHEAD_MB",
+        help="with --job, also run the job with these transaction and read-ahead sizes "
+        "(e.g. 64/128, the defaults before issue 51) in the same rounds",
+    )
     args = parser.parse_args()
 
     width, height = map(int, args.size.lower().split("x"))
@@ -219,14 +231,18 @@ def main() -> None:
         sync()
 
     # name -> pack_lmdb's read_ahead_bytes, writeback after each commit
-    variants = {"pack_lmdb": (128 << 20, True)}
+    variants = {"pack_lmdb": (lmdb_pack.READ_AHEAD_BYTES, True)}
     if args.compare_read_ahead:
         variants["pack, no read-ahead"] = (0, True)
     if args.compare_writeback:
-        variants["pack, no writeback"] = (128 << 20, False)
+        variants["pack, no writeback"] = (lmdb_pack.READ_AHEAD_BYTES, False)
     pack_s = {name: [] for name in variants}
     if args.job:
         pack_s["pack_lmdb job"] = []
+    sizes = tuple(map(int, args.compare_sizes.split("/"))) if args.compare_sizes else None
+    sized_job = f"job, {args.compare_sizes} MB"
+    if args.job and sizes:
+        pack_s[sized_job] = []
     tar_s, tar_sync_s = [], []
     for _ in range(args.repeats):  # alternating, so that load on the machine hits all alike
         for name, variant in variants.items():
@@ -238,6 +254,11 @@ def main() -> None:
             pack_s["pack_lmdb job"].append(
                 timed_cpu("pack_lmdb job", lambda: job(tree, out, args.threads))
             )
+            if sizes:
+                sync()
+                pack_s[sized_job].append(
+                    timed_cpu(sized_job, lambda: job(tree, out, args.threads, sizes))
+                )
         sync()
         tar_s.append(timed_cpu("tar -cf", lambda: tar(tree, out / "train.tar", durable=False)))
         sync()

@@ -6,12 +6,16 @@
 - a YAML syntax error in the built-in config file is reported by Snakemake without file or
   line (a ``--configfile``'s is too, but Snakemake reads those before the Snakefile);
 - a key given twice in one mapping of a config file: YAML loaders keep the last value
-  without a word (Snakemake's included), so the first one is silently lost.
+  without a word (Snakemake's included), so the first one is silently lost;
+- a target naming an experiment the config does not define (a typo) gets Snakemake's
+  "No rule to produce": the workflow lists the experiments it knows.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -175,3 +179,62 @@ def read_config_files(paths: Iterable[str | os.PathLike]) -> list[tuple[str, obj
         except (OSError, yaml.YAMLError):
             continue
     return files
+
+
+# The targets that name an experiment: the folder before it, and what may follow it.
+_EXPERIMENT_TARGETS = re.compile(
+    r"^(?:\./)?(?P<where>results/(?:train|export|eval)/|checkpoints/|results/layout/"
+    r"|data/(?:eval_tasks|index_cache)/|logs/train_segment/)(?P<name>[^/]+?)(?:\.json)?(?:/.*)?$"
+)
+
+
+def unknown_experiment_targets(
+    targets: Iterable[str], experiments: Iterable[str], rules: Iterable[str]
+) -> str | None:
+    """A message for targets that name an experiment the config does not define (a
+    typo: Snakemake itself says only "No rule to produce ..."), listing the ones it
+    defines and the closest; also for an experiment's bare name given as a target."""
+    known, rule_names = sorted(experiments), set(rules)
+    problems = []
+    for target in targets:
+        m = _EXPERIMENT_TARGETS.match(str(target))
+        if m:
+            name = m["name"]
+        elif "/" not in str(target) and str(target) not in rule_names:
+            name = str(target)
+            if name in known:
+                problems.append(
+                    f"target {target}: an experiment's name is not a target; its files are, "
+                    f"e.g. results/train/{name}/seg1.json (a segment), "
+                    f"results/train/{name}/loss.png (its loss curve), or the default target"
+                )
+                continue
+            if not difflib.get_close_matches(name, known, n=1, cutoff=0.75):
+                continue  # not an experiment's name: Snakemake's own message stands
+        else:
+            continue
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        problems.append(
+            f"target {target}: no experiment {name!r} in the config"
+            + (f" (did you mean {close[0]!r}?)" if close else "")
+            + "; the config defines "
+            + (", ".join(known) if known else "none (training.experiments is empty)")
+        )
+    return "\n".join(problems) or None
+
+
+def requested_targets(argv: Sequence[str]) -> list[str]:
+    """The targets of a ``snakemake`` command line, read with Snakemake's own argument
+    parser (so ``--configfile a.yaml b`` takes ``b`` as Snakemake does); none where the
+    process is not the snakemake command or its line does not parse."""
+    if not argv or "snakemake" not in Path(argv[0]).as_posix():
+        return []
+    from snakemake.cli import get_argument_parser
+
+    try:
+        args = get_argument_parser().parse_args(list(argv[1:]))
+    except (SystemExit, Exception):  # Snakemake reports a bad command line itself
+        return []
+    return [str(t) for t in getattr(args, "targets", None) or []]

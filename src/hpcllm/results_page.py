@@ -27,6 +27,8 @@ import pandas as pd
 
 from hpcllm.atomic import atomic_path
 from hpcllm.bench.summary import compact_table, hold_notes
+from hpcllm.evaluation.chance import METRICS as CHANCE_METRICS
+from hpcllm.export.identity import ExportIdentity, export_identity
 
 # The figures of a benchmark section, in reading order: (file stem, caption).
 BENCH_FIGURES = (
@@ -50,7 +52,8 @@ SCORE_NOTES = {
 }
 CHANCE_NOTE = (
     "chance: the accuracy of picking a choice at random, 1 / the item's number of choices "
-    "averaged over the items scored (4 choices: 25 %)."
+    "averaged over the items scored (4 choices: 25 %); accuracies and their standard "
+    "errors are in percent, as chance is."
 )
 SCORED_NOTE = "scored: the items a task scored; for perplexity, the validation tokens."
 
@@ -94,6 +97,8 @@ class ExperimentView:
     scores: list[dict] | None = None  # the evaluation table's rows (hpcllm.evaluation.table)
     model: str | None = None  # the evaluated model's folder, relative to the working directory
     lm_eval: str | None = None  # the lm-eval command that reproduces the tasks' scores
+    # which model the scores are of: iteration, when exported, its weights' digest
+    identity: ExportIdentity | None = None
     # per segment: the finish predicted at its start against what happened
     # (hpcllm.training.campaign.calendar.prediction_rows)
     predictions: list[dict] = field(default_factory=list)
@@ -259,6 +264,38 @@ def _chance(value) -> str:
     return "" if value in (None, "") else f"{100 * float(value):.3g} %"
 
 
+def _value(row: dict) -> str:
+    """A score as the table shows it: accuracies in percent, as their chance level is
+    (± the standard error, also in percent), other metrics as they are."""
+    from hpcllm.evaluation.table import format_value
+
+    if row["metric"].split(" ")[0] not in CHANCE_METRICS or row["value"] in (None, ""):
+        return format_value(row["value"], row["stderr"])
+    text = f"{100 * float(row['value']):.3g} %"
+    if row["stderr"] not in (None, ""):
+        text += f" ± {100 * float(row['stderr']):.2g} %"
+    return text
+
+
+def model_line(identity: ExportIdentity | None) -> str:
+    """Which model the scores are of, in words: the weights' digest (the same weights
+    give the same digest; a retrained model another), the iteration and the export's
+    time."""
+    if identity is None:
+        return ""
+    digest = (
+        f"weights digest <code>{html.escape(identity.weights_digest)}</code> "
+        f"({html.escape(identity.digest_source)}: SHA-256 of the checkpoint's checksums "
+        "manifest, so the same weights always show the same digest)"
+        if identity.weights_digest
+        else "weights digest unknown (the export recorded none and its checkpoint's "
+        "checksums manifest is gone)"
+    )
+    iteration = f"{identity.iteration:,}" if isinstance(identity.iteration, int) else "?"
+    when = html.escape(identity.exported_at or "an unrecorded time")
+    return f"<p>Scores of the model of iteration {iteration}, exported at {when}: {digest}.</p>"
+
+
 def _scored(row: dict) -> str:
     if row["items"] in (None, ""):
         return ""
@@ -270,8 +307,6 @@ def scores_html(view: ExperimentView) -> str:
     """The experiment's evaluation: per task and metric its value (± standard error),
     chance level, shots and what was scored; what the metrics mean; the model evaluated
     and the lm-eval command that reproduces the tasks' scores."""
-    from hpcllm.evaluation.table import format_value
-
     if not view.scores:
         return ""
     columns = ("task", "metric", "value", "chance", "shots", "scored")
@@ -279,7 +314,7 @@ def scores_html(view: ExperimentView) -> str:
     body = "".join(
         f'<tr><td class="text">{html.escape(r["task"])}</td>'
         f'<td class="text">{html.escape(r["metric"])}</td>'
-        f"<td>{html.escape(format_value(r['value'], r['stderr']))}</td>"
+        f"<td>{html.escape(_value(r))}</td>"
         f"<td>{_chance(r.get('chance'))}</td>"
         f"<td>{html.escape(r['shots'] or '')}</td><td>{_scored(r)}</td></tr>"
         for r in view.scores
@@ -305,6 +340,7 @@ def scores_html(view: ExperimentView) -> str:
     iteration = int(view.scores[0]["iteration"])
     return (
         f'<h4 id="eval-{html.escape(view.name)}">Evaluation of iteration {iteration:,}</h4>'
+        f"{model_line(view.identity)}"
         f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{extra}"
     )
 
@@ -406,6 +442,8 @@ def experiment_view(
     )
     if scores:
         view.model, view.lm_eval = evaluated_model(workdir, name, s.total_iterations)
+        export = workdir / f"results/export/{name}/iter_{s.total_iterations:07d}/export.json"
+        view.identity = export_identity(export)
     return view
 
 

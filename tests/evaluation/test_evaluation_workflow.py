@@ -6,6 +6,7 @@ new last checkpoint or a changed experiment both evaluations after the export.""
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -125,6 +126,13 @@ def test_the_results_page_shows_the_model_the_command_and_reruns_on_a_short_reas
     model = str(folder.relative_to(evaluated))
     assert f'<a href="{model.removeprefix("results/")}/">{model}</a>' in page
     assert page.count("<td>25 %</td>") == 2 and "<td>4 items</td>" in page  # acc, acc_norm
+    # which model the scores are of (issue 51): the weights' digest the export recorded
+    info = json.loads((folder / "export.json").read_text())
+    assert re.fullmatch(r"[0-9a-f]{16}", info["weights_digest"])
+    assert (
+        f"Scores of the model of iteration 4, exported at {info['exported_at']}: weights "
+        f"digest <code>{info['weights_digest']}</code> (recorded at export" in page
+    )
     assert "<td>1,999 tokens</td>" in page and "summary.csv" not in page
     command = html.unescape(re.search(r"<pre><code>(.*?)</code></pre>", page, re.S)[1])
     assert f"pretrained={folder}" in command and "--limit 4" in command

@@ -50,7 +50,8 @@ def test_table_and_page_show_the_current_exports_scores_only(tmp_path):
     shown, why = current_scores(table, export, 30)
     assert why is None and len(shown) == 3
     page = experiment_section(ExperimentView("tiny", {}, scores=shown))
-    assert "Evaluation of iteration 30" in page and "0.375 ± 0.18" in page and "148.4" in page
+    # accuracies in percent, as chance is; perplexity as it is
+    assert "Evaluation of iteration 30" in page and "37.5 % ± 18 %" in page and "148.4" in page
     # Another checkpoint is the last one now: the old table is not shown.
     assert current_scores(table, export, 40)[0] is None
     # The experiment changed and was exported again: neither the table nor the page keep
@@ -144,3 +145,56 @@ def test_the_chance_level_is_measured_on_the_items_scored():
     generation = _Task()
     generation.OUTPUT_TYPE = "generate_until"
     assert chance_level(generation, None) is None
+
+
+def write_checkpoint(folder, weights: bytes) -> None:
+    """A checkpoint folder with its checksums manifest, as training writes it."""
+    from hpcllm.training.checkpoints.checksums import write_manifest
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "weights.distcp").write_bytes(weights)
+    (folder / "common.pt").write_bytes(b"args")
+    write_manifest(folder)
+
+
+def test_the_page_names_the_model_its_scores_are_of(tmp_path):
+    """Issue 51 item 1: the scores' export digest named the export (export.json holds a
+    timestamp), not the weights: the page shows the weights' digest (the checkpoint's
+    checksums manifest), the iteration and when the export was made; retrained weights
+    show another digest, the same weights the same."""
+    from hpcllm.export.identity import export_identity, weights_digest
+
+    first, again, other = (tmp_path / n / "iter_0000030" for n in ("a", "b", "c"))
+    write_checkpoint(first, b"\x01" * 64)
+    write_checkpoint(again, b"\x01" * 64)
+    write_checkpoint(other, b"\x01" * 63 + b"\x02")  # one byte retrained differently
+    assert weights_digest(first) == weights_digest(again) != weights_digest(other)
+    assert weights_digest(tmp_path / "nowhere") is None
+
+    export = tmp_path / "results/export/tiny/iter_0000030/export.json"
+    export.parent.mkdir(parents=True)
+    export.write_text(json.dumps({"iteration": 30, "exported_at": "2026-11-28T14:00:00+00:00",
+                                  "source_checkpoint": str(first),
+                                  "weights_digest": weights_digest(first)}))  # fmt: skip
+    table = tmp_path / "results/eval/tiny/scores.csv"
+    write_table("tiny", *records(tmp_path, export), str(export), table)
+    shown, _ = current_scores(table, export, 30)
+    identity = export_identity(export)
+    page = experiment_section(ExperimentView("tiny", {}, scores=shown, identity=identity))
+    assert (
+        "Scores of the model of iteration 30, exported at 2026-11-28T14:00:00+00:00: weights "
+        f"digest <code>{weights_digest(first)}</code> (recorded at export" in page
+    )
+    # An export from before export.json recorded the digest: its checkpoint's manifest.
+    export.write_text(json.dumps({"iteration": 30, "source_checkpoint": str(other)}))
+    page = experiment_section(
+        ExperimentView("tiny", {}, scores=shown, identity=export_identity(export))
+    )
+    assert f"<code>{weights_digest(other)}</code> (of its checkpoint&#x27;s manifest now" in page
+    assert "exported at an unrecorded time" in page
+    # ... and its checkpoint deleted since: said so, not guessed.
+    export.write_text(json.dumps({"iteration": 30, "source_checkpoint": str(tmp_path / "x")}))
+    page = experiment_section(
+        ExperimentView("tiny", {}, scores=shown, identity=export_identity(export))
+    )
+    assert "weights digest unknown" in page

@@ -15,6 +15,7 @@ import torch
 
 from hpcllm.export.convert import ExportError
 from hpcllm.export.folder import export, settings_hash
+from hpcllm.export.identity import weights_digest
 from hpcllm.models.planner import pad_vocab
 from hpcllm.training.checkpoints import tracker as checkpoints
 from hpcllm.training.engines.torch_engine import (
@@ -129,6 +130,9 @@ def test_torch_engine_export_gives_the_engines_logits(tmp_path, position):
     assert info["iteration"] == 2 and info["tokens"] == 4 * 16 and info["engine"] == "torch"
     assert info["settings_hash"] == settings_hash(weights(position=position))
     assert info["source_checkpoint"] == str(checkpoints.iteration_dir(save, 2))
+    # the weights' digest: that of the checkpoint's checksums manifest (issue 51)
+    assert info["weights_digest"] == weights_digest(checkpoints.iteration_dir(save, 2))
+    assert len(info["weights_digest"]) == 16
 
 
 def test_gpt2_files_alone_give_a_tokenizer_folder(tmp_path):

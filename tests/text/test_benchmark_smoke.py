@@ -73,3 +73,11 @@ def test_fineweb_scale_runs_on_the_test_cluster(tmp_path):
     merge = result["stages"]["merge_tokenized"]
     assert merge["span_s"] >= merge["job_seconds_sum"] - 0.01 > 0
     assert result["tokens"] > 0 and result["ratio_end_to_end_to_bare"] > 0
+
+
+def test_shard_cpu_runs_on_a_tiny_file(tmp_path, capsys):
+    result = load("shard_cpu").main(
+        ["--text-megabytes", "0.2", "--repeat", "1", "--workdir", str(tmp_path)]
+    )
+    assert result["medians"]["here"] > 0
+    assert "4 shards / 1 shard, CPU, median of 1" in capsys.readouterr().out

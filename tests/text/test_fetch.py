@@ -196,6 +196,32 @@ def test_fetch_copies_the_configs_files_as_they_are_verified(tmp_path, fineweb_r
     assert "local mirror" in shard_manifest("web", shipped, 0, 1, ShardCounts())["revision"]
 
 
+def test_fetch_reports_files_bytes_rate_and_time_left(tmp_path, fineweb_repo, monkeypatch):
+    """Issue 51 item 2: a line per file said neither which of how many nor how much was
+    left. Now each file's line says "file k of n", and progress lines the megabytes done
+    of all, the share, the rate and the time left (as tokenize's and training's do)."""
+    import re
+
+    monkeypatch.setenv("HPCLLM_PROGRESS_S", "0")  # a progress line at every update
+    hub = StandInHub(fineweb_repo)
+    proc, out = fetch(tmp_path, hub, FINEWEB)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    parts = [f"sample/10BT/{p}" for p in PARTS]
+    for k, part in enumerate(parts, 1):
+        size = (fineweb_repo / part).stat().st_size
+        assert f"web: {part} ({size:,} bytes) verified, file {k} of 2" in proc.stderr
+    total = sum((fineweb_repo / p).stat().st_size for p in parts) / 1e6
+    lines = re.findall(r"fetch_text web: .*", proc.stderr)
+    assert lines and lines[-1].startswith(
+        f"fetch_text web: {total:,.0f} of {total:,.0f} MB (100.0%)"
+    )
+    assert "done in" in lines[-1]
+    # again, everything there already: the files count from the start, nothing is left
+    proc, _ = fetch(tmp_path, hub, FINEWEB)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "(100.0%)" in re.findall(r"fetch_text web: .*", proc.stderr)[0]
+
+
 def test_a_dropped_download_resumes_from_where_it_stopped(tmp_path, fineweb_repo):
     # Bigger than huggingface_hub's download chunk (10 MB), so that part of it is on disk
     # when the connection drops: 24 MB of incompressible text in one more file.

@@ -109,6 +109,22 @@ def test_jsonl_zst_and_gz_in_place_are_byte_identical(tmp_path, trained_tokenize
     )
 
 
+@pytest.mark.parametrize("shards", [1, 4, 7])
+def test_plain_jsonl_cut_by_bytes_is_byte_identical(
+    tmp_path, trained_tokenizer, sample_texts, edge_texts, shards
+):
+    """One plain JSONL file in 4 and 7 shards, cut by bytes at line starts (issue 51):
+    the merged dataset is Megatron's on the same texts, as at 1 shard."""
+    texts = (edge_texts + sample_texts)[:120]
+    lines = [json.dumps({"text": t}) + "\n" for t in texts]
+    (tmp_path / "one.jsonl").write_text("".join(lines))
+    cfg = {"type": "local", "files": [str(tmp_path / "one.jsonl")]}
+    merged, manifests = tokenize_source(tmp_path, cfg, shards, trained_tokenizer)
+    kept = [t for t in texts if t.strip()]
+    same_bytes(merged, megatron_reference(tmp_path, kept, trained_tokenizer))
+    assert sum(m["documents"] for m in manifests) == len(kept)
+
+
 def test_the_shipped_hub_mirror_is_read_in_place(tmp_path, repo, trained_tokenizer):
     """The built-in fineweb source: the mirror's Parquet files through the dataset card's
     config, read with pyarrow, the same documents as pyarrow reading the files itself."""

@@ -62,3 +62,34 @@ def test_vocabulary_size_and_special_token_ids(tmp_path, sample_texts):
 def test_train_bpe_needs_an_end_of_document_token(tmp_path):
     with pytest.raises(ValueError, match="at least the end-of-document special token"):
         train_bpe(shards(tmp_path, [3]), tmp_path / "o", vocab_size=300, special_tokens=[])
+
+
+def test_training_reports_documents_done_rate_and_time_left(
+    tmp_path, sample_texts, monkeypatch, caplog
+):
+    """Issue 51 item 2: train_tokenizer logged only its start and end. Now reading the
+    sample and the trainer's pass over it report documents done of all, the rate and the
+    time left (as tokenize does), and the merges the time they took."""
+    import logging
+    import re
+
+    import hpcllm.progress
+
+    monkeypatch.setattr(hpcllm.progress, "INTERVAL_S", 0.0)  # a line at every update
+    corpus = tmp_path / "c.jsonl.zst"
+    texts = (sample_texts * 8)[:1200]
+    write_jsonl_zst(((str(i), t) for i, t in enumerate(texts)), corpus)
+    with caplog.at_level(logging.INFO):
+        train_bpe([corpus], tmp_path / "bpe", vocab_size=400, special_tokens=["<|endoftext|>"],
+                  sample_documents=1000)  # fmt: skip
+    lines = caplog.messages
+    reading = [m for m in lines if m.startswith("train_tokenizer: reading the sample: ")]
+    assert "256 of 1,000 documents (25.6%)" in reading[0], reading
+    assert re.search(
+        r"1,000 of 1,000 documents \(100\.0%\), [\d.,]+ documents/s, done in", reading[-1]
+    )
+    counting = [m for m in lines if m.startswith("train_tokenizer: counting words: ")]
+    assert any(re.search(r"of 1,000 documents \(\d+\.\d%\), [\d.,]+ documents/s, ETA ", m)
+               for m in counting), counting  # fmt: skip
+    assert counting[-1].startswith("train_tokenizer: counting words: 1,000 of 1,000 documents")
+    assert any(re.fullmatch(r"train_tokenizer: merges learned in \d+:\d\d:\d\d", m) for m in lines)

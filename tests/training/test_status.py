@@ -283,3 +283,73 @@ def test_the_finish_is_laid_out_from_the_records_the_running_attempt_and_squeue_
     ), line
     shown = time.mktime(time.strptime(line.split(": ", 1)[1][:19], "%Y-%m-%d %H:%M:%S"))
     assert abs(shown - (now + 600)) <= 2, line
+
+
+def _engine_lines(first: int, last: int, ms: float = 2000.0) -> str:
+    return "".join(
+        f" iteration {i:8d}/{30:8d} | consumed samples: {8 * i:12d} | elapsed time per "
+        f"iteration (ms): {ms} | lm loss: 5.0E+00 |\n"
+        for i in range(first, last + 1)
+    )
+
+
+def _to_finish(out: str) -> float:
+    import re
+
+    return float(re.search(r"about ([\d.]+) to finish", out)[1])
+
+
+def test_the_gpu_hours_to_finish_fall_steadily_through_a_running_segment(tmp_path, monkeypatch):
+    """Issue 51 item 4: the figure jumped 0.44 -> 0.67 -> 0.33 within one segment (the
+    running attempt's hours counted, its iterations not yet). Now: the iterations left
+    (from the running attempt's newest logged one) times the GPU-hours per iteration of
+    the attempts that ended; it falls as the segment runs and hardly moves at its end."""
+    campaign(tmp_path, reached=10, segments_done=1)
+    logs = tmp_path / "logs/train_segment/tiny_local"
+    (logs / "seg2.engine.log").write_text("")
+    t0 = time.time() - 10_000
+    (logs / "seg1.attempts.json").write_text(json.dumps(
+        [{"attempt": 1, "job_id": "70", "host": "n1", "start_iteration": 0, "started": t0,
+          "reached_iteration": 10, "ended": t0 + 3600}]))  # fmt: skip
+    running = {"attempt": 1, "job_id": "71", "host": "n1", "start_iteration": 10,
+               "started": t0 + 3700, "log_offset": 0}  # fmt: skip
+    attempts(tmp_path, [running])
+    jobs = [
+        {"id": "71", "state": "RUNNING", "comment": "rule_train_segment_wildcards_tiny_local_2"}
+    ]
+    seen = []
+    for logged in (11, 14, 17, 19):
+        (logs / "seg2.engine.log").write_text(_engine_lines(11, logged))
+        for now in (t0 + 3700 + 300 * (logged - 10), t0 + 3700 + 400 * (logged - 10)):
+            monkeypatch.setattr(status.time, "time", lambda now=now: now)
+            out = block(
+                status.campaign_status(tmp_path, profile="profiles/local", jobs=jobs),
+                "tiny_local",
+            )
+            seen.append(_to_finish(out))
+    # 1 GPU-hour per 10 iterations of the ended attempt, 30 - logged iterations left
+    assert seen == [1.9, 1.9, 1.6, 1.6, 1.3, 1.3, 1.1, 1.1], seen
+    # The segment ends at 20: a checkpoint, the attempt's record; about the same figure.
+    (tmp_path / "checkpoints/tiny_local/iter_0000020").mkdir()
+    (tmp_path / "checkpoints/tiny_local/latest_checkpointed_iteration.txt").write_text("20")
+    (tmp_path / "results/train/tiny_local/seg2.json").write_text("{}")
+    attempts(tmp_path, [{**running, "reached_iteration": 20, "ended": t0 + 3700 + 3600}])
+    monkeypatch.undo()
+    out = block(status.campaign_status(tmp_path, profile="profiles/local", jobs=[]), "tiny_local")
+    assert _to_finish(out) == 1.0, out
+
+
+def test_a_new_attempt_shows_the_speed_the_last_segment_measured(tmp_path):
+    """Issue 51 item 4: "last segment - tokens/s" whenever a new attempt had started (its
+    engine log holds no interval yet): the newest measured figure is shown."""
+    campaign(tmp_path, reached=20, segments_done=2)
+    logs = tmp_path / "logs/train_segment/tiny_local"
+    (logs / "seg2.engine.log").write_text(_engine_lines(11, 20, ms=500.0))
+    (logs / "seg3.engine.log").write_text("")  # the next segment's attempt just started
+    out = block(status.campaign_status(tmp_path, profile="profiles/local", jobs=[]), "tiny_local")
+    assert "last segment - tokens/s" not in out, out
+    assert "last segment " in out and " tokens/s" in out
+    rate = float(out.split("last segment ")[1].split(" tokens/s")[0].replace(",", ""))
+    (logs / "seg3.engine.log").write_text(_engine_lines(21, 22, ms=1000.0))
+    later = block(status.campaign_status(tmp_path, profile="profiles/local", jobs=[]), "tiny_local")
+    assert f"last segment {rate / 2:,.0f} tokens/s" in later, later

@@ -27,6 +27,8 @@ def test_lmdb_pack_benchmark_prints_the_ratio_to_tar_and_sync(tmp_path):
             "--compare-read-ahead",
             "--compare-writeback",
             "--job",
+            "--compare-sizes",
+            "64/128",
             "--size",
             "64x48",
         ],  # fmt: skip
@@ -38,7 +40,8 @@ def test_lmdb_pack_benchmark_prints_the_ratio_to_tar_and_sync(tmp_path):
     out = proc.stdout
     assert "tree: 24 images" in out
     assert (tmp_path / "imagenet24_64x48").is_dir()
-    for name in ("pack_lmdb", "pack, no read-ahead", "pack, no writeback", "pack_lmdb job"):
+    names = ("pack_lmdb", "pack, no read-ahead", "pack, no writeback", "pack_lmdb job")
+    for name in (*names, "job, 64/128 MB"):
         for what in ("ratio", "CPU ratio"):
             ratio = re.search(
                 rf"^{what} {re.escape(name)}/\(tar -cf \+ sync\): ([\d.]+)", out, re.M

@@ -18,6 +18,7 @@ from typing import Any
 
 from hpcllm.atomic import atomic_path
 from hpcllm.export.convert import ExportError, megatron_tensors, megatron_to_hf, torch_engine_model
+from hpcllm.export.identity import weights_digest
 from hpcllm.training.checkpoints import tracker as checkpoints
 from hpcllm.training.checkpoints.checksums import verify_iteration
 from hpcllm.training.checkpoints.tracker import CheckpointError
@@ -143,6 +144,9 @@ def export(
         "tokens": record["consumed_samples"] * weights["model.seq_length"],
         "settings_hash": settings_hash(weights),
         "source_checkpoint": str(source),
+        # the weights (the checkpoint's checksums manifest): names the model, where this
+        # file's own digest names the export (hpcllm.export.identity)
+        "weights_digest": weights_digest(source),
         # the data the model trained on, as its last segment's record says (None: a record
         # from before records named it)
         "data_digest": record.get("data_digest"),

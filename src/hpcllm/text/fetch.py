@@ -17,11 +17,14 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from hpcllm.atomic import atomic_path
 from hpcllm.diskspace import ensure_space
+from hpcllm.progress import Progress
 from hpcllm.text.hub_files import (
     OSCAR_2301,
     Repository,
@@ -79,6 +82,58 @@ def verify(path: str, name: str, sibling: Any) -> dict[str, Any]:
     return {"size": size, kind.replace(" ", "_"): got}
 
 
+# Where huggingface_hub (1.x, ``local_dir``) writes a file while it downloads it:
+# ``<local_dir>/.cache/huggingface/download/<folder>/<hash>.<etag>.incomplete``. Its size
+# is the progress inside a file; where a version writes elsewhere, progress is per file.
+PARTIAL_GLOB = ".cache/huggingface/download/**/*.incomplete"
+POLL_S = 5.0
+
+
+def _partial_bytes(files_dir: str) -> int:
+    from pathlib import Path
+
+    return sum(_size(str(p)) for p in Path(files_dir).glob(PARTIAL_GLOB))
+
+
+def _watch(progress: Progress, base: int, files_dir: str, stop: threading.Event) -> None:
+    """Until ``stop``: the bytes done (``base``, plus the partial file's) every few s."""
+    while not stop.wait(max(0.2, min(POLL_S, progress.interval))):
+        progress.update((base + _partial_bytes(files_dir)) / 1e6)
+
+
+def _fetch_with_progress(
+    name: str,
+    wanted: list[str],
+    siblings: dict[str, Any],
+    files_dir: str,
+    get: Callable[[str, str], str],
+) -> None:
+    """Download ``wanted`` one after the other with progress: each file's line says which
+    of how many it is; progress lines say the megabytes of all of them done (files there
+    already count from the start, so the rate and the time left are the download's), the
+    rate and the time left. While a file downloads, its partial file is measured every
+    few seconds."""
+    sizes = {f: siblings[f].size or 0 for f in wanted if f in siblings}
+    there = sum(n for f, n in sizes.items() if _size(os.path.join(files_dir, f)) == n)
+    progress = Progress(f"fetch_text {name}", sum(sizes.values()) / 1e6, "MB")
+    progress.update(there / 1e6)  # the rate is measured from here on
+    done = 0
+    for k, filename in enumerate(wanted, 1):
+        stop = threading.Event()
+        watcher = threading.Thread(
+            target=_watch, args=(progress, done, files_dir, stop), daemon=True
+        )
+        watcher.start()
+        try:
+            get(filename, f", file {k} of {len(wanted)}")
+        finally:
+            stop.set()
+            watcher.join()
+        done += sizes.get(filename, 0)
+        progress.update(done / 1e6)
+    progress.finish(done / 1e6)
+
+
 def fetch_source(
     name: str, cfg: dict[str, Any], files_dir: str | os.PathLike, out_manifest: str | os.PathLike
 ) -> dict[str, Any]:
@@ -98,7 +153,7 @@ def fetch_source(
     siblings = {s.rfilename: s for s in info.siblings or []}
     fetched: dict[str, dict[str, Any]] = {}
 
-    def get(filename: str) -> str:
+    def get(filename: str, position: str = "") -> str:
         if filename not in fetched:
             if filename not in siblings:
                 raise SourceError(
@@ -108,7 +163,8 @@ def fetch_source(
                 repo, filename, repo_type="dataset", revision=info.sha, local_dir=files_dir
             )
             fetched[filename] = verify(path, filename, siblings[filename])
-            log.info("%s: %s (%d bytes) verified", name, filename, fetched[filename]["size"])
+            size = f"{fetched[filename]['size']:,}"
+            log.info("%s: %s (%s bytes) verified%s", name, filename, size, position)
         return os.path.join(files_dir, filename)
 
     class Hub(Repository):
@@ -154,8 +210,7 @@ def fetch_source(
             if f not in fetched and f in siblings
         ),
     )
-    for filename in wanted:
-        get(filename)
+    _fetch_with_progress(name, wanted, siblings, files_dir, get)
     manifest = {
         "source": name,
         "dataset": repo,

@@ -8,8 +8,10 @@ is reported by file and line (or record number).
 Sharding keeps source order: shard k gets a contiguous block, so the shards concatenated
 (what ``merge_tokenized`` does) are the source in order. When a source has at least as
 many files as shards, the blocks are blocks of files (each Slurm job reads only its own
-files); otherwise the records are counted once and split into blocks. Limits (documents,
-bytes) are split evenly over the shards and apply to each shard's block from its start.
+files); otherwise plain JSON lines files are cut into blocks by bytes at line starts
+(each job reads only its block), and other files' records are counted and split into
+blocks. Limits (documents, bytes) are split evenly over the shards and apply to each
+shard's block from its start.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from hpcllm.text.compressed import disk_position, open_binary
+from hpcllm.text.compressed import compression_of, disk_position, open_binary
 from hpcllm.text.hub_files import (
     Repository,
     ScriptDataset,
@@ -172,10 +174,20 @@ def resolve_local_files(name: str, cfg: dict[str, Any], base: str | os.PathLike 
 
 
 def _jsonl_records(
-    path: str, text_field: str, id_field: str | None, size: ShardSize | None = None
+    path: str,
+    text_field: str,
+    id_field: str | None,
+    size: ShardSize | None = None,
+    begin: int = 0,
+    end: int | None = None,
 ) -> Iterator[Document]:
     """JSONL read line by line so that a bad line is reported with its number; ``size``:
-    its ``bytes_now`` follows the position in the file."""
+    its ``bytes_now`` follows the position in the file. ``begin``/``end`` (an
+    uncompressed file only): the lines that start at a byte offset in ``begin``..``end``
+    (see :func:`_byte_blocks`), read from the first of them on."""
+    if begin or end is not None:
+        yield from _jsonl_byte_range(path, text_field, id_field, size, begin, end)
+        return
     name = Path(path).name
     mask = POSITION_EVERY - 1 if size is not None else -1  # -1: never 0
     with open_binary(path) as raw:
@@ -186,28 +198,74 @@ def _jsonl_records(
                 line = line.removeprefix(UTF8_BOM)  # written by some Windows tools
             if not line.strip():
                 continue
-            try:
-                # orjson refuses invalid UTF-8 too: the line is decoded a second time
-                # only to tell which of the two it is.
-                record = orjson.loads(line)
-            except orjson.JSONDecodeError as e:
-                try:
-                    line.decode("utf-8")
-                except UnicodeDecodeError as bad:
-                    yield BadRecord(
-                        f"{path}:{lineno}",
-                        "invalid_utf8",
-                        f"invalid UTF-8 at byte {bad.start} of the line",
-                    )
-                    continue
-                yield BadRecord(f"{path}:{lineno}", "malformed_json", f"malformed JSON ({e})")
+            yield _jsonl_line(line, path, name, lineno, text_field, id_field)
+
+
+def _jsonl_byte_range(
+    path: str,
+    text_field: str,
+    id_field: str | None,
+    size: ShardSize | None,
+    begin: int,
+    end: int | None,
+) -> Iterator[Document]:
+    """The lines of a plain JSONL file that start at a byte offset in ``begin``..``end``:
+    the file is read from the first of them; before it only newlines are counted (in C,
+    a few ms per 100 MB) so that lines keep their numbers."""
+    name = Path(path).name
+    with open(path, "rb") as raw:
+        first = 1
+        if begin:
+            raw.seek(begin - 1)
+            raw.readline()  # the rest of the line that starts before ``begin``
+        pos = raw.tell()
+        if pos:
+            first += _newlines_before(path, pos)
+        for lineno, line in enumerate(raw, first):
+            if end is not None and pos >= end:
+                break
+            pos += len(line)
+            if size is not None and not lineno & (POSITION_EVERY - 1):
+                size.bytes_now = pos - begin
+            if lineno == 1:
+                line = line.removeprefix(UTF8_BOM)
+            if not line.strip():
                 continue
-            if not isinstance(record, dict):
-                yield BadRecord(
-                    f"{path}:{lineno}", "malformed_json", "a JSON line must hold an object"
-                )
-                continue
-            yield _document(record, f"{path}:{lineno}", text_field, id_field, f"{name}:{lineno}")
+            yield _jsonl_line(line, path, name, lineno, text_field, id_field)
+
+
+def _newlines_before(path: str, pos: int) -> int:
+    with open(path, "rb") as raw:
+        count, left = 0, pos
+        while left:
+            chunk = raw.read(min(left, 1 << 22))
+            if not chunk:
+                break
+            count += chunk.count(b"\n")
+            left -= len(chunk)
+        return count
+
+
+def _jsonl_line(
+    line: bytes, path: str, name: str, lineno: int, text_field: str, id_field: str | None
+) -> Document | BadRecord:
+    try:
+        # orjson refuses invalid UTF-8 too: the line is decoded a second time
+        # only to tell which of the two it is.
+        record = orjson.loads(line)
+    except orjson.JSONDecodeError as e:
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as bad:
+            return BadRecord(
+                f"{path}:{lineno}",
+                "invalid_utf8",
+                f"invalid UTF-8 at byte {bad.start} of the line",
+            )
+        return BadRecord(f"{path}:{lineno}", "malformed_json", f"malformed JSON ({e})")
+    if not isinstance(record, dict):
+        return BadRecord(f"{path}:{lineno}", "malformed_json", "a JSON line must hold an object")
+    return _document(record, f"{path}:{lineno}", text_field, id_field, f"{name}:{lineno}")
 
 
 def _document(
@@ -378,10 +436,12 @@ def _local_file_records(
     stop: int | None = None,
     columnar: bool = False,
     size: ShardSize | None = None,
+    byte_range: tuple[int, int | None] | None = None,
 ) -> Iterator[Document | BadRecord | TextRun]:
     """The records ``start``..``stop`` of one file (all by default); ``columnar``: a
     Parquet file's clean batches as :class:`TextRun`; ``size``: where a JSON lines file's
-    position is reported."""
+    position is reported; ``byte_range`` (a plain JSON lines file): only the lines that
+    start in it (``start``/``stop`` then apply to those)."""
     text_field, id_field = cfg.get("text_field") or "text", cfg.get("id_field", "id")
     if os.path.getsize(path) == 0:
         if start == 0 and stop != 0:
@@ -394,7 +454,7 @@ def _local_file_records(
         yield from _parquet_records(path, text_field, id_field, start, stop, columnar)
         return
     if fmt == "jsonl":
-        records = _jsonl_records(path, text_field, id_field, size)
+        records = _jsonl_records(path, text_field, id_field, size, *(byte_range or (0, None)))
     elif fmt == "text":
         import datasets
 
@@ -569,6 +629,9 @@ def _file_blocks(
             size.bytes_now = 0
         return
     paths = [local_path(n) for n in names]
+    if _splits_by_bytes(paths, cfg):
+        yield from _byte_blocks(paths, cfg, shard, num_shards, size)
+        return
     counts = [_count_records(path, cfg) for path in paths]
     start, stop = block(sum(counts), shard, num_shards)
     if size is not None:
@@ -581,6 +644,47 @@ def _file_blocks(
         offset += n
         if offset >= stop:
             break
+
+
+def _splits_by_bytes(paths: list[str], cfg: dict[str, Any]) -> bool:
+    """Whether the block of a shard can be found by byte offsets: uncompressed, non-empty
+    JSON lines files (a compressed file is read from its start anyway; an empty file is
+    one bad record, which has no offset)."""
+    return all(
+        (cfg.get("format") or _format_quietly(p)) == "jsonl"
+        and compression_of(p) is None
+        and os.path.getsize(p) > 0
+        for p in paths
+    )
+
+
+def _byte_blocks(
+    paths: list[str],
+    cfg: dict[str, Any],
+    shard: int,
+    num_shards: int,
+    size: ShardSize | None,
+) -> Iterator[Document | BadRecord | TextRun]:
+    """Shard k of JSON lines files (fewer than the shards) by bytes: the files taken as
+    one run of bytes cut into ``num_shards`` even parts, shard k gets the lines that
+    start in part k. So no job reads, or counts, the records of other shards' parts (it
+    counts the newlines before its part in the file where the part starts, for line
+    numbers), the blocks concatenate to the source in order, and each line belongs to
+    exactly one shard."""
+    sizes = [os.path.getsize(p) for p in paths]
+    lo, hi = block(sum(sizes), shard, num_shards)
+    if size is not None:
+        size.file_bytes = hi - lo
+    offset = 0
+    for path, n in zip(paths, sizes, strict=True):
+        begin, end = max(lo - offset, 0), hi - offset
+        offset += n
+        if begin >= n or end <= 0:
+            continue
+        yield from _local_file_records(path, cfg, size=size, byte_range=(begin, end))
+        if size is not None:
+            size.bytes_done += min(end, n) - begin
+            size.bytes_now = 0
 
 
 def shard_documents(

@@ -12,11 +12,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
+import time
 from collections.abc import Iterator, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from hpcllm.atomic import atomic_paths
+from hpcllm.progress import Progress
 from hpcllm.text.tokenization import load_tokenizer, read_texts
 
 log = logging.getLogger(__name__)
@@ -40,6 +44,55 @@ def sample_texts(shards: Sequence[Any], max_documents: int) -> Iterator[str]:
                 taken += 1
             if n >= per_shard or taken >= max_documents:
                 break
+
+
+# Documents between progress updates (a power of 2: a mask tests it).
+EVERY = 256
+
+
+def _train_with_progress(tok: Any, trainer: Any, texts: list[str], vocab_size: int) -> None:
+    """``train_from_iterator`` with progress: the trainer's first pass (it reads and
+    counts the words of every document) as documents done of all, with rate and time
+    left; its second (learning merges, inside the Rust trainer, which reports nothing to
+    Python) as the time it has taken so far, every progress interval, so that a long one
+    is seen to be alive."""
+    counting = Progress("train_tokenizer: counting words", len(texts), "documents")
+    counted = threading.Event()
+
+    def fed() -> Iterator[str]:
+        for i, text in enumerate(texts, 1):
+            yield text
+            if not i & (EVERY - 1):
+                counting.update(i)
+        counting.finish(len(texts))
+        counted.set()
+
+    done, trained = threading.Event(), threading.Event()
+
+    def merging() -> None:
+        counted.wait()
+        start = time.monotonic()
+        while not done.wait(max(counting.interval, 1.0)):
+            elapsed = timedelta(seconds=round(time.monotonic() - start))
+            log.info(
+                "train_tokenizer: learning merges up to %s tokens, %s so far (the trainer "
+                "reports no share)",
+                f"{vocab_size:,}",
+                elapsed,
+            )
+        if trained.is_set():
+            elapsed = timedelta(seconds=round(time.monotonic() - start))
+            log.info("train_tokenizer: merges learned in %s", elapsed)
+
+    heartbeat = threading.Thread(target=merging, daemon=True)
+    heartbeat.start()
+    try:
+        tok.train_from_iterator(fed(), trainer=trainer, length=len(texts))
+        trained.set()
+    finally:
+        done.set()
+        counted.set()
+        heartbeat.join()
 
 
 def hf_tokenizer_config(eod_token: str) -> dict:
@@ -75,11 +128,17 @@ def train_bpe(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    texts = list(sample_texts(shards, sample_documents))
+    reading = Progress("train_tokenizer: reading the sample", sample_documents, "documents")
+    texts = []
+    for text in sample_texts(shards, sample_documents):
+        texts.append(text)
+        if not len(texts) & (EVERY - 1):
+            reading.update(len(texts))
+    reading.finish(len(texts))
     if not texts:
         raise ValueError(f"no documents to train the tokenizer on in {', '.join(map(str, shards))}")
     log.info("training a %d-token byte-level BPE on %d documents", vocab_size, len(texts))
-    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    _train_with_progress(tok, trainer, texts, vocab_size)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = out / "tokenizer_config.json"

@@ -261,15 +261,27 @@ def experiment_status(
         log_age = max(0.0, now - max(p.stat().st_mtime for p in logs))
         rows = [r for r in parse_log_lines(logs[-1].read_text(errors="replace")) if "lm loss" in r]
         if rows:
-            last = rows[-1]
-            logged = last["iteration"]
-            ms = last.get("elapsed time per iteration (ms)")
-            if isinstance(ms, float) and ms > 0:
-                seconds_per_iteration = ms / 1000
-                tokens_per_second = (
-                    last.get("global batch size", layout.global_batch) * seq / (ms / 1000)
-                )
-            tflops = last.get("throughput per GPU (TFLOP/s/GPU)")
+            logged = rows[-1]["iteration"]
+        # The speed: the newest line that measured one, in the newest log that has one (a
+        # new attempt's log has none until its first interval: the segment before's holds).
+        for log in reversed(logs):
+            if log is not logs[-1]:
+                rows = [
+                    r for r in parse_log_lines(log.read_text(errors="replace")) if "lm loss" in r
+                ]
+            measured = [
+                r
+                for r in rows
+                if isinstance(r.get("elapsed time per iteration (ms)"), float)
+                and r["elapsed time per iteration (ms)"] > 0
+            ]
+            if measured:
+                last = measured[-1]
+                seconds_per_iteration = last["elapsed time per iteration (ms)"] / 1000
+                batch = last.get("global batch size", layout.global_batch)
+                tokens_per_second = batch * seq / seconds_per_iteration
+                tflops = last.get("throughput per GPU (TFLOP/s/GPU)")
+                break
     energy = log_energy(
         [r for p in logs for r in parse_log_lines(p.read_text(errors="replace")) if "lm loss" in r],
         layout.gpus,
@@ -290,6 +302,7 @@ def experiment_status(
     )
     seconds, trained, running_seconds = 0.0, 0, 0.0
     running_since = None  # when the attempt running now started
+    running_logged = None  # the iteration it logged last
     newest: tuple[float, attempts_mod.Attempt] | None = None  # the newest attempt of all
     failed: tuple[float, attempts_mod.Attempt] | None = None  # the newest that failed
     for path in (workdir / "logs" / "train_segment" / name).glob("seg*.attempts.json"):
@@ -307,6 +320,10 @@ def experiment_status(
                 end = now
                 running_seconds += max(0.0, now - a.started)
                 running_since = max(running_since or 0.0, a.started)
+                # how far it got: its own part of the engine log
+                running_logged = attempts_mod.trained_to(
+                    a, path.with_name(path.name.replace(".attempts.json", ".engine.log"))
+                )
             seconds += max(0.0, end - a.started)
             if a.reached_iteration is not None:
                 trained += max(0, a.reached_iteration - a.start_iteration)
@@ -346,9 +363,14 @@ def experiment_status(
         # not the model the current settings train: no figure of it as the current one
         iteration = train_loss = valid_loss = log_age = energy = None
         tokens_per_second = tflops = seconds_per_iteration = None
-    to_finish = None
-    if trained and iteration is not None:
-        to_finish = gpu_hours / trained * (total - iteration)
+    to_finish = _gpu_hours_to_finish(
+        (seconds - running_seconds) * layout.gpus / 3600,
+        trained,
+        seconds_per_iteration and seconds_per_iteration * layout.gpus / 3600,
+        total,
+        iteration,
+        running_logged,
+    )
     seconds_to_finish = None
     if seconds_per_iteration is not None:
         seconds_to_finish = seconds_per_iteration * (total - (iteration or 0))
@@ -415,6 +437,36 @@ def experiment_status(
         wh_per_million_tokens=wh_per_million_tokens(*energy) if energy else None,
         calendar=finish,
     )
+
+
+def _gpu_hours_to_finish(
+    ended_gpu_hours: float,
+    trained: int,
+    logged_gpu_hours_per_iteration: float | None,
+    total: int,
+    iteration: int | None,
+    running_logged: int | None,
+) -> float | None:
+    """The GPU-hours left: the iterations left times the GPU-hours per iteration measured.
+
+    The rate is that of the attempts that ended (their GPU-hours, failures included, per
+    iteration they trained), constant while an attempt runs: counting the running
+    attempt's hours but not yet its iterations made the figure grow through a segment and
+    fall at its end. Before any attempt ended, the engine log's speed. The iterations left
+    count from the running attempt's newest logged iteration (its progress), else from
+    the checkpoint."""
+    if iteration is None:
+        return None
+    if trained:
+        rate = ended_gpu_hours / trained
+    elif logged_gpu_hours_per_iteration:
+        rate = logged_gpu_hours_per_iteration
+    else:
+        return None
+    reached = iteration
+    if running_logged is not None and iteration < running_logged <= total:
+        reached = running_logged
+    return rate * (total - reached)
 
 
 def _finish(workdir, name, exp, iteration, now, jobs, chain_name, running_since, logged,
