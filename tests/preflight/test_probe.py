@@ -347,11 +347,12 @@ def fake_slurm(tmp_path, monkeypatch) -> Path:
 
 
 # What the chain's jobs get on the sites that run the pre-flight in a development QOS:
-# the profile's train_segment partition and QOS (Leonardo's profile sets none).
+# the profile's train_segment partition and QOS (Leonardo's profile sets none), GPUs and
+# cores per task.
 CHAIN_JOBS = {
-    "leonardo": ("boost_usr_prod", None),
-    "mn5": ("gpu-p", "acc_x"),
-    "meluxina": ("gpu", "default"),
+    "leonardo": ("boost_usr_prod", None, "gpu:4", "32"),
+    "mn5": ("gpu-p", "acc_x", "gpu:4", "80"),
+    "meluxina": ("gpu", "default", "gpu:4", "64"),
 }
 
 
@@ -370,11 +371,13 @@ def test_the_sbatch_test_asks_for_what_the_chain_jobs_get(tmp_path, monkeypatch,
     resources = {"default-resources": profile["default-resources"], **profile["set-resources"]}
     cluster = load_cluster(name, root=ROOT, environ=environ)
     submit = probe.submit_options(cluster, resources, environ)
-    partition, qos = CHAIN_JOBS[name]
+    partition, qos, gres, cpus = CHAIN_JOBS[name]
     assert submit == {
         "partition": partition,
         "account": "proj0042",
         **({"qos": qos} if qos else {}),
+        "gres": gres,
+        "cpus_per_task": cpus,
     }
     argv = fake_slurm(tmp_path, monkeypatch)
     result = probe.check_slurm_from_node(submit)
@@ -384,10 +387,67 @@ def test_the_sbatch_test_asks_for_what_the_chain_jobs_get(tmp_path, monkeypatch,
     assert words[words.index("--account") + 1] == "proj0042"
     if qos:
         assert words[words.index("--qos") + 1] == qos
-        assert f"--qos {qos}: job 81 (held)" in result["detail"], result
+        assert (
+            f"--qos {qos} --gres {gres} --cpus-per-task {cpus}: job 81 (held)" in (result["detail"])
+        ), result
     else:
         assert "--qos" not in words
+    assert words[words.index("--gres") + 1] == gres
+    assert words[words.index("--cpus-per-task") + 1] == cpus
     assert "boost_qos_dbg" not in words and "devp" not in words  # the probe's own job's
+
+
+def gpu_profiles() -> list[str]:
+    from hpcllm.clusters import known_clusters
+
+    return [
+        n
+        for n in known_clusters(ROOT)
+        if load_cluster(n, root=ROOT, environ=PROFILE_ENV).gpus_per_node > 0
+        and load_cluster(n, root=ROOT, environ=PROFILE_ENV).uses_slurm
+    ]
+
+
+PROFILE_ENV = {"HPCLLM_ACCOUNT": "proj0042", "HPCLLM_GPU_PARTITION": "gpu-p",
+               "HPCLLM_QOS": "acc_x"}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", gpu_profiles())
+def test_the_sbatch_test_asks_for_a_gpu_and_cores_on_every_gpu_profile(name):
+    """Every GPU profile's probe asks sbatch for what its train_segment asks for: the GPUs
+    (--gres, as the profile gives them) and the cores per task, in the partition the chain
+    jobs run in. A site that refuses GPU-partition jobs without --gres is then not read as
+    "compute nodes may not call sbatch"."""
+    import shlex
+
+    import yaml
+
+    profile = yaml.safe_load(
+        (Path(ROOT).parents[1] / "profiles" / name / "config.yaml").read_text()
+    )
+    resources = {"default-resources": profile["default-resources"], **profile["set-resources"]}
+    cluster = load_cluster(name, root=ROOT, environ=PROFILE_ENV)
+    argv, given = probe.submit_test_argv(probe.submit_options(cluster, resources, PROFILE_ENV))
+    own = resources["train_segment"]
+    line = shlex.join(argv)
+    assert f"--gres {own['gres']}" in line, line
+    assert own["gres"] == f"gpu:{cluster.gpus_per_node}", own  # a GPU, the node's all
+    assert f"--cpus-per-task {own['cpus_per_task']}" in line, line
+    assert "--partition " in line, line
+    if name != "rehearsal":  # (the test cluster has no accounts: slurm-no-account)
+        assert "--account proj0042" in line, line
+    assert "--hold" in argv and argv[argv.index("--nodes") + 1] == "1", line
+    assert " ".join(given) in line
+
+
+def test_the_sbatch_test_takes_the_nodes_gpus_and_cores_where_the_profile_gives_none():
+    cluster = load_cluster("juwels", root=ROOT)
+    submit = probe.submit_options(cluster, {"default-resources": {"slurm_account": "a"}}, {})
+    assert submit == {"partition": cluster.partitions.gpu, "account": "a",
+                      "gres": f"gpu:{cluster.gpus_per_node}",
+                      "cpus_per_task": str(cluster.cpus_per_node)}  # fmt: skip
+    argv, _ = probe.submit_test_argv(submit)
+    assert argv[-4:] == ["--gres", "gpu:4", "--cpus-per-task", str(cluster.cpus_per_node)]
 
 
 def test_without_submit_options_the_sbatch_test_takes_the_probes_own_partition(

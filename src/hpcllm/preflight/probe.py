@@ -423,24 +423,58 @@ def _job_field(job: str, field: str) -> str | None:
 
 
 # The probe's ``submit`` options: their sbatch flags and the profile resources they are.
-SUBMIT_FLAGS = {"partition": "--partition", "account": "--account", "qos": "--qos"}
-_SUBMIT_RESOURCES = {"partition": "slurm_partition", "account": "slurm_account", "qos": "qos"}
+# A GPU and the cores as train_segment's own: a site may refuse a GPU-partition job
+# without --gres, which must not read as "compute nodes may not call sbatch".
+SUBMIT_FLAGS = {
+    "partition": "--partition",
+    "account": "--account",
+    "qos": "--qos",
+    "gres": "--gres",
+    "cpus_per_task": "--cpus-per-task",
+}
+_SUBMIT_RESOURCES = {
+    "partition": "slurm_partition",
+    "account": "slurm_account",
+    "qos": "qos",
+    "gres": "gres",
+    "cpus_per_task": "cpus_per_task",
+}
 
 
 def submit_options(
     cluster, resources: Mapping[str, Mapping[str, Any]], environ: Mapping[str, str] | None = None
 ) -> dict[str, str]:
-    """The partition, account and QOS the profile gives train_segment, whose chain jobs
-    submit their successors from compute nodes (``resources`` as for
-    hpcllm.clusters.profile_errors): the probe's sbatch test asks for the same, so that its
-    answer is about the site's policy, not about a missing QOS or the probe's own
-    development partition or QOS."""
+    """The partition, account, QOS, GPUs (gres) and cores per task the profile gives
+    train_segment, whose chain jobs submit their successors from compute nodes
+    (``resources`` as for hpcllm.clusters.profile_errors): the probe's sbatch test asks for
+    the same, so that its answer is about the site's policy, not about a missing QOS or
+    GPU, or the probe's own development partition or QOS. Where the profile gives no gres
+    or cores: the node's, as the pre-flight jobs take them
+    (workflow/rules/preflight_functions.smk, preflight_resources)."""
     found = {
         key: profile_resource(resources, "train_segment", name, environ)
         for key, name in _SUBMIT_RESOURCES.items()
     }
     found["partition"] = found["partition"] or cluster.partitions.gpu
+    gpus = getattr(cluster, "gpus_per_node", 0) or 0
+    found["gres"] = found["gres"] or (f"gpu:{gpus}" if gpus else None)
+    found["cpus_per_task"] = found["cpus_per_task"] or getattr(cluster, "cpus_per_node", None)
     return {key: str(value) for key, value in found.items() if value}
+
+
+def submit_test_argv(options: Mapping[str, str | None]) -> tuple[list[str], list[str]]:
+    """The probe's sbatch line (without its ``--wrap``) for ``options`` (submit_options'
+    keys), and the flags of those options alone (for the answer's words)."""
+    # Held, and to begin in an hour besides: it must stay pending until it is cancelled
+    # (a test cluster once ran a job submitted with SBATCH_HOLD at once).
+    argv = ["sbatch", "--hold", "--begin", "now+3600", "--parsable", "--job-name",
+            "hpcllm-probe-submit", "--time", "1", "--nodes", "1",
+            "--output", "/dev/null"]  # fmt: skip
+    given = []
+    for key, flag in SUBMIT_FLAGS.items():
+        if options.get(key):
+            given += [flag, str(options[key])]
+    return argv + given, given
 
 
 def check_slurm_from_node(submit: dict[str, str] | None = None) -> dict[str, Any]:
@@ -450,28 +484,19 @@ def check_slurm_from_node(submit: dict[str, str] | None = None) -> dict[str, Any
     requeue of a pending job) and cancelled. An answer, not a failure: where the node may
     not, a chain is submitted up front from the login node. ``allowed`` holds it.
 
-    ``submit``: the partition, account and QOS the chain's jobs get (the profile's
-    train_segment), so that a refusal is about submitting from a compute node, not about a
-    missing QOS or the probe's own development QOS. Without it: the probe's own
-    partition and account."""
+    ``submit``: the partition, account, QOS, GPUs and cores the chain's jobs get (the
+    profile's train_segment: submit_options), so that a refusal is about submitting from a
+    compute node, not about a missing QOS or GPU or the probe's own development QOS.
+    Without it: the probe's own partition and account."""
     from hpcllm.launch import clean_environment
 
     env = clean_environment(os.environ)
-    # Held, and to begin in an hour besides: it must stay pending until it is cancelled
-    # (a test cluster once ran a job submitted with SBATCH_HOLD at once).
-    argv = ["sbatch", "--hold", "--begin", "now+3600", "--parsable", "--job-name",
-            "hpcllm-probe-submit", "--time", "1", "--nodes", "1",
-            "--output", "/dev/null"]  # fmt: skip
     options = dict(submit or {})
     job = os.environ.get("SLURM_JOB_ID")
     if submit is None and job:
         for field, key in (("Partition", "partition"), ("Account", "account")):
             options[key] = _job_field(job, field)
-    given = []
-    for key, flag in SUBMIT_FLAGS.items():
-        if options.get(key):
-            given += [flag, str(options[key])]
-    argv += given
+    argv, given = submit_test_argv(options)
     answers, allowed = [], True
     try:
         proc = _run([*argv, "--wrap", "true"], env=env, timeout=120)
