@@ -3,7 +3,8 @@ the 800M example (config/examples/fineweb_juwels.yaml with
 config/experiments/opengptx_800m.yaml, as its header says to run it) on every cluster
 profile, before any site probe ran, plans a chain and says how it is submitted: by the
 site probe's answer (it runs before the first segment), or by the cluster fact
-slurm_from_compute_nodes, named with its file."""
+slurm_from_compute_nodes, named with its file. Where the pre-flight goes to a development
+QOS whose limits are not known (MareNostrum 5, MeluXina), the plan says so."""
 
 from __future__ import annotations
 
@@ -45,13 +46,14 @@ def test_the_first_dry_run_of_the_800m_example_plans_a_chain(name, tmp_path, no_
     out = proc.stdout + proc.stderr
     assert not (workdir / "results/preflight").exists()  # the first run: no probe record
     line = plan_line(out)
+    facts = f"config/clusters/{name}.yaml"  # as the workflow names it
     fact = cluster.slurm_from_compute_nodes
     if fact is False:  # the site's documented answer: the chain up front, named with its file
         assert "submitted up front from the login node by default" in line, line
-        assert f"{cluster.path}: slurm_from_compute_nodes" in line, line
+        assert f"{facts}: slurm_from_compute_nodes" in line, line
     elif fact is True:
         assert "runs as a chain of Slurm jobs by default, each submitting its successor" in line
-        assert f"{cluster.path}: slurm_from_compute_nodes" in line, line
+        assert f"{facts}: slurm_from_compute_nodes" in line, line
     else:  # the probe, planned before the first segment, decides how it is submitted
         assert line.startswith(
             "training: each experiment runs as a chain of Slurm jobs by default, in Slurm "
@@ -65,3 +67,11 @@ def test_the_first_dry_run_of_the_800m_example_plans_a_chain(name, tmp_path, no_
     inputs = re.findall(r"^rule train_segment:\n\s+input: (.*)$", out, re.M)
     assert len(inputs) == 10 and all(canary in line.split(", ") for line in inputs), inputs
     assert "one Slurm job per segment" not in out
+    # Pre-flight jobs sent to a development QOS whose limits are not known: said
+    qos = cluster.devel_qos
+    unknown = qos is not None and None in (qos.nodes, qos.max_minutes)
+    if unknown:
+        said = f"in the development QOS {qos.name}, whose limits {facts} does not know"
+        assert said in out, out[:3000]
+    else:
+        assert "whose limits" not in out, out[:3000]

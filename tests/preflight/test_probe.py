@@ -473,3 +473,30 @@ def test_without_a_container_the_runtime_check_passes_and_the_inside_check_runs_
     argv = probe.inside_launch(local, "bare", ["torch"]).argv
     assert argv == [sys.executable, "-m", "hpcllm.preflight.inside", "--sys-path",
                     str(tmp_path), "torch"]  # fmt: skip
+
+
+def test_the_plan_says_where_the_development_qos_limits_are_not_known():
+    """MareNostrum 5's acc_debug and MeluXina's dev have no known limits: the probe and
+    the 2-node canaries go there, and the plan says what a job over an unknown limit does
+    and which facts to set; Leonardo's known limits, and sites without a QOS, say nothing."""
+    import dataclasses
+
+    jobs = {"the site probe": (1, 15), "the canaries": (2, 20)}
+    for name in ("mn5", "meluxina"):
+        cluster = load_cluster(name, root=ROOT, environ=PROFILE_ENV)
+        note = probe.devel_qos_note(cluster, jobs)
+        qos = cluster.devel_qos.name
+        assert note.startswith(
+            f"pre-flight: the site probe (1 node, 15 min), the canaries (2 nodes, 20 min) run "
+            f"in the development QOS {qos}, whose limits {cluster.path} does not "
+            "know (devel_qos.nodes and devel_qos.max_minutes: null)"
+        ), note
+        assert "QOSMaxNodePerJobLimit" in note and f"sacctmgr show qos {qos}" in note, note
+        # one limit known, the canaries over it: only the probe goes there
+        known = dataclasses.replace(cluster.devel_qos, nodes=1)
+        note = probe.devel_qos_note(dataclasses.replace(cluster, devel_qos=known), jobs)
+        assert "the canaries" not in note and "(devel_qos.max_minutes: null)" in note, note
+    assert (
+        probe.devel_qos_note(load_cluster("leonardo", root=ROOT, environ=PROFILE_ENV), jobs) is None
+    )
+    assert probe.devel_qos_note(load_cluster("juwels", root=ROOT), jobs) is None

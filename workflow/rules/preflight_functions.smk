@@ -52,6 +52,10 @@ def preflight_of(kind):
     """
     if not PREFLIGHT:
         return []
+    if workflow.is_main_process and not _CHECKED:
+        _note = _probe.devel_qos_note(CLUSTER, _preflight_jobs())
+        if _note:
+            logger.info(_note)
     if workflow.is_main_process and kind not in _CHECKED:
         _CHECKED.add(kind)
         image = _image_of("vision" if kind == "vision" else "train")
@@ -69,6 +73,17 @@ def preflight_of(kind):
             if _warning:
                 logger.warning(f"Warning: {_warning}")
     return [ancient(canary_record(kind))]
+
+
+def _preflight_jobs():
+    """The pre-flight's jobs, their nodes and minutes (for the plan's development QOS line)."""
+    return {
+        "the site probe": (1, _probe.RUNTIME_MIN),
+        "the canaries": (
+            max(canary_nodes(kind) for kind in CANARY_KINDS),
+            _canary.RUNTIME_MIN,
+        ),
+    }
 
 
 def _signal_leads(engine):

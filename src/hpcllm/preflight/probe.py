@@ -591,6 +591,38 @@ def run_probe(
     return record
 
 
+def devel_qos_note(cluster, jobs: Mapping[str, tuple[int, int]]) -> str | None:
+    """A line for the plan where pre-flight jobs go to the site's development QOS and its
+    limits are not known (``devel_qos.nodes`` or ``max_minutes`` null): a QOS that caps
+    below a job leaves it PENDING rather than refusing it, and the Slurm plugin's wait for
+    a pre-flight job does not look at why. ``jobs``: what -> (nodes, minutes). None where
+    there is nothing to say."""
+    qos = getattr(cluster, "devel_qos", None)
+    if qos is None or (qos.nodes is not None and qos.max_minutes is not None):
+        return None
+    sent = [
+        f"{what} ({nodes} node{'s' if nodes > 1 else ''}, {minutes} min)"
+        for what, (nodes, minutes) in jobs.items()
+        if cluster.devel_qos_for(nodes, minutes) == qos.name
+    ]
+    if not sent:
+        return None
+    unknown = [
+        f"devel_qos.{key}"
+        for key, value in (("nodes", qos.nodes), ("max_minutes", qos.max_minutes))
+        if value is None
+    ]
+    return (
+        f"pre-flight: {', '.join(sent)} run in the development QOS {qos.name}, whose "
+        f"limits {cluster.path} does not know ({' and '.join(unknown)}: null). Where a job "
+        "exceeds them Slurm keeps it PENDING (squeue's reason QOSMaxNodePerJobLimit or "
+        "QOSMaxWallDurationPerJobLimit) and the run waits for it: `squeue --me` shows the "
+        f"reason; then scancel it and set the limits in {cluster.path} from `sacctmgr show "
+        f"qos {qos.name} format=Name,MaxTRESPerJob,MaxWall` (a job over them then keeps "
+        "the profile's QOS)"
+    )
+
+
 def signal_lead_warning(record_path: str | os.PathLike, leads: dict[str, int]) -> str | None:
     """A warning where the probe found the image's torchrun without --shutdown-timeout and
     an experiment gives its workers more than torchrun's fixed 30 s after a SIGTERM
