@@ -67,6 +67,8 @@ def test_the_first_dry_run_of_the_800m_example_plans_a_chain(name, tmp_path, no_
     inputs = re.findall(r"^rule train_segment:\n\s+input: (.*)$", out, re.M)
     assert len(inputs) == 10 and all(canary in line.split(", ") for line in inputs), inputs
     assert "one Slurm job per segment" not in out
+    # the chain's jobs are priced as the segment jobs they are (workflow/rules/cost.smk)
+    assert re.search(r"\n  train_segment: 10 job\(s\), [\d.,]+ node-hours", out), out[-3000:]
     # Pre-flight jobs sent to a development QOS whose limits are not known: said
     qos = cluster.devel_qos
     unknown = qos is not None and None in (qos.nodes, qos.max_minutes)

@@ -500,3 +500,59 @@ def test_the_plan_says_where_the_development_qos_limits_are_not_known():
         probe.devel_qos_note(load_cluster("leonardo", root=ROOT, environ=PROFILE_ENV), jobs) is None
     )
     assert probe.devel_qos_note(load_cluster("juwels", root=ROOT), jobs) is None
+
+
+@pytest.mark.parametrize(
+    "wall,minutes",
+    [("02:00:00", 120), ("1-00:00:00", 1440), ("00:30:00", 30), ("", None), ("45:00", 45),
+     ("00:10:30", 11)],
+)  # fmt: skip
+def test_maxwall_as_minutes(wall, minutes):
+    assert probe._wall_minutes(wall) == minutes
+
+
+def fake_sacctmgr(tmp_path, monkeypatch, body: str) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "sacctmgr").write_text(f"#!/bin/sh\n{body}\n")
+    (bin_dir / "sacctmgr").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+
+
+def test_the_development_qos_limits_asked_of_sacctmgr_keep_the_canary_out_of_it(
+    tmp_path, monkeypatch
+):
+    """MareNostrum 5's acc_debug, limits unknown to its file: where sacctmgr says one node
+    and 2 h, the probe (1 node) runs in it and the 2-node canaries keep the profile's QOS,
+    and the plan says so; where sacctmgr cannot answer, the plan says that the jobs may
+    pend behind an unknown limit."""
+    cluster = load_cluster("mn5", root=ROOT, environ=PROFILE_ENV)
+    jobs = {"the site probe": (1, 15), "the canaries": (2, 20)}
+    fake_sacctmgr(tmp_path, monkeypatch, 'echo "acc_debug|cpu=320,node=1|02:00:00"')
+    asked = probe.ask_qos_limits("acc_debug")
+    limits = asked[0]
+    assert (limits.nodes, limits.minutes) == (1, 120), asked
+    planned = probe.with_asked_limits(cluster, limits)
+    assert planned.devel_qos_for(1, 15) == "acc_debug" and planned.devel_qos_for(2, 20) is None
+    note = probe.devel_qos_note(cluster, jobs, asked)
+    assert (
+        "`sacctmgr -nP show qos acc_debug format=Name,MaxTRESPerJob,MaxWall` says 1 node(s) "
+        "and 120 min per job: the site probe (1 node, 15 min) in it, the canaries (2 nodes, "
+        "20 min) in the profile's QOS"
+    ) in note, note
+    # no per-job limits listed: both fit
+    fake_sacctmgr(tmp_path, monkeypatch, 'echo "acc_debug||"')
+    asked = probe.ask_qos_limits("acc_debug")
+    note = probe.devel_qos_note(cluster, jobs, asked)
+    assert "says any number of nodes and no time limit per job: the site probe" in note, note
+    assert "no job in the profile's QOS" in note, note
+    # sacctmgr cannot answer (no accounting database, not on PATH): said, the QOS kept
+    fake_sacctmgr(tmp_path, monkeypatch, 'echo "sacctmgr: error: no slurmdbd" >&2; exit 1')
+    asked = probe.ask_qos_limits("acc_debug")
+    assert asked[0] is None and "failed (1: sacctmgr: error: no slurmdbd)" in asked[1], asked
+    assert probe.with_asked_limits(cluster, asked[0]) is cluster
+    note = probe.devel_qos_note(cluster, jobs, asked)
+    assert "the canaries (2 nodes, 20 min) run in the development QOS acc_debug" in note
+    assert "failed (1: sacctmgr: error: no slurmdbd)" in note and "PENDING" in note, note
+    fake_sacctmgr(tmp_path, monkeypatch, "true")
+    assert "lists no QOS acc_debug" in probe.ask_qos_limits("acc_debug")[1]

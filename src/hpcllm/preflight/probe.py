@@ -591,35 +591,117 @@ def run_probe(
     return record
 
 
-def devel_qos_note(cluster, jobs: Mapping[str, tuple[int, int]]) -> str | None:
-    """A line for the plan where pre-flight jobs go to the site's development QOS and its
-    limits are not known (``devel_qos.nodes`` or ``max_minutes`` null): a QOS that caps
-    below a job leaves it PENDING rather than refusing it, and the Slurm plugin's wait for
-    a pre-flight job does not look at why. ``jobs``: what -> (nodes, minutes). None where
-    there is nothing to say."""
+@dataclasses.dataclass(frozen=True)
+class QosLimits:
+    """A QOS's per-job limits as the accounting database gives them (None: no limit)."""
+
+    nodes: int | None
+    minutes: int | None
+    source: str  # the command that said so
+
+
+def _wall_minutes(text: str) -> int | None:
+    """Slurm's MaxWall (``[days-]hours:minutes:seconds``, ``minutes``; empty: no limit)."""
+    text = text.strip()
+    if not text:
+        return None
+    days, _, rest = text.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    hours, minutes, seconds = ([0, 0, 0] + parts)[-3:] if len(parts) > 1 else (0, parts[0], 0)
+    return int(days or 0) * 1440 + hours * 60 + minutes + (1 if seconds else 0)
+
+
+def ask_qos_limits(name: str, timeout: float = 30) -> tuple[QosLimits | None, str]:
+    """QOS ``name``'s per-job node and time limits from ``sacctmgr`` (on the login node,
+    at plan time), or None and why it could not answer."""
+    argv = ["sacctmgr", "-nP", "show", "qos", name, "format=Name,MaxTRESPerJob,MaxWall"]
+    said = " ".join(argv)
+    try:
+        proc = _run(argv, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"`{said}` could not be run ({e})"
+    if proc.returncode != 0:
+        return None, f"`{said}` failed ({proc.returncode}: {_tail(proc.stderr, 1)})"
+    for line in proc.stdout.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) >= 3 and fields[0] == name:
+            nodes = re.search(r"(?:^|,)node=(\d+)", fields[1])
+            try:
+                minutes = _wall_minutes(fields[2])
+            except ValueError:
+                return None, f"`{said}` printed a MaxWall this cannot read: {fields[2]!r}"
+            return QosLimits(int(nodes.group(1)) if nodes else None, minutes, said), ""
+    return None, f"`{said}` lists no QOS {name}"
+
+
+def devel_qos_unknown(cluster) -> bool:
+    """Whether the site's development QOS has a limit its cluster file does not know."""
     qos = getattr(cluster, "devel_qos", None)
-    if qos is None or (qos.nodes is not None and qos.max_minutes is not None):
+    return qos is not None and None in (qos.nodes, qos.max_minutes)
+
+
+def with_asked_limits(cluster, asked: QosLimits | None):
+    """``cluster`` with the development QOS's unknown limits as ``asked`` gives them (the
+    pre-flight then sends a job over them to the profile's QOS, where it is not left
+    PENDING behind the limit); itself where nothing was asked."""
+    if asked is None or not devel_qos_unknown(cluster):
+        return cluster
+    qos = cluster.devel_qos
+    filled = dataclasses.replace(
+        qos,
+        nodes=qos.nodes if qos.nodes is not None else asked.nodes,
+        max_minutes=qos.max_minutes if qos.max_minutes is not None else asked.minutes,
+    )
+    return dataclasses.replace(cluster, devel_qos=filled)
+
+
+def devel_qos_note(
+    cluster, jobs: Mapping[str, tuple[int, int]], asked: tuple[QosLimits | None, str] = (None, "")
+) -> str | None:
+    """A line for the plan where the site's development QOS has limits its cluster file
+    does not know (``devel_qos.nodes`` or ``max_minutes`` null): a QOS that caps below a
+    job leaves it PENDING rather than refusing it, and the Slurm plugin's wait for a
+    pre-flight job does not look at why. ``jobs``: what -> (nodes, minutes); ``asked``:
+    what sacctmgr said of the limits (ask_qos_limits). None where there is nothing to say."""
+    if not devel_qos_unknown(cluster):
         return None
-    sent = [
-        f"{what} ({nodes} node{'s' if nodes > 1 else ''}, {minutes} min)"
-        for what, (nodes, minutes) in jobs.items()
-        if cluster.devel_qos_for(nodes, minutes) == qos.name
-    ]
-    if not sent:
-        return None
-    unknown = [
+    qos = cluster.devel_qos
+    limits, failed = asked
+    planned = with_asked_limits(cluster, limits)
+
+    def listed(names: list[str]) -> str:
+        return ", ".join(
+            f"{what} ({jobs[what][0]} node{'s' if jobs[what][0] > 1 else ''}, {jobs[what][1]} min)"
+            for what in names
+        )
+
+    inside = [w for w, (n, m) in jobs.items() if planned.devel_qos_for(n, m) == qos.name]
+    unknown = " and ".join(
         f"devel_qos.{key}"
         for key, value in (("nodes", qos.nodes), ("max_minutes", qos.max_minutes))
         if value is None
-    ]
+    )
+    if limits is not None:
+        outside = [w for w in jobs if w not in inside]
+        nodes = f"{limits.nodes} node(s)" if limits.nodes is not None else "any number of nodes"
+        time = f"{limits.minutes} min" if limits.minutes is not None else "no time limit"
+        return (
+            f"pre-flight: the development QOS {qos.name}'s limits are not in {cluster.path} "
+            f"({unknown}: null); `{limits.source}` says {nodes} and {time} per job: "
+            f"{listed(inside) or 'no job'} in it, {listed(outside) or 'no job'} in the "
+            f"profile's QOS. Set them in {cluster.path} (with that command as the source) "
+            "to plan without asking"
+        )
+    if not inside:
+        return None
     return (
-        f"pre-flight: {', '.join(sent)} run in the development QOS {qos.name}, whose "
-        f"limits {cluster.path} does not know ({' and '.join(unknown)}: null). Where a job "
-        "exceeds them Slurm keeps it PENDING (squeue's reason QOSMaxNodePerJobLimit or "
-        "QOSMaxWallDurationPerJobLimit) and the run waits for it: `squeue --me` shows the "
-        f"reason; then scancel it and set the limits in {cluster.path} from `sacctmgr show "
-        f"qos {qos.name} format=Name,MaxTRESPerJob,MaxWall` (a job over them then keeps "
-        "the profile's QOS)"
+        f"pre-flight: {listed(inside)} run in the development QOS {qos.name}, whose limits "
+        f"{cluster.path} does not know ({unknown}: null), and {failed or 'sacctmgr was not asked'}. "
+        "Where a job exceeds them Slurm keeps it PENDING (squeue's reason "
+        "QOSMaxNodePerJobLimit or QOSMaxWallDurationPerJobLimit) and the run waits for it: "
+        f"`squeue --me` shows the reason; then scancel it and set the limits in {cluster.path} "
+        f"from `sacctmgr show qos {qos.name} format=Name,MaxTRESPerJob,MaxWall` (a job over "
+        "them then keeps the profile's QOS)"
     )
 
 
