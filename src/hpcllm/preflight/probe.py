@@ -528,7 +528,7 @@ def check_slurm_from_node(submit: dict[str, str] | None = None) -> dict[str, Any
     if not allowed:
         detail += (
             "; a chain of training jobs (training.chain) is submitted up front from the "
-            "login node here, and is not the default"
+            "login node here"
         )
     return {**check("slurm_from_compute_node", True, detail), "allowed": allowed}
 
