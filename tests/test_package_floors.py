@@ -32,6 +32,7 @@ FLOORS: list[tuple[str, ...]] = [
         "hpcllm.clusters",
         "hpcllm.containers",
         "hpcllm.launch",
+        "hpcllm.slurm_pending",
     ),
     # what training and the benchmarks share: presets, layout and memory, Megatron's flags
     ("hpcllm.models",),

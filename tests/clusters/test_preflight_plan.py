@@ -72,15 +72,15 @@ def test_the_plan_warns_where_the_probed_torchrun_cuts_the_signal_lead(tmp_path,
     [
         (True, None, "a chain of Slurm jobs by default, each submitting its successor "
                            "(compute nodes may call sbatch: the site probe, job 7"),
-        (False, None, "one Slurm job per segment (training.chain unset; compute nodes "
+        (False, None, "submitted up front from the login node by default (compute nodes "
                              "may not call sbatch: the site probe, job 7"),
         (False, True, "submitted up front from the login node (compute nodes may not "
                             "call sbatch: the site probe, job 7"),
     ],
 )  # fmt: skip
 def test_the_probes_answer_decides_the_chain(tmp_path, no_slurm, allowed, chain, words):  # noqa: F811
-    """training.chain unset: the chain where the probe found that compute nodes may call
-    sbatch, one plugin job per segment where not; set, up front where not."""
+    """training.chain unset or true: the chain, each job submitting its successor where
+    the probe found that compute nodes may call sbatch, else submitted up front."""
     workdir = make_workdir(tmp_path / "work")
     record = workdir / "results/preflight/juwels/probe/megatron-nvidia.json"
     record.parent.mkdir(parents=True)

@@ -347,11 +347,12 @@ def fake_slurm(tmp_path, monkeypatch) -> Path:
 
 
 # What the chain's jobs get on the sites that run the pre-flight in a development QOS:
-# the profile's train_segment partition and QOS (Leonardo's profile sets none).
+# the profile's train_segment partition and QOS (Leonardo's profile sets none), GPUs and
+# cores per task.
 CHAIN_JOBS = {
-    "leonardo": ("boost_usr_prod", None),
-    "mn5": ("gpu-p", "acc_x"),
-    "meluxina": ("gpu", "default"),
+    "leonardo": ("boost_usr_prod", None, "gpu:4", "32"),
+    "mn5": ("gpu-p", "acc_x", "gpu:4", "80"),
+    "meluxina": ("gpu", "default", "gpu:4", "64"),
 }
 
 
@@ -370,11 +371,13 @@ def test_the_sbatch_test_asks_for_what_the_chain_jobs_get(tmp_path, monkeypatch,
     resources = {"default-resources": profile["default-resources"], **profile["set-resources"]}
     cluster = load_cluster(name, root=ROOT, environ=environ)
     submit = probe.submit_options(cluster, resources, environ)
-    partition, qos = CHAIN_JOBS[name]
+    partition, qos, gres, cpus = CHAIN_JOBS[name]
     assert submit == {
         "partition": partition,
         "account": "proj0042",
         **({"qos": qos} if qos else {}),
+        "gres": gres,
+        "cpus_per_task": cpus,
     }
     argv = fake_slurm(tmp_path, monkeypatch)
     result = probe.check_slurm_from_node(submit)
@@ -384,10 +387,67 @@ def test_the_sbatch_test_asks_for_what_the_chain_jobs_get(tmp_path, monkeypatch,
     assert words[words.index("--account") + 1] == "proj0042"
     if qos:
         assert words[words.index("--qos") + 1] == qos
-        assert f"--qos {qos}: job 81 (held)" in result["detail"], result
+        assert (
+            f"--qos {qos} --gres {gres} --cpus-per-task {cpus}: job 81 (held)" in (result["detail"])
+        ), result
     else:
         assert "--qos" not in words
+    assert words[words.index("--gres") + 1] == gres
+    assert words[words.index("--cpus-per-task") + 1] == cpus
     assert "boost_qos_dbg" not in words and "devp" not in words  # the probe's own job's
+
+
+def gpu_profiles() -> list[str]:
+    from hpcllm.clusters import known_clusters
+
+    return [
+        n
+        for n in known_clusters(ROOT)
+        if load_cluster(n, root=ROOT, environ=PROFILE_ENV).gpus_per_node > 0
+        and load_cluster(n, root=ROOT, environ=PROFILE_ENV).uses_slurm
+    ]
+
+
+PROFILE_ENV = {"HPCLLM_ACCOUNT": "proj0042", "HPCLLM_GPU_PARTITION": "gpu-p",
+               "HPCLLM_QOS": "acc_x"}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", gpu_profiles())
+def test_the_sbatch_test_asks_for_a_gpu_and_cores_on_every_gpu_profile(name):
+    """Every GPU profile's probe asks sbatch for what its train_segment asks for: the GPUs
+    (--gres, as the profile gives them) and the cores per task, in the partition the chain
+    jobs run in. A site that refuses GPU-partition jobs without --gres is then not read as
+    "compute nodes may not call sbatch"."""
+    import shlex
+
+    import yaml
+
+    profile = yaml.safe_load(
+        (Path(ROOT).parents[1] / "profiles" / name / "config.yaml").read_text()
+    )
+    resources = {"default-resources": profile["default-resources"], **profile["set-resources"]}
+    cluster = load_cluster(name, root=ROOT, environ=PROFILE_ENV)
+    argv, given = probe.submit_test_argv(probe.submit_options(cluster, resources, PROFILE_ENV))
+    own = resources["train_segment"]
+    line = shlex.join(argv)
+    assert f"--gres {own['gres']}" in line, line
+    assert own["gres"] == f"gpu:{cluster.gpus_per_node}", own  # a GPU, the node's all
+    assert f"--cpus-per-task {own['cpus_per_task']}" in line, line
+    assert "--partition " in line, line
+    if name != "rehearsal":  # (the test cluster has no accounts: slurm-no-account)
+        assert "--account proj0042" in line, line
+    assert "--hold" in argv and argv[argv.index("--nodes") + 1] == "1", line
+    assert " ".join(given) in line
+
+
+def test_the_sbatch_test_takes_the_nodes_gpus_and_cores_where_the_profile_gives_none():
+    cluster = load_cluster("juwels", root=ROOT)
+    submit = probe.submit_options(cluster, {"default-resources": {"slurm_account": "a"}}, {})
+    assert submit == {"partition": cluster.partitions.gpu, "account": "a",
+                      "gres": f"gpu:{cluster.gpus_per_node}",
+                      "cpus_per_task": str(cluster.cpus_per_node)}  # fmt: skip
+    argv, _ = probe.submit_test_argv(submit)
+    assert argv[-4:] == ["--gres", "gpu:4", "--cpus-per-task", str(cluster.cpus_per_node)]
 
 
 def test_without_submit_options_the_sbatch_test_takes_the_probes_own_partition(
@@ -413,3 +473,86 @@ def test_without_a_container_the_runtime_check_passes_and_the_inside_check_runs_
     argv = probe.inside_launch(local, "bare", ["torch"]).argv
     assert argv == [sys.executable, "-m", "hpcllm.preflight.inside", "--sys-path",
                     str(tmp_path), "torch"]  # fmt: skip
+
+
+def test_the_plan_says_where_the_development_qos_limits_are_not_known():
+    """MareNostrum 5's acc_debug and MeluXina's dev have no known limits: the probe and
+    the 2-node canaries go there, and the plan says what a job over an unknown limit does
+    and which facts to set; Leonardo's known limits, and sites without a QOS, say nothing."""
+    import dataclasses
+
+    jobs = {"the site probe": (1, 15), "the canaries": (2, 20)}
+    for name in ("mn5", "meluxina"):
+        cluster = load_cluster(name, root=ROOT, environ=PROFILE_ENV)
+        note = probe.devel_qos_note(cluster, jobs)
+        qos = cluster.devel_qos.name
+        assert note.startswith(
+            f"pre-flight: the site probe (1 node, 15 min), the canaries (2 nodes, 20 min) run "
+            f"in the development QOS {qos}, whose limits {cluster.path} does not "
+            "know (devel_qos.nodes and devel_qos.max_minutes: null)"
+        ), note
+        assert "QOSMaxNodePerJobLimit" in note and f"sacctmgr show qos {qos}" in note, note
+        # one limit known, the canaries over it: only the probe goes there
+        known = dataclasses.replace(cluster.devel_qos, nodes=1)
+        note = probe.devel_qos_note(dataclasses.replace(cluster, devel_qos=known), jobs)
+        assert "the canaries" not in note and "(devel_qos.max_minutes: null)" in note, note
+    assert (
+        probe.devel_qos_note(load_cluster("leonardo", root=ROOT, environ=PROFILE_ENV), jobs) is None
+    )
+    assert probe.devel_qos_note(load_cluster("juwels", root=ROOT), jobs) is None
+
+
+@pytest.mark.parametrize(
+    "wall,minutes",
+    [("02:00:00", 120), ("1-00:00:00", 1440), ("00:30:00", 30), ("", None), ("45:00", 45),
+     ("00:10:30", 11)],
+)  # fmt: skip
+def test_maxwall_as_minutes(wall, minutes):
+    assert probe._wall_minutes(wall) == minutes
+
+
+def fake_sacctmgr(tmp_path, monkeypatch, body: str) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "sacctmgr").write_text(f"#!/bin/sh\n{body}\n")
+    (bin_dir / "sacctmgr").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+
+
+def test_the_development_qos_limits_asked_of_sacctmgr_keep_the_canary_out_of_it(
+    tmp_path, monkeypatch
+):
+    """MareNostrum 5's acc_debug, limits unknown to its file: where sacctmgr says one node
+    and 2 h, the probe (1 node) runs in it and the 2-node canaries keep the profile's QOS,
+    and the plan says so; where sacctmgr cannot answer, the plan says that the jobs may
+    pend behind an unknown limit."""
+    cluster = load_cluster("mn5", root=ROOT, environ=PROFILE_ENV)
+    jobs = {"the site probe": (1, 15), "the canaries": (2, 20)}
+    fake_sacctmgr(tmp_path, monkeypatch, 'echo "acc_debug|cpu=320,node=1|02:00:00"')
+    asked = probe.ask_qos_limits("acc_debug")
+    limits = asked[0]
+    assert (limits.nodes, limits.minutes) == (1, 120), asked
+    planned = probe.with_asked_limits(cluster, limits)
+    assert planned.devel_qos_for(1, 15) == "acc_debug" and planned.devel_qos_for(2, 20) is None
+    note = probe.devel_qos_note(cluster, jobs, asked)
+    assert (
+        "`sacctmgr -nP show qos acc_debug format=Name,MaxTRESPerJob,MaxWall` says 1 node(s) "
+        "and 120 min per job: the site probe (1 node, 15 min) in it, the canaries (2 nodes, "
+        "20 min) in the profile's QOS"
+    ) in note, note
+    # no per-job limits listed: both fit
+    fake_sacctmgr(tmp_path, monkeypatch, 'echo "acc_debug||"')
+    asked = probe.ask_qos_limits("acc_debug")
+    note = probe.devel_qos_note(cluster, jobs, asked)
+    assert "says any number of nodes and no time limit per job: the site probe" in note, note
+    assert "no job in the profile's QOS" in note, note
+    # sacctmgr cannot answer (no accounting database, not on PATH): said, the QOS kept
+    fake_sacctmgr(tmp_path, monkeypatch, 'echo "sacctmgr: error: no slurmdbd" >&2; exit 1')
+    asked = probe.ask_qos_limits("acc_debug")
+    assert asked[0] is None and "failed (1: sacctmgr: error: no slurmdbd)" in asked[1], asked
+    assert probe.with_asked_limits(cluster, asked[0]) is cluster
+    note = probe.devel_qos_note(cluster, jobs, asked)
+    assert "the canaries (2 nodes, 20 min) run in the development QOS acc_debug" in note
+    assert "failed (1: sacctmgr: error: no slurmdbd)" in note and "PENDING" in note, note
+    fake_sacctmgr(tmp_path, monkeypatch, "true")
+    assert "lists no QOS acc_debug" in probe.ask_qos_limits("acc_debug")[1]

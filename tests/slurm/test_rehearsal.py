@@ -282,10 +282,14 @@ def test_the_probe_and_a_canary_per_job_type_ran_before_the_gpu_jobs(rehearsal, 
     work, output, execs = rehearsal
     jobs, kinds = jobs_of(work), canary_kinds(work)
     states = {j["id"]: j for j in slurm_cluster.jobs()}
-    # the first plan says plainly how training runs until the probe has answered
+    # the first plan is a chain already (issue 47): the probe, run before the first
+    # segment, decides how its jobs are submitted; the segment ran in the chain's job
     assert (
-        "Whether compute nodes may call sbatch is not known yet: the site probe of this " in output
+        "training: each experiment runs as a chain of Slurm jobs by default, in Slurm "
+        "without the login node. Whether compute nodes may call sbatch is not known yet: "
+        "the site probe, run before the first segment, finds out" in output
     )
+    assert list((work / f"logs/train_segment/{EXPERIMENT}/chain").glob("*.log")), output[-3000:]
     for image in ("megatron-nvidia", "vision-nvidia"):
         record = preflight(work, f"probe/{image}")
         assert record["ok"] and jobs[record["job_id"]] == "site_probe", record
@@ -296,6 +300,10 @@ def test_the_probe_and_a_canary_per_job_type_ran_before_the_gpu_jobs(rehearsal, 
         assert checks["slurm_from_compute_node"]["detail"].endswith(
             "scontrol requeue: allowed; scancel: allowed"
         )
+        # the held job asked for what train_segment asks for: its GPUs and cores
+        assert checks["slurm_from_compute_node"]["detail"].startswith(
+            "sbatch --partition batch --gres gpu:2 --cpus-per-task 8: job "
+        ), checks["slurm_from_compute_node"]
         assert record["slurm_from_compute_node"] is True  # the chain's default here
         for name in ("container_runtime", "image_start", "local_storage", "scratch", "internet"):
             assert name in checks

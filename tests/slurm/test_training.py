@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import slurmruns
+import testcluster
 import torch
 from support import EXAMPLES, hang_guard
 
@@ -448,11 +449,14 @@ def test_a_signal_during_start_up_or_training_ends_cleanly_and_attempts_follow(
 # ---- the chain: a campaign Slurm carries without a controller (hpcllm.training.campaign.chain)
 
 
-def chain_campaign(work: Path, cluster, monkeypatch, *configs: Path, requeue: bool = False):
+def chain_campaign(
+    work: Path, cluster, monkeypatch, *configs: Path, requeue: bool = False, **resources
+):
     """tiny_2n's campaign as the workflow would make it on the test cluster: the prepared
     experiment, the cluster, and the segment job's sbatch options as the official plugin
     builds them from the rule's resources and the profile's (``requeue``: the plugin's
-    setting of that name instead of its ``no_requeue``)."""
+    setting of that name instead of its ``no_requeue``; ``resources``: others than the
+    profile's)."""
     from types import SimpleNamespace
 
     from hpcllm.clusters import load_cluster
@@ -478,6 +482,7 @@ def chain_campaign(work: Path, cluster, monkeypatch, *configs: Path, requeue: bo
         "mem_mb": 4000,
         "slurm_partition": "batch",
         "slurm_extra": "--ntasks-per-node=1 --signal=USR2@30",
+        **resources,
     }
     settings = SimpleNamespace(requeue=requeue, no_requeue=not requeue, qos=None, reservation=None)
     return Campaign(
@@ -490,6 +495,55 @@ def chain_campaign(work: Path, cluster, monkeypatch, *configs: Path, requeue: bo
         max_attempts=config["training"]["max_attempts"],
         environment={"PATH": slurmruns.environment(cluster)["PATH"]},
     )
+
+
+@pytest.mark.parametrize(
+    "limit,resources,fact",
+    [
+        # over the partition's time limit (5 min): a segment's limit sized past the site's
+        ("PartitionTimeLimit", {"runtime": 30, "nodes": 1, "tasks": 1},
+         "gpu_partition.max_minutes in config/clusters/testcluster.yaml"),
+        # over its node limit (1): a 2-node job, as a 2-node canary behind a 1-node QOS
+        ("PartitionNodeLimit", {"runtime": 2}, "devel_qos.nodes in "
+                                               "config/clusters/testcluster.yaml"),
+    ],
+)  # fmt: skip
+def test_a_chain_job_pending_on_a_limit_ends_the_wait_naming_it(
+    cluster, tmp_path, monkeypatch, limit, resources, fact
+):
+    """A chain job that Slurm queues but will never start (over a limit of its partition,
+    EnforcePartLimits=NO: testcluster.LIMITED_PARTITION, as behind a QOS's limit) does not
+    keep the controller waiting: the wait ends with the reason, what it means and the
+    cluster fact to change, and the job is cancelled."""
+    import threading
+
+    from hpcllm.training.campaign import chain
+
+    work = slurmruns.make_workdir(tmp_path / "work")
+    limited = {"slurm_partition": testcluster.LIMITED_PARTITION, **resources}
+    campaign = chain_campaign(work, cluster, monkeypatch, **limited)
+    ended: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            chain.wait_for_segment(campaign, 1, poll_seconds=1)
+        except BaseException as e:  # noqa: BLE001  (handed to the test)
+            ended.append(e)
+
+    waiting = threading.Thread(target=wait, daemon=True)
+    waiting.start()
+    waiting.join(timeout=hang_guard(60))  # the reason shows at Slurm's first pass: ~2 s
+    assert ended, (cluster.jobs(), cluster.log_tail())
+    stop = ended[0]
+    assert isinstance(stop, chain.ChainStopped), stop
+    job = chain.submitted_jobs(work / SAVE)[0]["job"]
+    said = str(stop)
+    assert f"the chain of {EXPERIMENT}: job {job} is PENDING for {limit}: " in said, said
+    assert "which Slurm does not resolve by itself" in said and fact in said, said
+    assert f"cancelled the chain's pending jobs {job}" in said, said
+    states = {j["id"]: j["state"] for j in cluster.jobs()}
+    assert states[job] == "CANCELLED", states
+    assert not chain.chain_jobs(campaign.job_name())
 
 
 def index_cache(work: Path, *configs: Path) -> None:

@@ -38,6 +38,13 @@ from pathlib import Path
 
 NODES = ("n1", "n2")  # the nodes of a cluster unless its start names others (node_names)
 PARTITION = "batch"
+# A second partition over the same nodes, never the default, whose limits a job exceeds on
+# purpose: with EnforcePartLimits=NO (Slurm's default) such a job is queued but never
+# started, PENDING for PartitionNodeLimit or PartitionTimeLimit, as behind a site's QOS
+# limit (there is no QOS without slurmdbd). tests/slurm/test_training.py uses it.
+LIMITED_PARTITION = "limited"
+LIMITED_MAX_NODES = 1
+LIMITED_MAX_MINUTES = 5
 # Declared per node; the two nodes share this host's cores (config_overrides lets the
 # declaration exceed the hardware), so two 4-thread jobs fit on one node.
 NODE_CPUS = 8
@@ -187,6 +194,8 @@ def slurm_conf(root: Path, name: str, ctld_port: int, node_ports: dict[str, int]
         "KillWait=5",
         "MessageTimeout=5",
         "InactiveLimit=0",
+        # Jobs over a partition's limits are queued, never started (LIMITED_PARTITION).
+        "EnforcePartLimits=NO",
     ]
     for node in node_ports:
         lines.append(
@@ -197,6 +206,10 @@ def slurm_conf(root: Path, name: str, ctld_port: int, node_ports: dict[str, int]
     lines.append(
         f"PartitionName={PARTITION} Nodes={','.join(node_ports)} Default=YES MaxTime=INFINITE "
         "State=UP"
+    )
+    lines.append(
+        f"PartitionName={LIMITED_PARTITION} Nodes={','.join(node_ports)} Default=NO "
+        f"MaxNodes={LIMITED_MAX_NODES} MaxTime={LIMITED_MAX_MINUTES} State=UP"
     )
     return "\n".join(lines) + "\n"
 

@@ -551,3 +551,69 @@ def test_the_controller_cancels_the_spares_of_a_chain_submitted_up_front(tmp_pat
     chain._cancel_spares(campaign, say=said.append)
     assert calls.read_text().splitlines() == ["scancel 74"]
     assert said == ["tiny_local: the campaign is complete; cancelled its spare jobs 74"]
+
+
+@pytest.mark.parametrize(
+    "reason,partition,ends",
+    [
+        ("QOSMaxNodePerJobLimit", "", True),
+        ("PartitionTimeLimit", "", True),
+        ("InvalidAccount", "", True),
+        # the job asks for 2 nodes, the partition allows 1: never
+        ("PartitionNodeLimit", "MaxNodes=1 TotalNodes=4", True),
+        # within the partition's limits: some of its nodes are down, which ends by itself
+        ("PartitionNodeLimit", "MaxNodes=UNLIMITED TotalNodes=4", False),
+        ("Resources", "", False),
+        ("Priority", "", False),
+        ("QOSJobLimit", "", False),  # the QOS's running jobs: clears as they end
+    ],
+)  # fmt: skip
+def test_the_wait_ends_only_behind_a_limit_slurm_does_not_resolve(
+    tmp_path, monkeypatch, reason, partition, ends
+):
+    """The login node's wait behind a job pending for a reason that will not resolve by
+    itself stops at once, cancelling the chain's pending jobs and naming the reason and
+    the cluster fact to change; behind one that will (the queue, a node that is down) it
+    goes on waiting."""
+    name = chain.job_name_of(tmp_path, "tiny_local")
+    calls = fake_slurm(
+        tmp_path, monkeypatch,
+        squeue=f'echo "57|PENDING|(null)|{reason}|{name}"\n'
+               f'echo "58|PENDING|afterany:57(unfulfilled)|Dependency|{name}"',
+        scontrol='if [ "$2" = job ]; then echo "JobId=57 NumNodes=2 Partition=limited"; '
+                 f'else echo "PartitionName=limited {partition}"; fi',
+        scancel=f'echo "scancel $*" >> {tmp_path / "calls"}',
+    )  # fmt: skip
+    campaign = three_segments(tmp_path, reached=4)
+    campaign.cluster = SimpleNamespace(path="config/clusters/mn5.yaml")
+    chain.save(campaign)
+    clock = FakeClock()
+    monkeypatch.setattr(chain, "time", clock)
+    polls = iter(range(100))
+    monkeypatch.setattr(chain, "commit_record", lambda c, k, settled=False: next(polls) == 3)
+    if not ends:
+        chain.wait_for_segment(campaign, 2, poll_seconds=30, say=lambda _: None)
+        assert not calls.exists()  # nothing cancelled
+        return
+    with pytest.raises(chain.ChainStopped) as stopped:
+        chain.wait_for_segment(campaign, 2, poll_seconds=30, say=lambda _: None)
+    said = str(stopped.value)
+    assert f"the chain of tiny_local: job 57 is PENDING for {reason}: " in said, said
+    assert "which Slurm does not resolve by itself" in said, said
+    if reason != "InvalidAccount":
+        assert "config/clusters/mn5.yaml" in said, said
+    assert said.endswith("(cancelled the chain's pending jobs 57 58)"), said
+    assert calls.read_text() == "scancel 57 58\n"
+    assert clock.slept == []  # at the first look
+
+
+def test_every_limit_names_what_to_change():
+    from hpcllm import slurm_pending
+
+    for reason in slurm_pending.STUCK_REASONS:
+        said = slurm_pending.stuck_message("57", reason, "the canary:", "config/clusters/x.yaml")
+        assert said.startswith(f"the canary: job 57 is PENDING for {reason}: "), said
+        assert "{" not in said and ". Change " in said, said
+    assert slurm_pending.nodes_over_partition_limit(2, "1", "4")
+    assert slurm_pending.nodes_over_partition_limit(5, "UNLIMITED", "4")
+    assert not slurm_pending.nodes_over_partition_limit(2, "UNLIMITED", "4")

@@ -65,22 +65,34 @@ YES, NO, UNKNOWN = SiteAnswer(True, "probe"), SiteAnswer(False, "probe"), SiteAn
 
 
 @pytest.mark.parametrize(
-    "setting,answer,is_chained,is_up_front,words",
+    "setting,answer,probed,is_chained,is_up_front,words",
     [
-        (None, YES, True, False, "a chain of Slurm jobs by default, each submitting"),
-        (None, NO, False, True, "one Slurm job per segment (training.chain unset; compute "
-                                "nodes may not call sbatch"),
-        (None, UNKNOWN, False, False, "one Slurm job per segment in this run (training.chain "
-                                      "unset). Whether compute nodes may call sbatch is not "
-                                      "known yet: the site probe of this run finds out, and "
-                                      "from the next run on each experiment runs as a chain"),
-        (True, YES, True, False, "runs as a chain of Slurm jobs, each submitting"),
-        (True, NO, True, True, "submitted up front from the login node (compute nodes may not"),
-        (True, UNKNOWN, True, False, "unless the site probe finds that compute nodes may not"),
-        (False, YES, False, False, "one Slurm job per segment (training.chain: false)"),
+        (None, YES, True, True, False, "a chain of Slurm jobs by default, each submitting"),
+        (None, NO, True, True, True, "submitted up front from the login node by default "
+                                     "(compute nodes may not call sbatch: probe); "
+                                     "training.chain: false submits one job per segment"),
+        # a site's first run: the probe of this run answers before the first segment
+        (None, UNKNOWN, True, True, False, "runs as a chain of Slurm jobs by default, in "
+                                           "Slurm without the login node. Whether compute "
+                                           "nodes may call sbatch is not known yet: the site "
+                                           "probe, run before the first segment, finds out"),
+        # no probe (no GPUs) and no fact: nothing tells how to submit the chain
+        (None, UNKNOWN, False, False, False, "one Slurm job per segment (training.chain "
+                                             "unset): whether compute nodes may call sbatch "
+                                             "is not known (the cluster file sets no "
+                                             "slurm_from_compute_nodes"),
+        (None, YES, False, True, False, "by default, each submitting its successor"),
+        (None, NO, False, True, True, "up front from the login node by default"),
+        (True, YES, True, True, False, "runs as a chain of Slurm jobs, each submitting"),
+        (True, NO, True, True, True, "submitted up front from the login node (compute nodes "
+                                     "may not"),
+        (True, UNKNOWN, False, True, False, "the site probe, run before the first segment, "
+                                            "finds out"),
+        (False, YES, True, False, False, "one Slurm job per segment (training.chain: false)"),
+        (False, UNKNOWN, True, False, False, "one Slurm job per segment (training.chain: false)"),
     ],
 )  # fmt: skip
-def test_chain_or_not_and_how(setting, answer, is_chained, is_up_front, words):
-    assert chained(setting, answer) is is_chained
+def test_chain_or_not_and_how(setting, answer, probed, is_chained, is_up_front, words):
+    assert chained(setting, answer, probed) is is_chained
     assert up_front(answer) is is_up_front
-    assert words in plan_note(setting, answer)
+    assert words in plan_note(setting, answer, probed)

@@ -115,8 +115,11 @@ def asks_for_gpus(job):
 def holds_gpu_nodes(job):
     """Whether a Slurm job of the plan holds GPU nodes: it asks for GPUs, or every job
     here gets whole GPU nodes (a GPU site without a CPU partition). Not job.is_local: a
-    dry run executes locally, so to it every job is local."""
-    if job.rule.name in workflow._localrules or job.rule.norun:
+    dry run executes locally, so to it every job is local. A chain's train_segment is a
+    login-node rule whose segment runs in a chain job with the rule's resources
+    (hpcllm.training.campaign.chain): priced as that job."""
+    chain_job = job.rule.name == "train_segment" and CHAINED
+    if (job.rule.name in workflow._localrules or job.rule.norun) and not chain_job:
         return False
     return CLUSTER.whole_nodes or asks_for_gpus(job)
 

@@ -9,6 +9,13 @@ from hpcllm.preflight import probe as _probe
 
 PREFLIGHT = CLUSTER.uses_slurm and CLUSTER.gpus_per_node > 0
 PREFLIGHT_DIR = f"results/preflight/{CLUSTER.name}"
+# A development QOS whose limits the cluster file does not know: asked of sacctmgr once,
+# by the controller, so that a pre-flight job over them keeps the profile's QOS instead
+# of pending behind the limit (the plan says which; hpcllm.preflight.probe).
+_DEVEL_QOS_ASKED = (None, "")
+if PREFLIGHT and workflow.is_main_process and _probe.devel_qos_unknown(CLUSTER):
+    _DEVEL_QOS_ASKED = _probe.ask_qos_limits(CLUSTER.devel_qos.name)
+_PREFLIGHT_CLUSTER = _probe.with_asked_limits(CLUSTER, _DEVEL_QOS_ASKED[0])
 # Image (or "bare": no container runtime) -> the purposes of the jobs that run in it.
 PROBE_IMAGES = {}
 for _purpose in ("train", "vision"):
@@ -52,6 +59,10 @@ def preflight_of(kind):
     """
     if not PREFLIGHT:
         return []
+    if workflow.is_main_process and not _CHECKED:
+        _note = _probe.devel_qos_note(CLUSTER, _preflight_jobs(), _DEVEL_QOS_ASKED)
+        if _note:
+            logger.info(_note)
     if workflow.is_main_process and kind not in _CHECKED:
         _CHECKED.add(kind)
         image = _image_of("vision" if kind == "vision" else "train")
@@ -69,6 +80,17 @@ def preflight_of(kind):
             if _warning:
                 logger.warning(f"Warning: {_warning}")
     return [ancient(canary_record(kind))]
+
+
+def _preflight_jobs():
+    """The pre-flight's jobs, their nodes and minutes (for the plan's development QOS line)."""
+    return {
+        "the site probe": (1, _probe.RUNTIME_MIN),
+        "the canaries": (
+            max(canary_nodes(kind) for kind in CANARY_KINDS),
+            _canary.RUNTIME_MIN,
+        ),
+    }
 
 
 def _signal_leads(engine):
@@ -245,7 +267,7 @@ def preflight_qos(minutes, nodes=1):
     """The site's development QOS for a pre-flight job of ``nodes`` and ``minutes`` (`qos`
     of its resources), where the site has one and the job fits its limits; else nothing:
     the job keeps the profile's QOS (default-resources)."""
-    qos = CLUSTER.devel_qos_for(nodes, minutes)
+    qos = _PREFLIGHT_CLUSTER.devel_qos_for(nodes, minutes)
     return {"qos": qos} if qos else {}
 
 

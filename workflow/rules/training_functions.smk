@@ -315,8 +315,9 @@ for _name in TRAINING.get("run") or []:
 # A chain on a Slurm run: train_segment runs on the login node, submits the experiment's
 # chain of Slurm jobs (or reattaches to it) and waits for its segment
 # (hpcllm.training.campaign.chain; docs/training.md). Elsewhere it trains in place.
-# training.chain unset: a chain where the site lets compute nodes call sbatch (the site
-# probe's record, else the cluster fact).
+# training.chain unset: a chain where the site's answer is known (the site probe's record,
+# else the cluster fact) or this run's site probe finds it out before the first segment
+# (PREFLIGHT: a Slurm cluster with GPUs); the chain's script submits it as the answer says.
 # Decided by the controller alone: a chain's train_segment is its localrule, so a job
 # process never runs it; and a probe record written since the controller's parse must not
 # turn a plugin job's train_segment into the chain's waiting script (which would submit a
@@ -337,9 +338,10 @@ if _SLURM_RUN:  # (a job process reads no probe record)
             CLUSTER, (container_image("train", check=False) or [None])[0]
         ),
     )
-    CHAINED = _chain_site.chained(TRAINING["chain"], _CHAIN_ANSWER)
+    _PROBED = globals().get("PREFLIGHT", False)  # (preflight.smk, included before)
+    CHAINED = _chain_site.chained(TRAINING["chain"], _CHAIN_ANSWER, _PROBED)
     if EXPERIMENTS:
-        logger.info(_chain_site.plan_note(TRAINING["chain"], _CHAIN_ANSWER))
+        logger.info(_chain_site.plan_note(TRAINING["chain"], _CHAIN_ANSWER, _PROBED))
 # Only the controller retries (in a Slurm job a retry would run in the same allocation,
 # whose time is up); in a chain the chain's jobs make the attempts.
 SEGMENT_RETRIES = (

@@ -423,24 +423,58 @@ def _job_field(job: str, field: str) -> str | None:
 
 
 # The probe's ``submit`` options: their sbatch flags and the profile resources they are.
-SUBMIT_FLAGS = {"partition": "--partition", "account": "--account", "qos": "--qos"}
-_SUBMIT_RESOURCES = {"partition": "slurm_partition", "account": "slurm_account", "qos": "qos"}
+# A GPU and the cores as train_segment's own: a site may refuse a GPU-partition job
+# without --gres, which must not read as "compute nodes may not call sbatch".
+SUBMIT_FLAGS = {
+    "partition": "--partition",
+    "account": "--account",
+    "qos": "--qos",
+    "gres": "--gres",
+    "cpus_per_task": "--cpus-per-task",
+}
+_SUBMIT_RESOURCES = {
+    "partition": "slurm_partition",
+    "account": "slurm_account",
+    "qos": "qos",
+    "gres": "gres",
+    "cpus_per_task": "cpus_per_task",
+}
 
 
 def submit_options(
     cluster, resources: Mapping[str, Mapping[str, Any]], environ: Mapping[str, str] | None = None
 ) -> dict[str, str]:
-    """The partition, account and QOS the profile gives train_segment, whose chain jobs
-    submit their successors from compute nodes (``resources`` as for
-    hpcllm.clusters.profile_errors): the probe's sbatch test asks for the same, so that its
-    answer is about the site's policy, not about a missing QOS or the probe's own
-    development partition or QOS."""
+    """The partition, account, QOS, GPUs (gres) and cores per task the profile gives
+    train_segment, whose chain jobs submit their successors from compute nodes
+    (``resources`` as for hpcllm.clusters.profile_errors): the probe's sbatch test asks for
+    the same, so that its answer is about the site's policy, not about a missing QOS or
+    GPU, or the probe's own development partition or QOS. Where the profile gives no gres
+    or cores: the node's, as the pre-flight jobs take them
+    (workflow/rules/preflight_functions.smk, preflight_resources)."""
     found = {
         key: profile_resource(resources, "train_segment", name, environ)
         for key, name in _SUBMIT_RESOURCES.items()
     }
     found["partition"] = found["partition"] or cluster.partitions.gpu
+    gpus = getattr(cluster, "gpus_per_node", 0) or 0
+    found["gres"] = found["gres"] or (f"gpu:{gpus}" if gpus else None)
+    found["cpus_per_task"] = found["cpus_per_task"] or getattr(cluster, "cpus_per_node", None)
     return {key: str(value) for key, value in found.items() if value}
+
+
+def submit_test_argv(options: Mapping[str, str | None]) -> tuple[list[str], list[str]]:
+    """The probe's sbatch line (without its ``--wrap``) for ``options`` (submit_options'
+    keys), and the flags of those options alone (for the answer's words)."""
+    # Held, and to begin in an hour besides: it must stay pending until it is cancelled
+    # (a test cluster once ran a job submitted with SBATCH_HOLD at once).
+    argv = ["sbatch", "--hold", "--begin", "now+3600", "--parsable", "--job-name",
+            "hpcllm-probe-submit", "--time", "1", "--nodes", "1",
+            "--output", "/dev/null"]  # fmt: skip
+    given = []
+    for key, flag in SUBMIT_FLAGS.items():
+        if options.get(key):
+            given += [flag, str(options[key])]
+    return argv + given, given
 
 
 def check_slurm_from_node(submit: dict[str, str] | None = None) -> dict[str, Any]:
@@ -450,28 +484,19 @@ def check_slurm_from_node(submit: dict[str, str] | None = None) -> dict[str, Any
     requeue of a pending job) and cancelled. An answer, not a failure: where the node may
     not, a chain is submitted up front from the login node. ``allowed`` holds it.
 
-    ``submit``: the partition, account and QOS the chain's jobs get (the profile's
-    train_segment), so that a refusal is about submitting from a compute node, not about a
-    missing QOS or the probe's own development QOS. Without it: the probe's own
-    partition and account."""
+    ``submit``: the partition, account, QOS, GPUs and cores the chain's jobs get (the
+    profile's train_segment: submit_options), so that a refusal is about submitting from a
+    compute node, not about a missing QOS or GPU or the probe's own development QOS.
+    Without it: the probe's own partition and account."""
     from hpcllm.launch import clean_environment
 
     env = clean_environment(os.environ)
-    # Held, and to begin in an hour besides: it must stay pending until it is cancelled
-    # (a test cluster once ran a job submitted with SBATCH_HOLD at once).
-    argv = ["sbatch", "--hold", "--begin", "now+3600", "--parsable", "--job-name",
-            "hpcllm-probe-submit", "--time", "1", "--nodes", "1",
-            "--output", "/dev/null"]  # fmt: skip
     options = dict(submit or {})
     job = os.environ.get("SLURM_JOB_ID")
     if submit is None and job:
         for field, key in (("Partition", "partition"), ("Account", "account")):
             options[key] = _job_field(job, field)
-    given = []
-    for key, flag in SUBMIT_FLAGS.items():
-        if options.get(key):
-            given += [flag, str(options[key])]
-    argv += given
+    argv, given = submit_test_argv(options)
     answers, allowed = [], True
     try:
         proc = _run([*argv, "--wrap", "true"], env=env, timeout=120)
@@ -503,7 +528,7 @@ def check_slurm_from_node(submit: dict[str, str] | None = None) -> dict[str, Any
     if not allowed:
         detail += (
             "; a chain of training jobs (training.chain) is submitted up front from the "
-            "login node here, and is not the default"
+            "login node here"
         )
     return {**check("slurm_from_compute_node", True, detail), "allowed": allowed}
 
@@ -564,6 +589,120 @@ def run_probe(
     with atomic_path(record_path) as tmp:
         Path(tmp).write_text(text)
     return record
+
+
+@dataclasses.dataclass(frozen=True)
+class QosLimits:
+    """A QOS's per-job limits as the accounting database gives them (None: no limit)."""
+
+    nodes: int | None
+    minutes: int | None
+    source: str  # the command that said so
+
+
+def _wall_minutes(text: str) -> int | None:
+    """Slurm's MaxWall (``[days-]hours:minutes:seconds``, ``minutes``; empty: no limit)."""
+    text = text.strip()
+    if not text:
+        return None
+    days, _, rest = text.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    hours, minutes, seconds = ([0, 0, 0] + parts)[-3:] if len(parts) > 1 else (0, parts[0], 0)
+    return int(days or 0) * 1440 + hours * 60 + minutes + (1 if seconds else 0)
+
+
+def ask_qos_limits(name: str, timeout: float = 30) -> tuple[QosLimits | None, str]:
+    """QOS ``name``'s per-job node and time limits from ``sacctmgr`` (on the login node,
+    at plan time), or None and why it could not answer."""
+    argv = ["sacctmgr", "-nP", "show", "qos", name, "format=Name,MaxTRESPerJob,MaxWall"]
+    said = " ".join(argv)
+    try:
+        proc = _run(argv, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"`{said}` could not be run ({e})"
+    if proc.returncode != 0:
+        return None, f"`{said}` failed ({proc.returncode}: {_tail(proc.stderr, 1)})"
+    for line in proc.stdout.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) >= 3 and fields[0] == name:
+            nodes = re.search(r"(?:^|,)node=(\d+)", fields[1])
+            try:
+                minutes = _wall_minutes(fields[2])
+            except ValueError:
+                return None, f"`{said}` printed a MaxWall this cannot read: {fields[2]!r}"
+            return QosLimits(int(nodes.group(1)) if nodes else None, minutes, said), ""
+    return None, f"`{said}` lists no QOS {name}"
+
+
+def devel_qos_unknown(cluster) -> bool:
+    """Whether the site's development QOS has a limit its cluster file does not know."""
+    qos = getattr(cluster, "devel_qos", None)
+    return qos is not None and None in (qos.nodes, qos.max_minutes)
+
+
+def with_asked_limits(cluster, asked: QosLimits | None):
+    """``cluster`` with the development QOS's unknown limits as ``asked`` gives them (the
+    pre-flight then sends a job over them to the profile's QOS, where it is not left
+    PENDING behind the limit); itself where nothing was asked."""
+    if asked is None or not devel_qos_unknown(cluster):
+        return cluster
+    qos = cluster.devel_qos
+    filled = dataclasses.replace(
+        qos,
+        nodes=qos.nodes if qos.nodes is not None else asked.nodes,
+        max_minutes=qos.max_minutes if qos.max_minutes is not None else asked.minutes,
+    )
+    return dataclasses.replace(cluster, devel_qos=filled)
+
+
+def devel_qos_note(
+    cluster, jobs: Mapping[str, tuple[int, int]], asked: tuple[QosLimits | None, str] = (None, "")
+) -> str | None:
+    """A line for the plan where the site's development QOS has limits its cluster file
+    does not know (``devel_qos.nodes`` or ``max_minutes`` null): a QOS that caps below a
+    job leaves it PENDING rather than refusing it, and the Slurm plugin's wait for a
+    pre-flight job does not look at why. ``jobs``: what -> (nodes, minutes); ``asked``:
+    what sacctmgr said of the limits (ask_qos_limits). None where there is nothing to say."""
+    if not devel_qos_unknown(cluster):
+        return None
+    qos = cluster.devel_qos
+    limits, failed = asked
+    planned = with_asked_limits(cluster, limits)
+
+    def listed(names: list[str]) -> str:
+        return ", ".join(
+            f"{what} ({jobs[what][0]} node{'s' if jobs[what][0] > 1 else ''}, {jobs[what][1]} min)"
+            for what in names
+        )
+
+    inside = [w for w, (n, m) in jobs.items() if planned.devel_qos_for(n, m) == qos.name]
+    unknown = " and ".join(
+        f"devel_qos.{key}"
+        for key, value in (("nodes", qos.nodes), ("max_minutes", qos.max_minutes))
+        if value is None
+    )
+    if limits is not None:
+        outside = [w for w in jobs if w not in inside]
+        nodes = f"{limits.nodes} node(s)" if limits.nodes is not None else "any number of nodes"
+        time = f"{limits.minutes} min" if limits.minutes is not None else "no time limit"
+        return (
+            f"pre-flight: the development QOS {qos.name}'s limits are not in {cluster.path} "
+            f"({unknown}: null); `{limits.source}` says {nodes} and {time} per job: "
+            f"{listed(inside) or 'no job'} in it, {listed(outside) or 'no job'} in the "
+            f"profile's QOS. Set them in {cluster.path} (with that command as the source) "
+            "to plan without asking"
+        )
+    if not inside:
+        return None
+    return (
+        f"pre-flight: {listed(inside)} run in the development QOS {qos.name}, whose limits "
+        f"{cluster.path} does not know ({unknown}: null), and {failed or 'sacctmgr was not asked'}. "
+        "Where a job exceeds them Slurm keeps it PENDING (squeue's reason "
+        "QOSMaxNodePerJobLimit or QOSMaxWallDurationPerJobLimit) and the run waits for it: "
+        f"`squeue --me` shows the reason; then scancel it and set the limits in {cluster.path} "
+        f"from `sacctmgr show qos {qos.name} format=Name,MaxTRESPerJob,MaxWall` (a job over "
+        "them then keeps the profile's QOS)"
+    )
 
 
 def signal_lead_warning(record_path: str | os.PathLike, leads: dict[str, int]) -> str | None:

@@ -66,6 +66,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from hpcllm import slurm_pending
 from hpcllm.atomic import atomic_path
 from hpcllm.failures.classify import classify_text, is_transient
 from hpcllm.launch import clean_environment as _clean_environment
@@ -823,6 +824,7 @@ def wait_for_segment(
                 f"{segment} is not committed: see logs/train_segment/{campaign.name}/chain/. "
                 "Run the workflow again to submit the chain anew."
             )
+        _end_a_stuck_wait(campaign, jobs)
         now = describe_jobs(jobs, next_segment(campaign))
         if now != seen:
             say(
@@ -833,6 +835,33 @@ def wait_for_segment(
         else:
             interval = min(interval * 1.5, poll_seconds * BACKOFF_LIMIT)
         time.sleep(interval)
+
+
+def _end_a_stuck_wait(campaign: Campaign, jobs: list[dict[str, str]]) -> None:
+    """A chain job pending for a limit Slurm does not resolve by itself (its partition's
+    or QOS's node or time limit, an invalid account or QOS: hpcllm.slurm_pending) would be
+    waited for forever: cancel the chain's pending jobs and stop, naming the reason and
+    what to change. The next run submits the chain anew."""
+    stuck = next(
+        (
+            j
+            for j in jobs
+            if slurm_pending.is_stuck(j["state"], j.get("reason"))
+            and slurm_pending.confirmed(j["id"], j["reason"])
+        ),
+        None,
+    )
+    if stuck is None:
+        return
+    pending = [j["id"] for j in jobs if j["state"] == "PENDING"]
+    cancel(pending)
+    facts = getattr(campaign.cluster, "path", "") or "the cluster file"
+    raise ChainStopped(
+        slurm_pending.stuck_message(
+            stuck["id"], stuck["reason"], f"the chain of {campaign.name}:", facts
+        )
+        + f" (cancelled the chain's pending jobs {' '.join(pending)})"
+    )
 
 
 def _cancel_spares(campaign: Campaign, say=log.info) -> None:

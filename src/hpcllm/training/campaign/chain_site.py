@@ -7,11 +7,15 @@ probe (hpcllm.preflight.probe, the record's ``slurm_from_compute_node``: it subm
 requeues and cancels a held job from a compute node) or, where someone checked it by
 hand, from the cluster fact ``slurm_from_compute_nodes``; the probe's answer wins.
 
-- ``training.chain`` unset: the chain is the default where the site allows it; where it
-  refuses or is not known yet, Snakemake submits one job per segment.
+- ``training.chain`` unset: a chain from the first run wherever the answer is known or
+  this run's site probe finds it out (a Slurm cluster with GPUs: the probe runs before the
+  first segment, and the chain's jobs are submitted as its answer says: each submitting
+  its successor where compute nodes may call sbatch, else every job up front from the
+  login node). Only where the answer is not known and no probe runs (a cluster without
+  GPUs) does Snakemake submit one job per segment, and the plan says why.
 - ``training.chain: true``: a chain whose jobs submit their successors where the site
   allows it or is not known, else one submitted up front from the login node: every job
-  at once, each ``afterany`` the one before and ``singleton``, and each job that finds the
+  at once, each ``afterok`` the one before and ``singleton``, and each job that finds the
   campaign complete or stopped ends within seconds.
 - ``training.chain: false``: one job per segment.
 """
@@ -61,9 +65,13 @@ def site_answer(cluster: Any, record_path: str | os.PathLike | None = None) -> S
     return SiteAnswer(None, "not known yet: the site probe answers it")
 
 
-def chained(setting: bool | None, answer: SiteAnswer) -> bool:
-    """Whether the campaign's segments run as a chain (``setting``: ``training.chain``)."""
-    return setting if setting is not None else answer.allowed is True
+def chained(setting: bool | None, answer: SiteAnswer, probed: bool = False) -> bool:
+    """Whether the campaign's segments run as a chain (``setting``: ``training.chain``;
+    ``probed``: this run plans the site probe before the first segment, so the chain's
+    jobs are submitted as its answer says, hpcllm.preflight.probe)."""
+    if setting is not None:
+        return setting
+    return answer.allowed is not None or probed
 
 
 def up_front(answer: SiteAnswer) -> bool:
@@ -71,37 +79,33 @@ def up_front(answer: SiteAnswer) -> bool:
     return answer.allowed is False
 
 
-def plan_note(setting: bool | None, answer: SiteAnswer) -> str:
+def plan_note(setting: bool | None, answer: SiteAnswer, probed: bool = False) -> str:
     """One line for the plan: how the segments are submitted, and why."""
     if setting is False:
         return "training: one Slurm job per segment (training.chain: false)"
-    if not chained(setting, answer) and answer.allowed is False:
+    if not chained(setting, answer, probed):
         return (
-            "training: one Slurm job per segment (training.chain unset; compute nodes may "
-            f"not call sbatch: {answer.source}; training.chain: true submits each "
-            "experiment's chain up front from the login node instead)"
+            "training: one Slurm job per segment (training.chain unset): whether compute "
+            "nodes may call sbatch is not known (the cluster file sets no "
+            "slurm_from_compute_nodes, and without GPUs no site probe runs here to find "
+            "out). Set slurm_from_compute_nodes in the cluster file where a site document "
+            "says it (with its source), or training.chain: true for a chain"
         )
-    if not chained(setting, answer):
-        # The rule's form (a plugin job or the chain's login-node wait) is fixed when the
-        # controller reads the workflow, before this run's probe answers.
-        return (
-            "training: one Slurm job per segment in this run (training.chain unset). "
-            "Whether compute nodes may call sbatch is not known yet: the site probe of "
-            "this run finds out, and from the next run on each experiment runs as a chain "
-            "of Slurm jobs where they may. training.chain: true chains it in this run"
-        )
+    default = "" if setting else " by default"
     if up_front(answer):
         return (
-            "training: each experiment's chain of Slurm jobs is submitted up front from the "
-            f"login node (compute nodes may not call sbatch: {answer.source})"
+            f"training: each experiment's chain of Slurm jobs is submitted up front from the "
+            f"login node{default} (compute nodes may not call sbatch: {answer.source})"
+            + ("; training.chain: false submits one job per segment instead" if default else "")
         )
     if answer.allowed is None:
         return (
-            "training: each experiment runs as a chain of Slurm jobs, each submitting its "
-            "successor, unless the site probe finds that compute nodes may not call sbatch: "
-            "then the chain is submitted up front from the login node"
+            f"training: each experiment runs as a chain of Slurm jobs{default}, in Slurm "
+            "without the login node. Whether compute nodes may call sbatch is not known yet: "
+            "the site probe, run before the first segment, finds out; where they may, each "
+            "job submits its successor, else the chain is submitted up front from the "
+            "login node"
         )
-    default = "" if setting else " by default"
     return (
         f"training: each experiment runs as a chain of Slurm jobs{default}, each submitting its "
         f"successor (compute nodes may call sbatch: {answer.source})"
