@@ -41,20 +41,21 @@ from megatron_cases import (
 from support import REPO, hang_guard
 
 from hpcllm.clusters import load_cluster
-from hpcllm.models.megatron_args import MEGATRON_ENV, MEGATRON_LM_COMMIT
+from hpcllm.models.megatron_args import MEGATRON_ENV, MEGATRON_LM_COMMIT, MEGATRON_LM_RELEASE
 from hpcllm.models.megatron_compat import MEGATRON_CORE
 from hpcllm.models.presets import PRESETS
 from hpcllm.training.engines.command import engine_command as segment_command
 from hpcllm.training.engines.megatron_model import IMAGE_LACKS
 from hpcllm.training.plan.experiment import Paths
 
-# A Megatron-LM tree at the pin, first on the path before the installed release.
+# A Megatron-LM tree at the pin, first on the path before the installed release:
+# MEGATRON_LM_DIR, or the shared reference copy (tests/conftest.py sets it to that).
 MEGATRON_LM_DIR = os.environ.get("MEGATRON_LM_DIR")
 needs_tree = pytest.mark.skipif(
     not MEGATRON_LM_DIR,
-    reason="needs a Megatron-LM tree at the pin (MEGATRON_LM_DIR): pretrain_gpt.py and the "
-    "dataset helpers' Makefile are not in the release's wheel, and this repository copies "
-    "no Megatron-LM code",
+    reason="needs a Megatron-LM tree at the pin (MEGATRON_LM_DIR, or the reference copy "
+    f"../shared/reference/megatron-lm-{MEGATRON_LM_RELEASE} from the project's root): pretrain_gpt.py and the dataset helpers' Makefile are not in "
+    "the release's wheel, and this repository copies no Megatron-LM code",
 )
 
 
