@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -37,6 +36,7 @@ from megatron_cases import (
     all_cases,
     training_cases,
     transformer_impl,
+    writable_tree_copy,
 )
 from support import REPO, hang_guard
 
@@ -99,10 +99,7 @@ def test_the_flag_list_is_every_option_of_the_parser():
 
 def unbuilt_tree(dest: Path) -> Path:
     """A writable copy of MEGATRON_LM_DIR's tree without built dataset helpers."""
-    skip = shutil.ignore_patterns(".git", "tests", "docs", "examples", "helpers_cpp*",
-                                  "__pycache__")  # fmt: skip
-    shutil.copytree(MEGATRON_LM_DIR, dest, ignore=skip)
-    return dest
+    return writable_tree_copy(MEGATRON_LM_DIR, dest, "tests", "docs", "examples", "helpers_cpp*")
 
 
 @pytest.fixture(scope="module")

@@ -140,9 +140,8 @@ def transformer_impl_and_reason(cluster) -> tuple[str, str]:
         )
     vendor = cluster.gpu.vendor if getattr(cluster, "gpu", None) is not None else "nvidia"
     impl = TRANSFORMER_IMPL.get(vendor, "transformer_engine")
-    return impl, f"the {vendor} training image" + (
-        " has no Transformer Engine" if impl == "local" else ""
-    )
+    has = "has no" if impl == "local" else "has"
+    return impl, f"the {vendor} training image {has} Transformer Engine ({where}: gpu.vendor)"
 
 
 def runs_checkout(cluster) -> bool:
