@@ -88,12 +88,16 @@ def check_installed() -> str:
 
 def run_script(argv: list[str]) -> None:
     """Run a Megatron-LM script as ``python SCRIPT ARGS...`` would (its folder first on
-    the path, ``__main__``, ``sys.argv``), with :func:`enable` applied first."""
+    the path, ``__main__``, ``sys.argv``), with :func:`enable` applied first, here and in
+    the Python processes it starts."""
     if not argv:
         raise SystemExit(f"usage: python -m {__spec__.name} SCRIPT [ARGS...]")
     import runpy
 
     enable()
+    # ... and in every Python process the script starts (hpcllm.models.megatron_site)
+    site = os.path.join(os.path.dirname(os.path.abspath(__file__)), "megatron_site")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH")) if p)
     script = os.path.abspath(argv[0])
     sys.argv = list(argv)
     # `python -m` put the working directory first; `python SCRIPT` puts SCRIPT's folder
