@@ -25,7 +25,7 @@ SHARED_MEGATRON_LM = (
 
 def pytest_configure(config) -> None:
     found = (SHARED_MEGATRON_LM / "pretrain_gpt.py").is_file()
-    if found and not os.environ.get("MEGATRON_LM_DIR"):
+    if found and "MEGATRON_LM_DIR" not in os.environ:  # set and empty: no tree
         os.environ["MEGATRON_LM_DIR"] = str(SHARED_MEGATRON_LM)
 
 
