@@ -24,7 +24,8 @@ gap needs, all of it:
   ``megatron_lm`` checkout, run by this environment's Python) need it too: their program
   is ``python -m hpcllm.models.megatron_compat <checkout>/pretrain_gpt.py ...``
   (:func:`run_script`; ``megatron_args.pretrain_gpt_program``), not the bare script,
-  which dies at ``from typing import override`` (megatron/training/models/hybrid.py).
+  which dies at ``from typing import override`` (megatron/training/models/hybrid.py);
+  the processes the script spawns get it from ``hpcllm.models.megatron_site``.
 - Triton: ``import megatron.core`` reaches ``megatron/core/transformer/moe/ops/
   paged_stash.py``, which defines Triton kernels at import. Triton itself is installed
   (the ``train`` extra), not stubbed: it imports without a GPU, and a stub would have to
