@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from megatron_cases import _text_for, gpt2_tokenizer_files, writable_tree_copy
-from support import REPO, hang_guard
+from support import REPO, hang_guard, run_snakemake
 
 from hpcllm.clusters import load_cluster
 from hpcllm.launch import python_for
@@ -68,6 +68,25 @@ def bare_metal_cluster(tmp_path: Path, tree: Path):
     local = (REPO / "config/clusters/local.yaml").read_text()
     (root / "bare.yaml").write_text(f"{local}\nmegatron_lm: {tree}\n")
     return load_cluster("bare", root=root)
+
+
+def workdir_with_cluster(work: Path, tree: Path) -> Path:
+    """A working directory whose config/clusters holds the shipped files and bare.yaml
+    (the local facts naming the checkout), as a user adds a cluster file."""
+    config = work / "config"
+    config.mkdir(parents=True)
+    for entry in (REPO / "config").iterdir():
+        if entry.name != "clusters":
+            (config / entry.name).symlink_to(entry)
+    clusters = config / "clusters"
+    clusters.mkdir()
+    for entry in (REPO / "config/clusters").iterdir():
+        (clusters / entry.name).symlink_to(entry)
+    bare_metal_cluster(work, tree)  # writes work/clusters/bare.yaml
+    (work / "clusters/bare.yaml").rename(clusters / "bare.yaml")
+    for name in ("resources", "profiles"):
+        (work / name).symlink_to(REPO / name)
+    return work
 
 
 def experiment() -> dict:
@@ -140,3 +159,27 @@ def test_a_checkout_plan_and_its_segment_job_run_to_megatrons_cuda_check(
     assert "apply_rope_fusion is not available" not in log, log[-4000:]
     assert "transformer_impl ................................ local" in log, log[-4000:]
     assert f"{checkout}/megatron/training/initialize.py" in log  # the checkout's Megatron
+
+
+@pytest.mark.workflow
+@pytest.mark.skipif(has_transformer_engine(), reason="this Python has Transformer Engine")
+def test_a_dry_run_on_a_checkout_cluster_plans_the_megatron_engine_and_says_why_local(
+    checkout, tmp_path
+):
+    """The workflow's own plan (snakemake -n) of the laptop example's experiment on the
+    megatron engine, on a cluster file naming the checkout: accepted, with the reason for
+    Megatron's own layers among its warnings."""
+    work = workdir_with_cluster(tmp_path / "work", checkout)
+    model = "{position_embedding: rope, flash_attention: true}"
+    (work / "meg.yaml").write_text(
+        "cluster: bare\ntraining:\n  run: [tiny_local]\n  experiments:\n    tiny_local:\n"
+        f"      engine: megatron\n      model: {model}\n"
+    )
+    proc = run_snakemake(work, "-n", "--configfile", "meg.yaml")
+    out = proc.stdout + proc.stderr
+    assert (
+        "training.experiments.tiny_local: asks for flash attention, but Megatron-LM runs on bare"
+        in out
+    ), out[-4000:]
+    assert f"(--transformer-impl local: the jobs' Python ({sys.executable}, which runs" in out
+    assert "train_segment" in out
