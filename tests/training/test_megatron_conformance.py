@@ -6,7 +6,9 @@ hpcllm.models.megatron_compat); ``MEGATRON_LM_DIR`` puts a Megatron-LM tree firs
 (``git -C Megatron-LM archive <commit> | tar -x -C DIR``). Three checks need the tree's
 files outside the package, which the wheel lacks and this repository does not copy
 (``pretrain_gpt.py`` for the dataset construction, the helpers' Makefile for the
-start-up): they run with ``MEGATRON_LM_DIR`` only, and say so when skipped. It builds every command line
+start-up): they run with ``MEGATRON_LM_DIR`` or, where it is unset, the shared reference
+copy of the pin's tree (tests/conftest.py), and say so when skipped (in CI such a skip
+fails). It builds every command line
 the workflow generates (every preset on every GPU cluster, the shipped experiment on
 every GPU cluster, every point of the shipped language sweeps on every cluster, and the
 canaries of both) and runs ``parse_args`` and ``validate_args`` of
