@@ -161,7 +161,8 @@ def test_a_checkout_plan_and_its_segment_job_run_to_megatrons_cuda_check(
     assert f"{checkout}/megatron/training/initialize.py" in log  # the checkout's Megatron
 
 
-@pytest.mark.workflow
+# (not marked workflow: tests/conftest.py would run it apart from this module's other
+# test, and the checkout fixture would be built twice)
 @pytest.mark.skipif(has_transformer_engine(), reason="this Python has Transformer Engine")
 def test_a_dry_run_on_a_checkout_cluster_plans_the_megatron_engine_and_says_why_local(
     checkout, tmp_path
