@@ -9,6 +9,25 @@ from pathlib import Path
 import pytest
 from support import REPO, make_workdir
 
+from hpcllm.models.megatron_args import MEGATRON_LM_RELEASE
+
+# The pin's Megatron-LM tree (pretrain_gpt.py, the dataset helpers' Makefile: not in the
+# release's wheel) where MEGATRON_LM_DIR names none: the reference copy beside the
+# project (../shared/reference/, read-only: tests that build in it copy it first).
+# Set before the test modules are imported, which read it there.
+SHARED_MEGATRON_LM = (
+    Path(__file__).resolve().parents[2]
+    / "shared"
+    / "reference"
+    / f"megatron-lm-{MEGATRON_LM_RELEASE}"
+)
+
+
+def pytest_configure(config) -> None:
+    found = (SHARED_MEGATRON_LM / "pretrain_gpt.py").is_file()
+    if found and "MEGATRON_LM_DIR" not in os.environ:  # set and empty: no tree
+        os.environ["MEGATRON_LM_DIR"] = str(SHARED_MEGATRON_LM)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _session_working_directory(tmp_path_factory) -> Iterator[None]:
@@ -93,8 +112,9 @@ def pytest_collection_finish(session) -> None:
         )
 
 
-# CI runs every Megatron test at the jobs' release (installed by `make`): a test skipped
-# for lack of Megatron there is a test that did not run, so it fails instead.
+# CI runs every Megatron test at the jobs' release (installed by `make`) and with the
+# pin's tree (MEGATRON_LM_DIR or SHARED_MEGATRON_LM): a test skipped for lack of either
+# there is a test that did not run, so it fails instead.
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
@@ -103,7 +123,8 @@ def pytest_runtest_makereport(item, call):
         report.outcome = "failed"
         report.longrepr = (
             f"skipped for lack of Megatron, which CI must have ({skip_reason(report)}): "
-            "`make` installs the jobs' release (hpcllm.models.megatron_compat)"
+            "`make` installs the jobs' release (hpcllm.models.megatron_compat); the pin's "
+            f"tree is MEGATRON_LM_DIR's or {SHARED_MEGATRON_LM}"
         )
 
 
@@ -113,7 +134,11 @@ def skip_reason(report) -> str:
 
 
 def skipped_for_megatron(report) -> bool:
-    """A skip because Megatron Core is missing or does not import (not one that asks for
-    a Megatron-LM tree, which no install gives: test_megatron_conformance's needs_tree)."""
+    """A skip because Megatron Core is missing or does not import, or because the pin's
+    Megatron-LM tree is not there (test_megatron_conformance's needs_tree)."""
     reason = skip_reason(report).lower()
-    return "could not import 'megatron" in reason or "megatron core is not installed" in reason
+    return (
+        "could not import 'megatron" in reason
+        or "megatron core is not installed" in reason
+        or "needs a megatron-lm tree" in reason
+    )

@@ -38,6 +38,19 @@ def gpu_clusters():
             yield cluster
 
 
+def writable_tree_copy(tree: str | Path, dest: Path, *skip: str) -> Path:
+    """A copy of a Megatron-LM tree that a test may build in: the shared reference copy
+    has no write bits, which copytree keeps (root ignores them, CI's user may not)."""
+    import shutil
+    import stat
+
+    ignore = shutil.ignore_patterns(".git", "__pycache__", *skip)
+    shutil.copytree(tree, dest, ignore=ignore, copy_function=shutil.copyfile)
+    for path in [dest, *dest.rglob("*")]:
+        path.chmod(path.stat().st_mode | stat.S_IWUSR)
+    return dest
+
+
 def gpt2_tokenizer_files(folder: Path) -> str:
     """A small tokenizer folder as train_tokenizer writes it: tokenizer.json,
     tokenizer_config.json, vocab.json and merges.txt."""

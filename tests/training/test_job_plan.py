@@ -162,7 +162,8 @@ def test_megatron_memory_is_planned_as_it_runs_without_transformer_engine():
     (dropped,) = [w for w in on_lumi.warnings if "Transformer Engine" in w]
     assert (
         "asks for sequence parallelism and flash attention and the distributed optimizer, but "
-        "Megatron-LM runs on lumi without Transformer Engine (--transformer-impl local)"
+        "Megatron-LM runs on lumi without Transformer Engine (--transformer-impl local: the "
+        "amd training image has no Transformer Engine ("
     ) in dropped
     assert f"planned at {on_lumi.memory.describe()}" in dropped
     on_juwels = job("juwels", opengptx())

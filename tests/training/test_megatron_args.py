@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from support import REPO
 
@@ -148,6 +150,70 @@ def test_amd_gpus_and_nodes_without_te_run_megatrons_own_layers():
     assert transformer_impl_for(with_te) == "transformer_engine"
     got = pairs(args_for("opengptx_800m", transformer_impl="local"))
     assert got["--transformer-impl"] == "local" and "--attention-backend" not in got
+
+
+def test_a_checkout_runs_te_layers_only_where_the_jobs_python_has_transformer_engine(
+    monkeypatch,
+):
+    """Jobs without a container run the megatron_lm checkout on this Python: without a
+    transformer_engine fact, whether TE is there decides, and the plan says why (the
+    default layers would stop at model set-up: "apply_rope_fusion is not available")."""
+    from types import SimpleNamespace
+
+    from hpcllm.models import megatron_args
+
+    nvidia = SimpleNamespace(vendor="nvidia")
+    checkout = SimpleNamespace(
+        gpu=nvidia, container_runtime="none", megatron_lm="/m", path="c.yaml"
+    )
+    monkeypatch.setattr(megatron_args, "has_transformer_engine", lambda: False)
+    impl, why = megatron_args.transformer_impl_and_reason(checkout)
+    assert impl == "local"
+    assert f"the jobs' Python ({sys.executable}, which runs the megatron_lm checkout)" in why
+    assert "no Transformer Engine" in why and "transformer_engine: false in c.yaml" in why
+    monkeypatch.setattr(megatron_args, "has_transformer_engine", lambda: True)
+    assert megatron_args.transformer_impl_for(checkout) == "transformer_engine"
+    # the cluster file's fact wins over what is found; an image's does not look here
+    fact = SimpleNamespace(**{**vars(checkout), "transformer_engine": False})
+    assert megatron_args.transformer_impl_and_reason(fact) == (
+        "local",
+        "c.yaml: transformer_engine: false",
+    )
+    image = SimpleNamespace(**{**vars(checkout), "container_runtime": "apptainer"})
+    monkeypatch.setattr(megatron_args, "has_transformer_engine", lambda: False)
+    assert megatron_args.transformer_impl_for(image) == "transformer_engine"
+
+
+def test_a_checkouts_pretrain_gpt_runs_through_the_python_311_shim():
+    """The image's script runs as it is (Python 3.12 there); a checkout's, run by this
+    environment's Python, through hpcllm.models.megatron_compat."""
+    from hpcllm.clusters import MEGATRON_IN_IMAGE
+    from hpcllm.models.megatron_args import pretrain_gpt_program
+
+    assert pretrain_gpt_program("python", MEGATRON_IN_IMAGE) == [
+        "python",
+        f"{MEGATRON_IN_IMAGE}/pretrain_gpt.py",
+    ]
+    assert pretrain_gpt_program("/v/bin/python", "/m") == [
+        "/v/bin/python", "-m", "hpcllm.models.megatron_compat", "/m/pretrain_gpt.py"
+    ]  # fmt: skip
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="the shim is for Python 3.11")
+def test_the_checkout_check_refuses_a_python_the_pin_cannot_run_on(tmp_path, monkeypatch):
+    """On 3.11 the pin needs typing_extensions.override (the shim's); without it the
+    checkout is refused at plan time, naming the Python and the fix."""
+    from hpcllm.models.megatron_args import checkout_problem, python_problem
+
+    assert python_problem() is None
+    monkeypatch.setitem(sys.modules, "typing_extensions", None)  # import fails
+    (tmp_path / "pretrain_gpt.py").touch()
+    (tmp_path / "megatron/core").mkdir(parents=True)
+    (tmp_path / "megatron/core/package_info.py").write_text("MAJOR = 0\nMINOR = 19\nPATCH = 1\n")
+    problem = checkout_problem(tmp_path)
+    assert problem.startswith(f"megatron_lm {tmp_path}: the jobs' Python {sys.executable} (3.11")
+    assert "needs Python >= 3.12, or 3.11 with typing_extensions >= 4.4" in problem
+    assert "pip install 'typing_extensions>=4.4'" in problem
     assert pairs(args_for("opengptx_800m"))["--transformer-impl"] == "transformer_engine"
 
 

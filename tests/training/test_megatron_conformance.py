@@ -6,7 +6,9 @@ hpcllm.models.megatron_compat); ``MEGATRON_LM_DIR`` puts a Megatron-LM tree firs
 (``git -C Megatron-LM archive <commit> | tar -x -C DIR``). Three checks need the tree's
 files outside the package, which the wheel lacks and this repository does not copy
 (``pretrain_gpt.py`` for the dataset construction, the helpers' Makefile for the
-start-up): they run with ``MEGATRON_LM_DIR`` only, and say so when skipped. It builds every command line
+start-up): they run with ``MEGATRON_LM_DIR`` or, where it is unset, the shared reference
+copy of the pin's tree (tests/conftest.py), and say so when skipped (in CI such a skip
+fails). It builds every command line
 the workflow generates (every preset on every GPU cluster, the shipped experiment on
 every GPU cluster, every point of the shipped language sweeps on every cluster, and the
 canaries of both) and runs ``parse_args`` and ``validate_args`` of
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -37,24 +38,26 @@ from megatron_cases import (
     all_cases,
     training_cases,
     transformer_impl,
+    writable_tree_copy,
 )
 from support import REPO, hang_guard
 
 from hpcllm.clusters import load_cluster
-from hpcllm.models.megatron_args import MEGATRON_ENV, MEGATRON_LM_COMMIT
+from hpcllm.models.megatron_args import MEGATRON_ENV, MEGATRON_LM_COMMIT, MEGATRON_LM_RELEASE
 from hpcllm.models.megatron_compat import MEGATRON_CORE
 from hpcllm.models.presets import PRESETS
 from hpcllm.training.engines.command import engine_command as segment_command
 from hpcllm.training.engines.megatron_model import IMAGE_LACKS
 from hpcllm.training.plan.experiment import Paths
 
-# A Megatron-LM tree at the pin, first on the path before the installed release.
+# A Megatron-LM tree at the pin, first on the path before the installed release:
+# MEGATRON_LM_DIR, or the shared reference copy (tests/conftest.py sets it to that).
 MEGATRON_LM_DIR = os.environ.get("MEGATRON_LM_DIR")
 needs_tree = pytest.mark.skipif(
     not MEGATRON_LM_DIR,
-    reason="needs a Megatron-LM tree at the pin (MEGATRON_LM_DIR): pretrain_gpt.py and the "
-    "dataset helpers' Makefile are not in the release's wheel, and this repository copies "
-    "no Megatron-LM code",
+    reason="needs a Megatron-LM tree at the pin (MEGATRON_LM_DIR, or the reference copy "
+    f"../shared/reference/megatron-lm-{MEGATRON_LM_RELEASE} from the project's root): pretrain_gpt.py and the dataset helpers' Makefile are not in "
+    "the release's wheel, and this repository copies no Megatron-LM code",
 )
 
 
@@ -98,10 +101,7 @@ def test_the_flag_list_is_every_option_of_the_parser():
 
 def unbuilt_tree(dest: Path) -> Path:
     """A writable copy of MEGATRON_LM_DIR's tree without built dataset helpers."""
-    skip = shutil.ignore_patterns(".git", "tests", "docs", "examples", "helpers_cpp*",
-                                  "__pycache__")  # fmt: skip
-    shutil.copytree(MEGATRON_LM_DIR, dest, ignore=skip)
-    return dest
+    return writable_tree_copy(MEGATRON_LM_DIR, dest, "tests", "docs", "examples", "helpers_cpp*")
 
 
 @pytest.fixture(scope="module")

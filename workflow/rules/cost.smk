@@ -259,7 +259,11 @@ if workflow.is_main_process:
             for line in training_calendar(trained) if trained else []:
                 logger.info(line)
             if CLUSTER.uses_slurm and CLUSTER.gpus_per_node:
-                check_plan_cost(dag)
+                check_plan_cost(dag)  # the segments' warnings with the cost lines
+            else:  # no cost to print; what the segments run without is still said
+                for name in trained:
+                    for warning in SEGMENT_JOBS[name].warnings:
+                        logger.warning(f"Warning: {warning}")
         return _dag_stats(dag)
 
     _DAG.stats = _stats_after_cost

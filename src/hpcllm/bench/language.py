@@ -122,7 +122,7 @@ def engine_command(
         if folder:
             cmd += ["--tokenizer-model", folder, "--eod-token", eod_token_of(point)]
         return cmd
-    from hpcllm.models.megatron_args import pretrain_gpt_args
+    from hpcllm.models.megatron_args import pretrain_gpt_args, pretrain_gpt_program
 
     layout = Layout(
         gpus=point["gpus"],
@@ -146,7 +146,7 @@ def engine_command(
         transformer_impl=transformer_impl,
         tokenizer_model=folder,
     )
-    return [python, f"{megatron_dir}/pretrain_gpt.py", *args]
+    return [*pretrain_gpt_program(python, megatron_dir), *args]
 
 
 def language_launch(point: dict, run_dir: str | Path, cluster, container: str | None):

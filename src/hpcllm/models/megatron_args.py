@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
+from hpcllm.clusters import MEGATRON_IN_IMAGE
 from hpcllm.models.planner import Layout
 
 # The Megatron-LM commit the workflow generates arguments for and the container installs:
@@ -112,14 +114,60 @@ TRANSFORMER_IMPL = {"nvidia": "transformer_engine", "amd": "local"}
 
 
 def transformer_impl_for(cluster) -> str:
-    """``--transformer-impl`` for a cluster: its fact ``transformer_engine`` where given (an
-    NVIDIA node or venv without TE runs Megatron's own layers), else by the GPU vendor
-    (the ROCm image has no Transformer Engine)."""
+    """``--transformer-impl`` for a cluster (:func:`transformer_impl_and_reason`)."""
+    return transformer_impl_and_reason(cluster)[0]
+
+
+def transformer_impl_and_reason(cluster) -> tuple[str, str]:
+    """``--transformer-impl`` for a cluster and why: its fact ``transformer_engine`` where
+    given; else, where jobs run a ``megatron_lm`` checkout without a container (on this
+    environment's Python: hpcllm.launch.python_for), whether that Python has Transformer
+    Engine (without it the default layers stop at model set-up: "apply_rope_fusion is not
+    available. Please install TE >= 1.4"); else by the GPU vendor (the ROCm image has no
+    Transformer Engine, the NVIDIA images have it)."""
+    where = getattr(cluster, "path", None) or "the cluster file"
     has_te = getattr(cluster, "transformer_engine", None)
     if has_te is not None:
-        return "transformer_engine" if has_te else "local"
+        impl = "transformer_engine" if has_te else "local"
+        return impl, f"{where}: transformer_engine: {str(has_te).lower()}"
+    if runs_checkout(cluster):
+        if has_transformer_engine():
+            return "transformer_engine", f"Transformer Engine is installed in {sys.executable}"
+        return "local", (
+            f"the jobs' Python ({sys.executable}, which runs the megatron_lm checkout) has "
+            "no Transformer Engine (no module transformer_engine): install it there for "
+            f"TE's layers, or say transformer_engine: false in {where}"
+        )
     vendor = cluster.gpu.vendor if getattr(cluster, "gpu", None) is not None else "nvidia"
-    return TRANSFORMER_IMPL.get(vendor, "transformer_engine")
+    impl = TRANSFORMER_IMPL.get(vendor, "transformer_engine")
+    has = "has no" if impl == "local" else "has"
+    return impl, f"the {vendor} training image {has} Transformer Engine ({where}: gpu.vendor)"
+
+
+def runs_checkout(cluster) -> bool:
+    """Whether the megatron engine's jobs run the cluster's ``megatron_lm`` checkout (no
+    container) on this environment's Python."""
+    no_container = getattr(cluster, "container_runtime", "none") == "none"
+    return no_container and getattr(cluster, "megatron_lm", None) is not None
+
+
+def has_transformer_engine() -> bool:
+    """Whether this Python has Transformer Engine (found, not imported: importing it
+    needs CUDA, which a login node lacks)."""
+    from importlib.util import find_spec
+
+    return find_spec("transformer_engine") is not None
+
+
+def pretrain_gpt_program(python: str, megatron_dir: str) -> list[str]:
+    """The program before ``pretrain_gpt.py``'s arguments: the image's script as it is
+    (Python 3.12); a checkout's through hpcllm's shim (hpcllm.models.megatron_compat),
+    as its jobs run on this environment's Python, 3.11, which the release's
+    ``typing.override`` import needs the shim for."""
+    script = f"{megatron_dir}/pretrain_gpt.py"
+    if megatron_dir == MEGATRON_IN_IMAGE:
+        return [python, script]
+    return [python, "-m", "hpcllm.models.megatron_compat", script]
 
 
 def as_run(
@@ -189,12 +237,40 @@ def checkout_problem(tree: str | Path) -> str | None:
             f"{MEGATRON_LM_COMMIT[:12]}); check out that commit"
         )
     # Jobs without a container run this Python (hpcllm.launch.python_for): its build.
+    python = python_problem()
+    if python is not None:
+        return f"{where}: {python}"
     helpers = tree / "megatron" / "core" / "datasets" / f"helpers_cpp{_extension_suffix()}"
     if not helpers.is_file():
         return (
             f"{where}: its dataset helpers are not built for this Python ({helpers} is "
             f"missing); build them once where a compiler is: `make -C {helpers.parent}` "
             "with this environment's python3 first on the PATH"
+        )
+    return None
+
+
+def python_problem() -> str | None:
+    """Why this Python (the bare-metal jobs') cannot run the pin's Megatron-LM, or None.
+    The pin asks for Python >= 3.12 (its pyproject); on 3.11 its one gap,
+    ``typing.override``, is filled from typing_extensions (hpcllm.models.megatron_compat,
+    the jobs' program: :func:`pretrain_gpt_program`), which has it from 4.4 on."""
+    if sys.version_info >= (3, 12):
+        return None
+    version = ".".join(map(str, sys.version_info[:3]))
+    fix = (
+        f"the pin ({MEGATRON_LM_RELEASE}) needs Python >= 3.12, or 3.11 with "
+        "typing_extensions >= 4.4 (hpcllm.models.megatron_compat); run the workflow from "
+        "such an environment"
+    )
+    if sys.version_info < (3, 11):
+        return f"the jobs' Python {sys.executable} is {version}: {fix}"
+    try:
+        from typing_extensions import override  # noqa: F401
+    except ImportError:
+        return (
+            f"the jobs' Python {sys.executable} ({version}) has no typing_extensions.override: "
+            f"{fix} (pip install 'typing_extensions>=4.4')"
         )
     return None
 

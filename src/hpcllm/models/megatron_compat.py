@@ -20,7 +20,12 @@ gap needs, all of it:
   ``megatron.training.arguments``; Megatron Core itself takes the same decorator from
   ``typing_extensions``). ``enable()`` gives ``typing`` that decorator on Python < 3.12;
   call it before importing ``megatron.training``. Every other file of the pin's
-  ``megatron/`` and ``tools/`` compiles on 3.11.
+  ``megatron/`` and ``tools/`` compiles on 3.11. The bare-metal jobs (a cluster's
+  ``megatron_lm`` checkout, run by this environment's Python) need it too: their program
+  is ``python -m hpcllm.models.megatron_compat <checkout>/pretrain_gpt.py ...``
+  (:func:`run_script`; ``megatron_args.pretrain_gpt_program``), not the bare script,
+  which dies at ``from typing import override`` (megatron/training/models/hybrid.py);
+  the processes the script spawns get it from ``hpcllm.models.megatron_site``.
 - Triton: ``import megatron.core`` reaches ``megatron/core/transformer/moe/ops/
   paged_stash.py``, which defines Triton kernels at import. Triton itself is installed
   (the ``train`` extra), not stubbed: it imports without a GPU, and a stub would have to
@@ -32,6 +37,7 @@ says how to install the release where it is missing or another one is installed.
 
 from __future__ import annotations
 
+import os
 import sys
 
 # The package index's release of the pinned Megatron-LM (megatron_args.MEGATRON_LM_RELEASE).
@@ -79,3 +85,27 @@ def check_installed() -> str:
             "`make` does it; hpcllm.models.megatron_compat says why)"
         )
     return version
+
+
+def run_script(argv: list[str]) -> None:
+    """Run a Megatron-LM script as ``python SCRIPT ARGS...`` would (its folder first on
+    the path, ``__main__``, ``sys.argv``), with :func:`enable` applied first, here and in
+    the Python processes it starts."""
+    if not argv:
+        raise SystemExit(f"usage: python -m {__spec__.name} SCRIPT [ARGS...]")
+    import runpy
+
+    enable()
+    # ... and in every Python process the script starts (hpcllm.models.megatron_site)
+    site = os.path.join(os.path.dirname(os.path.abspath(__file__)), "megatron_site")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH")) if p)
+    script = os.path.abspath(argv[0])
+    sys.argv = list(argv)
+    # `python -m` put the working directory first; `python SCRIPT` puts SCRIPT's folder
+    # there, so that its `megatron` package (the checkout's) comes before the release's.
+    sys.path[0] = os.path.dirname(script)
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    run_script(sys.argv[1:])

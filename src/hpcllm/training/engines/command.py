@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcllm.clusters import MEGATRON_IN_IMAGE
-from hpcllm.models.megatron_args import pretrain_gpt_args
+from hpcllm.models.megatron_args import pretrain_gpt_args, pretrain_gpt_program
 from hpcllm.models.planner import Layout
 from hpcllm.training.plan.data import Blend
 from hpcllm.training.plan.experiment import Paths, target_iteration, total_iterations
@@ -41,14 +41,15 @@ def engine_command(
 ) -> list[str]:
     """The argv of one engine process (the launcher runs it, with ``--no-python``);
     ``python`` runs either engine (the image's inside a container, this environment's
-    outside one: a bare ``python`` there could be any Python on the PATH)."""
+    outside one: a bare ``python`` there could be any Python on the PATH; a checkout's
+    ``pretrain_gpt.py`` runs through hpcllm's Python 3.11 shim there:
+    ``megatron_args.pretrain_gpt_program``)."""
     stop = target_iteration(experiment, segment)
     train_iters = total_iterations(experiment)
     split = experiment["data"]["split"]
     if experiment["engine"] == "megatron":
         return [
-            python,
-            f"{megatron_dir}/pretrain_gpt.py",
+            *pretrain_gpt_program(python, megatron_dir),
             *pretrain_gpt_args(
                 experiment,
                 layout,

@@ -63,29 +63,34 @@ def memory_as_run(name: str, prepared, cluster, vocab_size: int) -> tuple[Memory
     when it does not fit), and a warning for each thing the experiment asks for that it
     runs without there (sequence parallelism, flash attention and the distributed optimizer
     on the local layers)."""
-    from hpcllm.models.megatron_args import transformer_impl_for
+    from hpcllm.models.megatron_args import runs_checkout, transformer_impl_and_reason
 
     exp, lay = prepared.experiment, prepared.experiment["layout"]
-    impl = transformer_impl_for(cluster) if exp["engine"] == "megatron" else "transformer_engine"
+    impl, why = (
+        transformer_impl_and_reason(cluster)
+        if exp["engine"] == "megatron"
+        else ("transformer_engine", "")
+    )
     runs, dropped = experiment_as_run(exp, impl)
     gpu_gb = cluster.gpu.memory_gb if cluster.gpu is not None else None
     _, memory = plan(name, runs, prepared.layout.gpus, vocab_size, gpu_gb, lay["procs_per_node"])
-    warnings = (
-        [
-            f"training.experiments.{name}: asks for {' and '.join(dropped)}, but Megatron-LM runs "
-            f"on {cluster.name} without Transformer Engine (--transformer-impl {impl}): the job "
-            f"runs without them, planned at {memory.describe()}"
+    where = f"training.experiments.{name}"
+    if dropped:
+        warning = (
+            f"{where}: asks for {' and '.join(dropped)}, but Megatron-LM runs on "
+            f"{cluster.name} without Transformer Engine (--transformer-impl {impl}: {why}): "
+            f"the job runs without them, planned at {memory.describe()}"
             + (
                 " (the distributed optimizer needs a fused Adam, Transformer Engine's or "
                 "Apex's, to resume from a checkpoint)"
                 if "the distributed optimizer" in dropped
                 else ""
             )
-        ]
-        if dropped
-        else []
-    )
-    return memory, warnings
+        )
+        return memory, [warning]
+    if impl == "local" and runs_checkout(cluster):  # found here, not a fact: said anyway
+        return memory, [f"{where}: Megatron-LM runs with --transformer-impl local: {why}"]
+    return memory, []
 
 
 def segment_flops(prepared, vocab_size: int) -> float:
