@@ -54,6 +54,9 @@ class Attempt:
     # seconds before the deadline from which the segment stops for time (its margin, or
     # Slurm's --signal): an attempt that ended before then did not run out of time
     time_lead: float | None = None
+    # where the watchdog ended a hung launch (hpcllm.training.campaign.watchdog): its
+    # bound, the phase, the ranks that stopped reporting (first first) and those waiting
+    hang: dict | None = None
 
 
 def attempts_path(engine_log: str | os.PathLike) -> Path:
@@ -112,9 +115,10 @@ def record_end(
     failure: str | None,
     message: str = "",
     logged: int | None = None,
+    hang: dict | None = None,
 ):
     entry.reached_iteration, entry.failure, entry.message = reached, failure, message
-    entry.logged_iteration = logged
+    entry.logged_iteration, entry.hang = logged, hang
     entry.ended = time.time()
     _save(path, [entry if _same(a, entry) else a for a in load(path)])
 
