@@ -248,6 +248,11 @@ class Internet:
     compute: bool = False  # where the jobs run
 
 
+# A rank whose heartbeat file has not changed for this many heartbeat intervals has
+# stopped reporting (frozen, dead, its node gone); one that still writes it is alive.
+SILENT_BEATS = 3
+
+
 @dataclass(frozen=True)
 class WatchdogFacts:
     """How long a segment may go without progress before its watchdog ends it.
@@ -493,6 +498,14 @@ def load_cluster(
             f"({watchdog.floor_seconds:g}) is above watchdog.ceiling_seconds "
             f"({watchdog.ceiling_seconds:g}); the floor is the shortest bound, the ceiling "
             "the longest: swap them or raise the ceiling"
+        )
+    if watchdog.floor_seconds <= SILENT_BEATS * watchdog.heartbeat_seconds:
+        # A stall must outlast a frozen rank's silence, or it is not told from the waiting.
+        raise ClusterError(
+            f"{path}:{_line(node, 'watchdog')}: watchdog.floor_seconds "
+            f"({watchdog.floor_seconds:g}) must be above {SILENT_BEATS} x "
+            f"watchdog.heartbeat_seconds ({watchdog.heartbeat_seconds:g}), the silence after "
+            "which a rank counts as stopped: raise the floor or beat more often"
         )
     return Cluster(
         name=name,

@@ -73,6 +73,9 @@ def test_the_cluster_facts_carry_the_watchdog(tmp_path):
     (tmp_path / "x.yaml").write_text(text + "watchdog: {floor_seconds: 600, ceiling_seconds: 60}\n")
     with pytest.raises(ClusterError, match=rf"x.yaml:{lines + 1}: watchdog.floor_seconds \(600\)"):
         load_cluster("x", tmp_path)
+    (tmp_path / "z.yaml").write_text(text + "watchdog: {floor_seconds: 30}\n")
+    with pytest.raises(ClusterError, match=r"must be above 3 x watchdog.heartbeat_seconds \(10\)"):
+        load_cluster("z", tmp_path)
     (tmp_path / "y.yaml").write_text(text + "watchdog: {floor: 60}\n")
     with pytest.raises(ClusterError, match="watchdog: Additional properties"):
         load_cluster("y", tmp_path)

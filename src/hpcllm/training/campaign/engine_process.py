@@ -185,16 +185,23 @@ def run_launch(
 
 
 def end_hung(signals: Signals, kill_wait: float) -> int:
-    """End a launch that hangs: SIGTERM to its process group and every process below it,
-    SIGKILL to what is left after ``kill_wait`` seconds (a frozen or stuck rank ignores
-    the first, or is stopped: SIGKILL ends a stopped process too). Its exit status."""
+    """End a launch that hangs: SIGTERM to its process group and every process below it
+    (srun passes it to the step's tasks on the other nodes), SIGKILL after ``kill_wait``
+    seconds to all of them that are left, also where the launcher exited meanwhile: a
+    frozen or stuck rank does not act on SIGTERM (a stopped one does not even run), and
+    torchrun's workers, in sessions of their own, outlive it. Its exit status."""
     log.warning("the watchdog ends the engine: SIGTERM, SIGKILL after %.0f s", kill_wait)
+    below = descendants(signals.child.pid)  # found while they are still below it
     signals.signal_child(signal.SIGTERM)
     try:
-        return signals.child.wait(timeout=kill_wait)
+        rc = signals.child.wait(timeout=kill_wait)
     except subprocess.TimeoutExpired:
         signals.signal_child(signal.SIGKILL)
-        return signals.child.wait()
+        rc = signals.child.wait()
+    for pid in below:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return rc
 
 
 def shutdown_timeout(experiment: dict[str, Any]) -> int:

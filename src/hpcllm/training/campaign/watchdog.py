@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpcllm.clusters import SILENT_BEATS
 from hpcllm.failures.classify import HANG_MARK
 from hpcllm.training.engines.heartbeat import DIR_ENV, PHASES, SECONDS_ENV, read_heartbeats
 from hpcllm.training.engines.log_lines import parse_log_lines
@@ -34,9 +35,6 @@ from hpcllm.training.engines.log_lines import parse_log_lines
 # A gap this many times the measured one is no longer slowness: a busier file system or
 # a slower node rarely costs more than twice; four leaves room for both.
 FACTOR = 4
-# A rank whose heartbeat file has not changed for this many of its intervals has stopped
-# reporting (frozen, dead, its node gone); one that still writes it is alive and waits.
-SILENT_BEATS = 3
 
 # The engine log's line for a launch the watchdog ended (its class: hang).
 LOG_MARK = HANG_MARK
