@@ -95,7 +95,7 @@ def bounds(
     def clamp(needed: float) -> float:
         return float(min(ceiling, max(floor, math.ceil(needed))))
 
-    generous = f"the ceiling: nothing measured yet; floor {floor:g} s"
+    generous = "the ceiling, as nothing was measured yet"
     reason = {"start": f"the ceiling {ceiling:g} s: a start-up is never measured"}
     iteration = (found or {}).get("iteration_seconds")
     if iteration:
@@ -294,6 +294,18 @@ class Watchdog:
         )
 
 
+def segment_bounds(experiment: dict[str, Any], facts, save: str | Path) -> Bounds:
+    """The bounds of the next segment of ``experiment`` checkpointing to ``save``: from
+    its newest measured record, with heartbeats where the engine writes them (torch)."""
+    return bounds(
+        facts,
+        measured_times(save),
+        heartbeats=experiment["engine"] == "torch",
+        log_interval=int(experiment.get("log_interval") or 1),
+        eval_iters=int(experiment.get("eval_iters") or 0),
+    )
+
+
 def for_segment(
     experiment: dict[str, Any], facts, save: str | Path, engine_log: str | Path, ranks: int
 ) -> tuple[Watchdog, dict[str, str]]:
@@ -301,13 +313,7 @@ def for_segment(
     environment that has the torch engine's ``ranks`` write their heartbeats (none for
     Megatron-LM: its log lines are its progress)."""
     heartbeats = experiment["engine"] == "torch"
-    limits = bounds(
-        facts,
-        measured_times(save),
-        heartbeats,
-        log_interval=int(experiment.get("log_interval") or 1),
-        eval_iters=int(experiment.get("eval_iters") or 0),
-    )
+    limits = segment_bounds(experiment, facts, save)
     folder = fresh_heartbeat_dir(engine_log).resolve() if heartbeats else None
     env = {DIR_ENV: str(folder), SECONDS_ENV: f"{facts.heartbeat_seconds:g}"} if folder else {}
     return Watchdog(limits, engine_log, folder, ranks, facts.heartbeat_seconds), env
