@@ -34,7 +34,7 @@ def test_the_bound_is_the_ceiling_before_anything_is_measured(tmp_path):
     assert watchdog.measured_times(tmp_path) is None
     b = watchdog.bounds(FACTS, None, heartbeats=True)
     assert (b.start, b.step, b.save) == (3600, 3600, 3600)
-    assert "nothing measured yet" in b.describe("step")
+    assert "the ceiling, as nothing was measured yet" in b.describe("step")
     # an iteration measured but no save yet: the first save still gets the ceiling
     b = watchdog.bounds(FACTS, {"segment": 1, "iteration_seconds": 300.0}, heartbeats=True)
     assert (b.start, b.step, b.save) == (3600, 1200, 3600)
@@ -231,6 +231,17 @@ def test_the_hang_is_classified_and_retried(tmp_path):
     attempts.record_end(path, entry, 10, "hang", "hung", logged=None, hang={"phase": "step"})
     assert attempts.load(path)[0].hang == {"phase": "step"}
     assert attempts.refusal(attempts.load(path), 2, 10, state_of=lambda job: None) is None
+    # ... also where the watchdog ended it close to its job's time limit
+    late = tmp_path / "late.attempts.json"
+    entry = attempts.record_start(late, 1, 10, environ={"SLURM_JOB_ID": "7"},
+                                  deadline=time.time() + 30, time_lead=60)  # fmt: skip
+    attempts.record_end(late, entry, 10, "hang", "hung", logged=None)
+    assert attempts.refusal(attempts.load(late), 2, 10, state_of=lambda job: None) is None
+    entry.failure = "signal"  # the same attempt stopped for time: refused
+    attempts._save(late, [entry])
+    assert "ran until its time limit" in attempts.refusal(
+        attempts.load(late), 2, 10, state_of=lambda job: None
+    )
 
 
 def test_heartbeats_are_written_and_refreshed(tmp_path):

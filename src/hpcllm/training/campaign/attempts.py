@@ -179,11 +179,11 @@ def ran_out_of_time(
     entry: Attempt, state: str | None, save: str | os.PathLike | None = None
 ) -> bool | None:
     """Whether attempt ``entry`` ran until its job's time limit (True) or was cut short
-    from outside (False: Slurm's state says preempted or node failure, or it ended well
-    before its time limit: a kill, a crash of its node); None when nothing tells. Outside
-    Slurm no time limit stops a segment."""
+    from outside (False: Slurm's state says preempted or node failure, the segment's
+    watchdog ended it as hung, or it ended well before its time limit: a kill, a crash of
+    its node); None when nothing tells. Outside Slurm no time limit stops a segment."""
     slurm = classify_text("", state)
-    if slurm in ("preempted", "node_failure"):
+    if slurm in ("preempted", "node_failure") or entry.failure == "hang":
         return False
     if slurm == "time_limit" or entry.failure == "time_limit":
         return True
