@@ -157,15 +157,16 @@ def hang_risks(dag):
         if not (holds_gpu_nodes(job) and asks_for_gpus(job)):
             continue
         planned = planned_job(job)
-        key = planned.rule
-        if planned.rule == "train_segment":
-            key += " " + job.wildcards["experiment"]
+        segment = planned.rule == "train_segment"
+        key = (
+            f"train_segment {job.wildcards['experiment']}" if segment else planned.rule
+        )
         size = planned.nodes * planned.runtime_min
         if key not in largest or size > largest[key][2]:
             largest[key] = (job, planned, size)
     risks = []
     for key, (job, planned, _) in sorted(largest.items()):
-        if planned.rule != "train_segment":
+        if not key.startswith("train_segment "):
             risks.append(HangRisk(key, planned.nodes, planned.runtime_min))
             continue
         name = job.wildcards["experiment"]
