@@ -141,7 +141,7 @@ def test_the_plan_prices_a_hang_with_and_without_the_watchdog(tmp_path):
     before = segment_bounds(exp, WatchdogFacts(), save)  # nothing measured: the ceiling
     (save / "chain").mkdir(parents=True)
     (save / "chain" / "seg1.json").write_text('{"iteration_seconds": 30, "save_seconds": 90}')
-    after = segment_bounds(exp, WatchdogFacts(), save)  # 4 x 10 iterations x 30 s: 20 min
+    after = segment_bounds(exp, WatchdogFacts(), save)  # 4 x (10 + 10) x 30 s: 40 min
     risks = [
         HangRisk("bench_language", 32, 60),
         HangRisk("train_segment x", 4, 265, before.step / 60, before.start / 60,
@@ -161,10 +161,11 @@ def test_the_plan_prices_a_hang_with_and_without_the_watchdog(tmp_path):
         "bound of 60 min: the ceiling, as nothing was measured yet); 70.7 GPU-hours "
         "without it (4 nodes x the time limit, 265 min)"
     )
-    # 256 nodes, measured: 20 minutes while training, the ceiling in a start-up
+    # 256 nodes, measured: 40 minutes while training (from Megatron-LM's log: a log
+    # interval of 10 iterations and an evaluation of 10), the ceiling in a start-up
     assert lines[3].startswith(
-        "  train_segment y: a hang costs 341.3 GPU-hours with the watchdog (256 nodes x its "
-        "bound of 20 min: 4 x 10 iterations of 30 s measured in segment 1"
+        "  train_segment y: a hang costs 682.7 GPU-hours with the watchdog (256 nodes x its "
+        "bound of 40 min: 4 x 20 iterations of 30 s measured in segment 1"
     )
     assert lines[3].endswith(
         ", up to 1,024.0 in a start-up or a save not measured yet (60 min); 24,576.0 "

@@ -59,7 +59,13 @@ def test_the_bound_follows_the_measured_times_within_floor_and_ceiling(tmp_path)
         FACTS, {"segment": 1, "iteration_seconds": 10.0}, heartbeats=False,
         log_interval=20, eval_iters=50,
     )  # fmt: skip
-    assert megatron.step == 2000 and "50 iterations" in megatron.describe("step")
+    assert megatron.step == 2800 and "70 iterations" in megatron.describe("step")
+    # The torch engine's heartbeats show each iteration; where none is written any more,
+    # the log's bound holds (log_interval iterations and an evaluation)
+    torch = watchdog.bounds(FACTS, found, heartbeats=True, log_interval=2, eval_iters=1)
+    assert (torch.step, torch.step_log) == (1600, 3600)
+    assert torch.of("step", heartbeats=False) == 3600 and torch.of("save", False) == 3600
+    assert "3 iterations" in torch.describe("sync", heartbeats=False)
 
 
 def test_the_cluster_facts_carry_the_watchdog(tmp_path):
@@ -96,14 +102,16 @@ def beat(folder: Path, rank: int, phase: str, iteration: int, progress: int, at:
     }))  # fmt: skip
 
 
-STEP = watchdog.Bounds(start=100, step=20, save=60)
+STEP = watchdog.Bounds(start=100, step=20, save=60, step_log=50)
+LOG_ONLY = watchdog.Bounds(start=100, step=20, save=60)  # an engine without heartbeats
 
 
 def dog(tmp_path: Path, clock: Clock, ranks: int = 2, heartbeats: bool = True):
     log = tmp_path / "seg1.engine.log"
     log.touch()
     folder = watchdog.fresh_heartbeat_dir(log) if heartbeats else None
-    return watchdog.Watchdog(STEP, log, folder, ranks, heartbeat_seconds=2, clock=clock), log
+    limits = STEP if heartbeats else LOG_ONLY
+    return watchdog.Watchdog(limits, log, folder, ranks, heartbeat_seconds=2, clock=clock), log
 
 
 def test_a_slow_but_progressing_segment_is_never_ended(tmp_path):
@@ -122,6 +130,25 @@ def test_a_slow_but_progressing_segment_is_never_ended(tmp_path):
     assert w.check() is None
     clock.now += 59
     assert w.check() is None and w.stall is None
+
+
+def test_without_heartbeats_written_the_log_bound_holds(tmp_path):
+    """A file system that refuses the heartbeat files (an inode quota) while the training
+    goes on, logging every few iterations: the log's bound, not the heartbeats'."""
+    clock = Clock()
+    w, log = dog(tmp_path, clock)
+    for rank in (0, 1):
+        beat(w.heartbeat_dir, rank, "step", 1, 1, clock.now)
+    assert w.check() is None
+    for n in range(2, 12):
+        clock.now += 45  # beyond the heartbeats' 20 s, within the log's 50 s
+        with open(log, "a") as f:
+            f.write(MEGATRON_ITERATION.format(n=n, s=n))
+        assert w.check() is None, n
+    clock.now += 51
+    stall = w.check()
+    assert stall is not None and stall.bound_seconds == 50
+    assert [r["rank"] for r in stall.stopped] == [0, 1]
 
 
 def test_the_start_up_gets_the_generous_bound(tmp_path):

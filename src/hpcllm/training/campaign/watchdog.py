@@ -8,8 +8,9 @@ iteration any new output counts: its start-up prints as it goes).
 
 The bound follows what the job's phase needs, from the newest segment record's measured
 ``iteration_seconds`` and ``save_seconds`` (:func:`measured_times`): ``FACTOR`` times the
-gap between two signs of progress (an iteration with heartbeats; ``log_interval`` or
-``eval_iters`` iterations from the log alone; a save), never below the cluster's
+gap between two signs of progress (an iteration with heartbeats; ``log_interval`` +
+``eval_iters`` iterations from the log alone, also where no rank rewrites its heartbeat
+any more; a save), never below the cluster's
 ``watchdog.floor_seconds`` nor above its ``ceiling_seconds``. Before anything was measured
 (the first segment, the start-up of every attempt, a first save) the bound is the
 ceiling: a slow but progressing segment is never ended, since every sign of progress
@@ -50,16 +51,22 @@ class Bounds:
     """Seconds without progress after which the watchdog ends the launch, per phase."""
 
     start: float  # before the attempt's first iteration
-    step: float  # training (data, step, sync, eval)
+    step: float  # training (data, step, sync, eval), seen in heartbeats
     save: float
     reason: dict[str, str] = field(default_factory=dict)  # phase -> where it comes from
+    # training seen in the engine log alone (None: as ``step``): where no heartbeat is
+    # written any more (every rank frozen, or a file system refusing the files)
+    step_log: float | None = None
 
-    def of(self, phase: str) -> float:
-        return {"start": self.start, "save": self.save}.get(phase, self.step)
+    def of(self, phase: str, heartbeats: bool = True) -> float:
+        step = self.step if heartbeats or self.step_log is None else self.step_log
+        return {"start": self.start, "save": self.save}.get(phase, step)
 
-    def describe(self, phase: str) -> str:
+    def describe(self, phase: str, heartbeats: bool = True) -> str:
         kind = "start" if phase == "start" else "save" if phase == "save" else "step"
-        return f"{self.of(phase):.0f} s ({self.reason.get(kind, '')})"
+        if kind == "step" and not heartbeats and self.step_log is not None:
+            kind = "step_log"
+        return f"{self.of(phase, heartbeats):.0f} s ({self.reason.get(kind, '')})"
 
 
 def measured_times(save: str | Path) -> dict[str, Any] | None:
@@ -88,8 +95,9 @@ def bounds(
 ) -> Bounds:
     """The bounds for a segment on a cluster with watchdog ``facts`` (floor, ceiling),
     from the measured times ``found`` (:func:`measured_times`; None: nothing measured).
-    ``heartbeats``: the engine's ranks report each iteration; else only its log lines
-    (every ``log_interval`` iterations, none during an evaluation of ``eval_iters``)."""
+    ``heartbeats``: the engine's ranks report each iteration (the step's bound covers an
+    iteration); its log lines come every ``log_interval`` iterations, and none during an
+    evaluation of ``eval_iters`` (the bound from the log alone covers both)."""
     floor, ceiling = facts.floor_seconds, facts.ceiling_seconds
 
     def clamp(needed: float) -> float:
@@ -98,14 +106,21 @@ def bounds(
     generous = "the ceiling, as nothing was measured yet"
     reason = {"start": f"the ceiling {ceiling:g} s: a start-up is never measured"}
     iteration = (found or {}).get("iteration_seconds")
+    step_log = None
     if iteration:
-        per = 1 if heartbeats else max(log_interval, eval_iters, 1)
-        step = clamp(FACTOR * per * iteration)
-        what = "an iteration" if per == 1 else f"{per} iterations"
-        reason["step"] = (
-            f"{FACTOR} x {what} of {iteration:g} s measured in segment {found['segment']}, "
-            f"within floor {floor:g} s and ceiling {ceiling:g} s"
-        )
+
+        def gap(per: int) -> tuple[float, str]:
+            what = "an iteration" if per == 1 else f"{per} iterations"
+            return clamp(FACTOR * per * iteration), (
+                f"{FACTOR} x {what} of {iteration:g} s measured in segment "
+                f"{found['segment']}, within floor {floor:g} s and ceiling {ceiling:g} s"
+            )
+
+        logged = max(1, log_interval) + max(0, eval_iters)
+        step, reason["step"] = gap(1 if heartbeats else logged)
+        if heartbeats:
+            step_log, reason["step_log"] = gap(logged)
+            reason["step_log"] += ", from the engine log alone: no heartbeat written"
     else:
         step, reason["step"] = ceiling, generous
     saved = (found or {}).get("save_seconds")
@@ -117,7 +132,7 @@ def bounds(
         )
     else:
         save, reason["save"] = ceiling, generous
-    return Bounds(start=float(ceiling), step=step, save=save, reason=reason)
+    return Bounds(start=float(ceiling), step=step, save=save, reason=reason, step_log=step_log)
 
 
 @dataclass
@@ -219,15 +234,22 @@ class Watchdog:
         known = sorted(phases, key=lambda p: PHASES.index(p) if p in PHASES else len(PHASES))
         return max(known, key=self.limits.of)  # of equals, the first in PHASES
 
+    def heartbeats_written(self, now: float) -> bool:
+        """Whether some rank still rewrites its heartbeat file: then the heartbeats' bound
+        holds. Where none does (every rank frozen or gone, or the file system refuses the
+        files while the training goes on), progress shows in the engine log alone."""
+        return any(now - r.changed <= self.silent_after for r in self.seen.values())
+
     def check(self) -> Stall | None:
         now = self.clock()
         if self._read_log() | self._read_heartbeats(now):
             self.last_progress = now
         quiet = now - self.last_progress
         phase = self.phase()
-        if quiet <= self.limits.of(phase):
+        beating = self.heartbeats_written(now)
+        if quiet <= self.limits.of(phase, beating):
             return None
-        self.stall = self._stall(now, quiet, phase)
+        self.stall = self._stall(now, quiet, phase, beating)
         return self.stall
 
     def _read_log(self) -> bool:
@@ -264,7 +286,7 @@ class Watchdog:
                 old.beat, old.changed = beat, now
         return progressed
 
-    def _stall(self, now: float, quiet: float, phase: str) -> Stall:
+    def _stall(self, now: float, quiet: float, phase: str, beating: bool) -> Stall:
         stopped, waiting = [], []
         for _, seen in sorted(self.seen.items()):
             entry = {k: seen.beat.get(k) for k in ("rank", "host", "pid", "phase", "iteration")}
@@ -285,9 +307,9 @@ class Watchdog:
             ]
         return Stall(
             quiet_seconds=quiet,
-            bound_seconds=self.limits.of(phase),
+            bound_seconds=self.limits.of(phase, beating),
             phase=phase,
-            bound_reason=self.limits.describe(phase),
+            bound_reason=self.limits.describe(phase, beating),
             stopped=stopped,
             waiting=waiting,
             log_phase=self.log_phase,
