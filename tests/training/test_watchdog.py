@@ -325,3 +325,26 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "Z"
+
+
+def test_status_names_the_rank_that_stopped_first(tmp_path):
+    from test_status import attempts as write_attempts
+    from test_status import campaign
+
+    from hpcllm.training.campaign import status
+
+    campaign(tmp_path, reached=12, segments_done=1)
+    now = time.time()
+    hang = {"quiet_seconds": 930.0, "bound_seconds": 900, "phase": "step", "waiting": [],
+            "stopped": [{"rank": 5, "host": "n3", "pid": 4242, "phase": "save",
+                         "iteration": 12, "silent_seconds": 931.0}]}  # fmt: skip
+    write_attempts(tmp_path, [
+        {"attempt": 1, "job_id": "79", "host": "n1", "start_iteration": 10,
+         "started": now - 3600, "reached_iteration": 12, "failure": "hang",
+         "ended": now - 1800, "hang": hang},
+    ])  # fmt: skip
+    out = status.campaign_status(tmp_path, profile="profiles/local", jobs=[])
+    assert (
+        "last failure: hang (job 79): rank 5 on n3 stopped reporting first, in 'save' at "
+        "iteration 12" in out
+    ), out

@@ -59,6 +59,24 @@ class Attempt:
     hang: dict | None = None
 
 
+def hang_summary(entry: Attempt) -> str:
+    """For an attempt the segment's watchdog ended, the rank that stopped reporting first
+    and what it was doing (``: rank 1 on n3 stopped reporting first, in 'step' at
+    iteration 13``), for ``hpcllm status``; "" for any other attempt."""
+    if not entry.hang:
+        return ""
+    stopped = entry.hang.get("stopped") or []
+    if not stopped:
+        return ": no rank named (the engine writes no heartbeats, or every rank still wrote)"
+    first = stopped[0]
+    if first.get("phase") is None:
+        return f": rank {first['rank']} never reported"
+    return (
+        f": rank {first['rank']} on {first['host']} stopped reporting first, in "
+        f"'{first['phase']}' at iteration {first['iteration']}"
+    )
+
+
 def attempts_path(engine_log: str | os.PathLike) -> Path:
     """``seg<k>.engine.log`` -> ``seg<k>.attempts.json`` next to it."""
     path = Path(engine_log)
