@@ -290,6 +290,10 @@ def test_heartbeats_are_written_and_refreshed(tmp_path):
         hb.stop()
     assert not list(tmp_path.glob("*.tmp"))
     Heartbeat(None, 0).start().progress("step", 1)  # no folder: no watchdog, nothing
+    # in a Slurm step the node as Slurm names it (--exclude takes it), else the host
+    env = {"HPCLLM_HEARTBEAT_DIR": str(tmp_path / "s"), "SLURMD_NODENAME": "n2"}
+    assert Heartbeat.from_environment(1, env).state["host"] == "n2"
+    assert Heartbeat.from_environment(1, {}).path is None
 
 
 def test_the_watchdog_ends_a_launch_that_ignores_sigterm(tmp_path):

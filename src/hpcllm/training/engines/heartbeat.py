@@ -2,8 +2,8 @@
 watchdog (:mod:`hpcllm.training.campaign.watchdog`).
 
 One small JSON file per rank, ``rank<r>.json`` in the folder the segment names in
-``HPCLLM_HEARTBEAT_DIR`` (on the shared file system, beside the engine log): rank, host,
-pid, phase (``start``, ``data``, ``step``, ``sync``, ``eval``, ``save``), iteration, a
+``HPCLLM_HEARTBEAT_DIR`` (on the shared file system, beside the engine log): rank, host
+(Slurm's node name in a Slurm step), pid, phase (``start``, ``data``, ``step``, ``sync``, ``eval``, ``save``), iteration, a
 progress count, when the phase began and when the file was written. The engine calls
 :meth:`Heartbeat.progress` at each phase change (every iteration, around data loading
 and saves); a thread rewrites the file every ``HPCLLM_HEARTBEAT_SECONDS`` with the same
@@ -35,11 +35,13 @@ def heartbeat_file(folder: str | os.PathLike, rank: int) -> Path:
 class Heartbeat:
     """One rank's heartbeat file; nothing at all when ``folder`` is None (no watchdog)."""
 
-    def __init__(self, folder: str | os.PathLike | None, rank: int, every: float = 10.0):
+    def __init__(
+        self, folder: str | os.PathLike | None, rank: int, every: float = 10.0, host: str = ""
+    ):
         self.path = heartbeat_file(folder, rank) if folder else None
         self.state: dict[str, Any] = {
             "rank": rank,
-            "host": socket.gethostname(),
+            "host": host or socket.gethostname(),
             "pid": os.getpid(),
             "phase": "start",
             "iteration": 0,
@@ -54,7 +56,10 @@ class Heartbeat:
     @classmethod
     def from_environment(cls, rank: int, environ=os.environ) -> Heartbeat:
         every = float(environ.get(SECONDS_ENV) or 10)
-        return cls(environ.get(DIR_ENV) or None, rank, every)
+        # Slurm's name of the node (what --exclude takes; two test-cluster nodes share
+        # one host), the host name outside a Slurm step
+        node = environ.get("SLURMD_NODENAME") or ""
+        return cls(environ.get(DIR_ENV) or None, rank, every, node)
 
     def start(self) -> Heartbeat:
         """Write the first beat and start the thread that keeps the file's time fresh."""
