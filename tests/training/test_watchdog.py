@@ -206,6 +206,33 @@ def test_a_frozen_rank_is_named_first_and_the_waiting_one_as_alive(tmp_path):
     assert stall.as_record()["stopped"][0]["rank"] == 1
 
 
+def test_a_rank_stuck_alive_is_named_as_the_first_without_progress(tmp_path):
+    """Rank 0 stuck in its save (its heartbeat thread runs on), rank 1 past it, waiting
+    in the next step for it: every rank alive, rank 0 named first."""
+    clock = Clock()
+    w, _ = dog(tmp_path, clock)
+    beat(w.heartbeat_dir, 0, "step", 5, 10, clock.now)
+    beat(w.heartbeat_dir, 1, "step", 5, 10, clock.now)
+    w.check()
+    clock.now += 1
+    beat(w.heartbeat_dir, 0, "save", 5, 11, clock.now)
+    beat(w.heartbeat_dir, 1, "save", 5, 11, clock.now)
+    w.check()
+    clock.now += 1
+    beat(w.heartbeat_dir, 1, "data", 6, 12, clock.now)  # rank 1's part of the save is done
+    w.check()
+    start = clock.now
+    while (stall := w.check()) is None:
+        clock.now += 1
+        for rank, phase, iteration, progress in ((0, "save", 5, 11), (1, "data", 6, 12)):
+            beat(w.heartbeat_dir, rank, phase, iteration, progress, clock.now)  # alive
+        assert clock.now - start < 100
+    assert stall.bound_seconds == 60  # the save's bound: a rank is in its save
+    assert stall.stopped == [] and [r["rank"] for r in stall.waiting] == [0, 1]
+    assert "every rank alive; rank 0 on node0 (pid 100, in 'save' at iteration 5) made no " \
+        "progress first; then waiting: rank 1" in stall.describe()  # fmt: skip
+
+
 MEGATRON_ITERATION = (
     " [2026-11-28 10:00:00] iteration {n:8d}/     100 | consumed samples: {s:12d} | "
     "elapsed time per iteration (ms): 9000.0 | lm loss: 1.0E+00 |\n"

@@ -145,7 +145,8 @@ class _Rank:
 @dataclass
 class Stall:
     """A launch the watchdog ended: how long nothing progressed, the bound, the phase,
-    the ranks that stopped reporting (first first) and those alive but waiting."""
+    the ranks that stopped reporting (first first) and those alive but waiting (the
+    first to stop progressing first)."""
 
     quiet_seconds: float
     bound_seconds: float
@@ -174,7 +175,12 @@ class Stall:
             text += f"; {_rank_text(first)} stopped reporting first"
             if rest:
                 text += "; then " + ", ".join(_rank_text(r) for r in rest)
-        if self.waiting:
+        if self.waiting and not self.stopped:  # all alive: who stopped progressing first
+            first, *rest = self.waiting
+            text += f"; every rank alive; {_rank_text(first)} made no progress first"
+            if rest:
+                text += "; then waiting: " + ", ".join(_rank_text(r) for r in rest)
+        elif self.waiting:
             text += "; alive but waiting: " + ", ".join(_rank_text(r) for r in self.waiting)
         if not self.stopped and not self.waiting:
             text += (
@@ -297,6 +303,9 @@ class Watchdog:
                 stopped.append({**entry, "silent_seconds": round(silent, 1)})
             else:
                 waiting.append(entry)
+        # the alive ones: the first to stop progressing first (a rank stuck in a save or
+        # its data while its heartbeat thread runs on, the others waiting for it)
+        waiting.sort(key=lambda r: (self.seen[r["rank"]].progressed, r["rank"]))
         # longest silent first; then the one whose own last beat is oldest
         stopped.sort(key=lambda r: (-r["silent_seconds"], self.seen[r["rank"]].beat.get("time", 0)))
         if self.seen:  # ranks that never wrote a heartbeat at all
