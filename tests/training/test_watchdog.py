@@ -379,3 +379,25 @@ def test_status_names_the_rank_that_stopped_first(tmp_path):
         "last failure: hang (job 79): rank 5 on n3 stopped reporting first, in 'save' at "
         "iteration 12" in out
     ), out
+
+
+def test_a_retry_avoids_the_node_that_stopped_reporting_first(tmp_path):
+    """The node of each earlier hang of this run (its first silent rank), for the retry's
+    --exclude (the train_segment rule's slurm_extra) and its attempt's record."""
+
+    def hung(attempt: int, *hosts: str, failure: str = "hang") -> attempts.Attempt:
+        stopped = [{"rank": i, "host": h, "phase": "step", "iteration": 3} for i, h in
+                   enumerate(hosts)]  # fmt: skip
+        return attempts.Attempt(attempt, str(attempt), "b", 0, float(attempt), 0, failure,
+                                hang={"stopped": stopped} if failure == "hang" else None)  # fmt: skip
+
+    earlier_run = [hung(1, "n9")]  # a run before this one: its attempts start at 1 again
+    entries = [*earlier_run, hung(1, "n2", "n1"), hung(2, "n3"), hung(3, "n2")]
+    assert attempts.suspect_nodes(entries, 2) == ["n2"]
+    assert attempts.suspect_nodes(entries, 4) == ["n2", "n3"]
+    assert attempts.suspect_nodes(entries, 1) == []
+    assert attempts.suspect_nodes([hung(1, failure="node_failure")], 2) == []
+    assert attempts.suspect_nodes([hung(1)], 2) == []  # no rank named: no node suspect
+    path = tmp_path / "seg2.attempts.json"
+    attempts.record_start(path, 2, 40, environ={"SLURM_JOB_ID": "9"}, excluded=["n2"])
+    assert attempts.load(path)[0].excluded == ["n2"]

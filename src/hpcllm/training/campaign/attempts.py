@@ -57,6 +57,25 @@ class Attempt:
     # where the watchdog ended a hung launch (hpcllm.training.campaign.watchdog): its
     # bound, the phase, the ranks that stopped reporting (first first) and those waiting
     hang: dict | None = None
+    # Slurm nodes this attempt's job was asked to avoid (--exclude): where an earlier
+    # attempt of the same run hung, the node of its rank that stopped reporting first
+    excluded: list | None = None
+
+
+def suspect_nodes(attempts: list[Attempt], attempt: int) -> list[str]:
+    """The nodes attempt ``attempt`` should avoid: for each attempt before it in this run
+    (:func:`current_chain`) that the watchdog ended as hung, the node of the rank that
+    stopped reporting first (Slurm's node name, from its heartbeat). Where every rank
+    was alive, or the engine names no rank, no node is suspect."""
+    found: list[str] = []
+    for a in current_chain(attempts):
+        if a.attempt >= attempt or a.failure != "hang" or not a.hang:
+            continue
+        stopped = a.hang.get("stopped") or []
+        host = stopped[0].get("host") if stopped else None
+        if host and host not in found:
+            found.append(host)
+    return found
 
 
 def hang_summary(entry: Attempt) -> str:
@@ -110,6 +129,7 @@ def record_start(
     log_offset: int | None = None,
     deadline: float | None = None,
     time_lead: float | None = None,
+    excluded: list[str] | None = None,
 ) -> Attempt:
     """Append this attempt's entry before anything runs."""
     entry = Attempt(
@@ -121,6 +141,7 @@ def record_start(
         log_offset=log_offset,
         deadline=deadline,
         time_lead=time_lead,
+        excluded=excluded or None,
     )
     _save(path, [*load(path), entry])
     return entry

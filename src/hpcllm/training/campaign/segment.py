@@ -183,8 +183,9 @@ def run_segment(
     """
     record_file = attempts.attempts_path(paths.engine_log)
     start_iteration = checkpoints.latest_iteration(paths.save) or 0
+    earlier = attempts.load(record_file)
     why = attempts.refusal(
-        attempts.load(record_file),
+        earlier,
         attempt,
         start_iteration,
         engine_log=paths.engine_log,
@@ -205,6 +206,10 @@ def run_segment(
             log_offset=log_offset,
             deadline=deadline,
             time_lead=time_lead(prepared.experiment, paths.save) if deadline is not None else None,
+            # in a Slurm job: the nodes its retry asked Slurm to avoid (segment_slurm_extra)
+            excluded=attempts.suspect_nodes(earlier, attempt)
+            if os.environ.get("SLURM_JOB_ID")
+            else None,
         )
 
         def end(
