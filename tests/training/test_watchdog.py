@@ -398,6 +398,10 @@ def test_a_retry_avoids_the_node_that_stopped_reporting_first(tmp_path):
     assert attempts.suspect_nodes(entries, 1) == []
     assert attempts.suspect_nodes([hung(1, failure="node_failure")], 2) == []
     assert attempts.suspect_nodes([hung(1)], 2) == []  # no rank named: no node suspect
+    # what the job's slurm_extra asked for is what its attempt records
+    extra = "--ntasks-per-node=1 --signal=USR2@30 --exclude=n2,n3"
+    assert attempts.excluded_nodes(extra) == ["n2", "n3"]
+    assert attempts.excluded_nodes("--signal=USR2@30") == attempts.excluded_nodes("") == []
     path = tmp_path / "seg2.attempts.json"
     attempts.record_start(path, 2, 40, environ={"SLURM_JOB_ID": "9"}, excluded=["n2"])
     assert attempts.load(path)[0].excluded == ["n2"]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import time
 from dataclasses import asdict, dataclass
@@ -76,6 +77,12 @@ def suspect_nodes(attempts: list[Attempt], attempt: int) -> list[str]:
         if host and host not in found:
             found.append(host)
     return found
+
+
+def excluded_nodes(slurm_extra: str) -> list[str]:
+    """The nodes a job's ``slurm_extra`` asks Slurm to avoid (``--exclude=n2,n3``)."""
+    found = re.findall(r"(?:^|\s)--exclude=(\S+)", slurm_extra or "")
+    return [node for value in found for node in value.split(",") if node]
 
 
 def hang_summary(entry: Attempt) -> str:

@@ -175,17 +175,18 @@ def run_segment(
     cluster,
     container: str | None = None,
     attempt: int = 1,
+    excluded: list[str] | None = None,
 ) -> dict[str, Any]:
     """Train segment ``segment`` of ``name``; write and return its result record.
 
     Attempt ``attempt`` (Snakemake's) first checks that it may run at all, then takes the
     checkpoint folder's lease, records itself, trains, and records how it ended.
+    ``excluded``: the nodes its Slurm job was asked to avoid (after a hang), recorded.
     """
     record_file = attempts.attempts_path(paths.engine_log)
     start_iteration = checkpoints.latest_iteration(paths.save) or 0
-    earlier = attempts.load(record_file)
     why = attempts.refusal(
-        earlier,
+        attempts.load(record_file),
         attempt,
         start_iteration,
         engine_log=paths.engine_log,
@@ -206,10 +207,7 @@ def run_segment(
             log_offset=log_offset,
             deadline=deadline,
             time_lead=time_lead(prepared.experiment, paths.save) if deadline is not None else None,
-            # in a Slurm job: the nodes its retry asked Slurm to avoid (segment_slurm_extra)
-            excluded=attempts.suspect_nodes(earlier, attempt)
-            if os.environ.get("SLURM_JOB_ID")
-            else None,
+            excluded=excluded,
         )
 
         def end(
