@@ -129,6 +129,18 @@ SCHEMA: dict[str, Any] = {
         "slurm_from_compute_nodes": {"type": "boolean"},
         # How often a training chain's waiting controller job may ask squeue (seconds).
         "squeue_poll_seconds": {"type": "number", "minimum": 1},
+        # The segment's hang watchdog (hpcllm.training.campaign.watchdog): the shortest and
+        # longest time without progress before it ends a segment's launch, how often each
+        # rank rewrites its heartbeat file. Defaults: WatchdogFacts.
+        "watchdog": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "floor_seconds": {"type": "number", "exclusiveMinimum": 0},
+                "ceiling_seconds": {"type": "number", "exclusiveMinimum": 0},
+                "heartbeat_seconds": {"type": "number", "exclusiveMinimum": 0},
+            },
+        },
         "container_runtime": {"enum": ["apptainer", "singularity", "none"]},
         # A Megatron-LM checkout for runs without a container (a workstation, a site whose
         # users work from a module or venv): the training image has it at /opt/Megatron-LM.
@@ -236,6 +248,35 @@ class Internet:
     compute: bool = False  # where the jobs run
 
 
+# A rank whose heartbeat file has not changed for this many heartbeat intervals has
+# stopped reporting (frozen, dead, its node gone); one that still writes it is alive.
+SILENT_BEATS = 3
+
+
+@dataclass(frozen=True)
+class WatchdogFacts:
+    """How long a segment may go without progress before its watchdog ends it.
+
+    The floor is above NCCL's own 10-minute time-out (ProcessGroupNCCL's default, which
+    TORCH_NCCL_ASYNC_ERROR_HANDLING=1 in the GPU sites' env turns into an error): a hung
+    collective then fails as ``nccl_error`` with NCCL's message naming the collective,
+    and the watchdog covers what that time-out does not see (a rank stopped outside a
+    collective, a stuck save or data loader on every rank, gloo, a start-up that never
+    reaches the process group). 15 minutes also leaves room for what a measured
+    iteration time does not show (the first iteration after a start, an evaluation).
+    The ceiling is the bound before anything was measured (the start-up, the first
+    segment, the first save): a large job's start (images on hundreds of nodes, loading
+    a checkpoint of terabytes, the dataset index check) stays well within an hour, and a
+    hang then costs an hour of the job's nodes instead of its whole time limit (4 to 24
+    hours). A heartbeat every 10 s is a few hundred bytes per rank on the shared file
+    system, and tells a frozen rank from a waiting one within half a minute.
+    """
+
+    floor_seconds: float = 900.0
+    ceiling_seconds: float = 3600.0
+    heartbeat_seconds: float = 10.0
+
+
 @dataclass(frozen=True)
 class Cluster:
     name: str
@@ -293,6 +334,8 @@ class Cluster:
     no_cpu_partition: str | None = None
     # Whether the jobs' Megatron has Transformer Engine (None: by the GPU vendor).
     transformer_engine: bool | None = None
+    # The segment's hang watchdog: its floor, ceiling and heartbeat interval.
+    watchdog: WatchdogFacts = WatchdogFacts()
 
     @property
     def uses_slurm(self) -> bool:
@@ -448,6 +491,22 @@ def load_cluster(
     if clash:
         raise ClusterError(f"{path}: {', '.join(clash)} in both env_globs and env; keep one")
     env = {**cache_env(raw["scratch"]), **OFFLINE_ENV, **raw.get("env", {})}
+    watchdog = WatchdogFacts(**raw.get("watchdog", {}))
+    if watchdog.floor_seconds > watchdog.ceiling_seconds:
+        raise ClusterError(
+            f"{path}:{_line(node, 'watchdog')}: watchdog.floor_seconds "
+            f"({watchdog.floor_seconds:g}) is above watchdog.ceiling_seconds "
+            f"({watchdog.ceiling_seconds:g}); the floor is the shortest bound, the ceiling "
+            "the longest: swap them or raise the ceiling"
+        )
+    if watchdog.floor_seconds <= SILENT_BEATS * watchdog.heartbeat_seconds:
+        # A stall must outlast a frozen rank's silence, or it is not told from the waiting.
+        raise ClusterError(
+            f"{path}:{_line(node, 'watchdog')}: watchdog.floor_seconds "
+            f"({watchdog.floor_seconds:g}) must be above {SILENT_BEATS} x "
+            f"watchdog.heartbeat_seconds ({watchdog.heartbeat_seconds:g}), the silence after "
+            "which a rank counts as stopped: raise the floor or beat more often"
+        )
     return Cluster(
         name=name,
         description=raw["description"],
@@ -483,6 +542,7 @@ def load_cluster(
         devel_qos=DevelQos(**raw["devel_qos"]) if raw.get("devel_qos") else None,
         no_cpu_partition=raw.get("no_cpu_partition"),
         transformer_engine=raw.get("transformer_engine"),
+        watchdog=watchdog,
     )
 
 

@@ -118,6 +118,52 @@ def over_limit(costs: list[RuleCost], max_gpu_hours: float, cluster: str) -> str
 
 
 @dataclass(frozen=True)
+class HangRisk:
+    """What one hang of a GPU job type holds: its nodes until the watchdog's bound ends
+    it (the training segment's, hpcllm.training.campaign.watchdog), or until its time
+    limit where the job has no watchdog."""
+
+    job: str  # the rule, with the experiment for a training segment
+    nodes: int
+    limit_min: float  # the job's time limit
+    bound_min: float | None = None  # while it trains (None: the job has no watchdog)
+    worst_min: float | None = None  # in a start-up, or a save not measured yet
+    reason: str = ""  # where the bound comes from
+
+    def describe(self, gpus_per_node: float) -> str:
+        def gpu_hours(minutes: float) -> str:
+            return f"{self.nodes * min(minutes, self.limit_min) / 60 * gpus_per_node:,.1f}"
+
+        nodes = f"{self.nodes} node{'s' if self.nodes != 1 else ''}"
+        without = (
+            f"{gpu_hours(self.limit_min)} GPU-hours without it ({nodes} x the time limit, "
+            f"{self.limit_min:,.0f} min)"
+        )
+        if self.bound_min is None:
+            return f"  {self.job}: no watchdog: a hang costs {without.replace(' without it', '')}"
+        text = (
+            f"  {self.job}: a hang costs {gpu_hours(self.bound_min)} GPU-hours with the "
+            f"watchdog ({nodes} x its bound of {self.bound_min:,.0f} min: {self.reason})"
+        )
+        if self.worst_min is not None and self.worst_min > self.bound_min:
+            text += (
+                f", up to {gpu_hours(self.worst_min)} in a start-up or a save not measured "
+                f"yet ({self.worst_min:,.0f} min)"
+            )
+        return f"{text}; {without}"
+
+
+def describe_hang_risk(risks: list[HangRisk], cluster: str, gpus_per_node: float) -> list[str]:
+    """The plan's lines on what a hang costs, one per GPU job type."""
+    if not risks:
+        return []
+    return [
+        f"What a hang costs on {cluster} (its nodes held until the watchdog ends it, or "
+        "until the time limit):"
+    ] + [r.describe(gpus_per_node) for r in risks]
+
+
+@dataclass(frozen=True)
 class TrainingEstimate:
     """The time to train an experiment from its tokens and a per-GPU rate."""
 

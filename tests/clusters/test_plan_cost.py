@@ -6,11 +6,13 @@ import pytest
 
 from hpcllm.cpu_limits import cpu_job_minutes, export_minutes, index_cache_minutes
 from hpcllm.plan_cost import (
+    HangRisk,
     Job,
     TrainingEstimate,
     cost_per_rule,
     describe,
     describe_cpu_only,
+    describe_hang_risk,
     measured_tflops,
     over_limit,
     runtime_minutes,
@@ -126,3 +128,50 @@ def test_measured_rate_from_the_users_benchmark_summary(tmp_path):
     estimate = TrainingEstimate("e", 1e9, 3.6e18, 10, 100, "assumed", 50)
     assert estimate.hours == pytest.approx(1.0)
     assert "about 1.0 h on 10 GPUs at 100 TFLOP/s per GPU (assumed)" in estimate.describe()
+
+
+def test_the_plan_prices_a_hang_with_and_without_the_watchdog(tmp_path):
+    """Nodes x the watchdog's bound against nodes x the time limit, in GPU-hours; the
+    bound from the experiment's measured times (hpcllm.training.campaign.watchdog)."""
+    from hpcllm.clusters import WatchdogFacts
+    from hpcllm.training.campaign.watchdog import segment_bounds
+
+    exp = {"engine": "megatron", "log_interval": 10, "eval_iters": 10}
+    save = tmp_path / "checkpoints"
+    before = segment_bounds(exp, WatchdogFacts(), save)  # nothing measured: the ceiling
+    (save / "chain").mkdir(parents=True)
+    (save / "chain" / "seg1.json").write_text('{"iteration_seconds": 30, "save_seconds": 90}')
+    after = segment_bounds(exp, WatchdogFacts(), save)  # 4 x (10 + 10) x 30 s: 40 min
+    risks = [
+        HangRisk("bench_language", 32, 60),
+        HangRisk("train_segment x", 4, 265, before.step / 60, before.start / 60,
+                 before.reason["step"]),
+        HangRisk("train_segment y", 256, 1440, after.step / 60,
+                 max(after.start, after.save) / 60, after.reason["step"]),
+    ]  # fmt: skip
+    lines = describe_hang_risk(risks, "juwels", gpus_per_node=4)
+    assert lines[0].startswith("What a hang costs on juwels")
+    assert lines[1] == (
+        "  bench_language: no watchdog: a hang costs 128.0 GPU-hours (32 nodes x the time "
+        "limit, 60 min)"
+    )
+    # the 800M example: 4 nodes, 265 min, nothing measured: the 60-minute ceiling
+    assert lines[2] == (
+        "  train_segment x: a hang costs 16.0 GPU-hours with the watchdog (4 nodes x its "
+        "bound of 60 min: the ceiling, as nothing was measured yet); 70.7 GPU-hours "
+        "without it (4 nodes x the time limit, 265 min)"
+    )
+    # 256 nodes, measured: 40 minutes while training (from Megatron-LM's log: a log
+    # interval of 10 iterations and an evaluation of 10), the ceiling in a start-up
+    assert lines[3].startswith(
+        "  train_segment y: a hang costs 682.7 GPU-hours with the watchdog (256 nodes x its "
+        "bound of 40 min: 4 x 20 iterations of 30 s measured in segment 1"
+    )
+    assert lines[3].endswith(
+        ", up to 1,024.0 in a start-up or a save not measured yet (60 min); 24,576.0 "
+        "GPU-hours without it (256 nodes x the time limit, 1,440 min)"
+    )
+    assert describe_hang_risk([], "juwels", 4) == []
+    # a bound above the time limit holds the nodes no longer than the limit
+    short = HangRisk("train_segment z", 2, 30, 60, 60, "the ceiling")
+    assert "a hang costs 4.0 GPU-hours with the watchdog" in short.describe(4)

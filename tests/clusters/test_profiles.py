@@ -182,6 +182,17 @@ def test_dry_run_per_profile(name, dry_runs):
     else:  # on CPU nodes: nothing to say
         assert "CPU-only jobs on GPU nodes" not in out
     assert re.search(r"Time to train on .*\n  opengptx_800m: [\d.]+B tokens", out)
+    # what a hang of a segment costs: its nodes until the watchdog's bound (the ceiling,
+    # nothing measured yet), or until the time limit without it
+    hang = re.search(
+        rf"\nWhat a hang costs on {name} .*\n(?:  .*\n)*?  train_segment opengptx_800m: a hang "
+        r"costs ([\d.,]+) GPU-hours with the watchdog \(\d+ nodes? x its bound of 60 min: the "
+        r"ceiling, as nothing was measured yet\); ([\d.,]+) GPU-hours without it",
+        out,
+    )
+    assert hang, out[out.find("What a hang") :][:2000]
+    with_it, without = (float(g.replace(",", "")) for g in hang.groups())
+    assert with_it == pytest.approx(without * min(60, min(runtimes)) / min(runtimes), rel=0.01)
     # ... and when, from the plan's model rate (no segment ran; nothing measured a wait)
     assert re.search(
         r"When training will finish .*\n  opengptx_800m: expected to finish: "

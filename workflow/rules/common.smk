@@ -90,9 +90,11 @@ from hpcllm.clusters import (
 )
 from hpcllm.plan_cost import (
     MAX_GPU_HOURS_KEY,
+    HangRisk,
     TrainingEstimate,
     cost_per_rule,
     describe_cpu_only,
+    describe_hang_risk,
     describe_training,
     measured_tflops,
     over_limit,

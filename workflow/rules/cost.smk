@@ -148,6 +148,47 @@ def planned_job(job):
     return PlanJob(name, nodes, minutes)
 
 
+def hang_risks(dag):
+    """Per GPU job type of the plan (a training segment per experiment), its largest job
+    (nodes x time limit) and what a hang of it costs: until the segment watchdog's bound
+    (hpcllm.training.campaign.watchdog, from the experiment's measured times), or until
+    the time limit for jobs without a watchdog."""
+    from hpcllm.training.campaign.watchdog import segment_bounds
+
+    largest = {}
+    for job in dag.needrun_jobs():
+        if not (holds_gpu_nodes(job) and asks_for_gpus(job)):
+            continue
+        planned = planned_job(job)
+        segment = planned.rule == "train_segment"
+        key = (
+            f"train_segment {job.wildcards['experiment']}" if segment else planned.rule
+        )
+        size = planned.nodes * planned.runtime_min
+        if key not in largest or size > largest[key][2]:
+            largest[key] = (job, planned, size)
+    risks = []
+    for key, (job, planned, _) in sorted(largest.items()):
+        if not key.startswith("train_segment "):
+            risks.append(HangRisk(key, planned.nodes, planned.runtime_min))
+            continue
+        name = job.wildcards["experiment"]
+        bounds = segment_bounds(
+            EXPERIMENTS[name].experiment, CLUSTER.watchdog, f"checkpoints/{name}"
+        )
+        risks.append(
+            HangRisk(
+                key,
+                planned.nodes,
+                planned.runtime_min,
+                bound_min=bounds.step / 60,
+                worst_min=max(bounds.start, bounds.save) / 60,
+                reason=bounds.reason["step"],
+            )
+        )
+    return risks
+
+
 def check_plan_cost(dag):
     """Print the cost of the jobs of ``dag`` that Snakemake will run and hold GPU nodes
     (exactly those: -F, -R, --forcerun, --until and targets included), and the time to
@@ -172,6 +213,10 @@ def check_plan_cost(dag):
         costs,
         CLUSTER.name,
         CLUSTER.no_cpu_partition,
+    ):
+        logger.info(line)
+    for line in describe_hang_risk(
+        hang_risks(dag), CLUSTER.name, CLUSTER.billed_gpus_per_node
     ):
         logger.info(line)
     for line in describe_training(

@@ -218,11 +218,13 @@ def segment_runtime(wildcards):
     return SEGMENT_JOBS[wildcards.experiment].limit_minutes or 60
 
 
-def segment_slurm_extra(wildcards):
+def segment_slurm_extra(wildcards, attempt):
     """Slurm signals the job steps (srun -> torchrun -> the engine) before the time limit:
     SIGUSR2, which torchrun ignores and the engines save on, early enough for the save
-    measured so far (hpcllm.training.campaign.signal_lead; the plan says which lead)."""
-    from hpcllm.training.campaign import signal_lead
+    measured so far (hpcllm.training.campaign.signal_lead; the plan says which lead).
+    A retry after a hang avoids the node whose rank stopped reporting first (--exclude;
+    hpcllm.training.campaign.attempts.suspect_nodes)."""
+    from hpcllm.training.campaign import attempts, signal_lead
 
     experiment = EXPERIMENTS[wildcards.experiment].experiment
     save = f"checkpoints/{wildcards.experiment}"
@@ -236,9 +238,16 @@ def segment_slurm_extra(wildcards):
             experiment, signal_lead.measured(save), wildcards.experiment
         )
         (logger.warning if note.startswith("Warning") else logger.info)(note)
+    exclude = ""
+    if attempt > 1:
+        record = (
+            f"logs/train_segment/{wildcards.experiment}/seg{wildcards.k}.attempts.json"
+        )
+        nodes = attempts.suspect_nodes(attempts.load(record), attempt)
+        exclude = f" --exclude={','.join(nodes)}" if nodes else ""
     return (
         f"--ntasks-per-node=1 {signal_lead.slurm_signal(experiment, save)}"
-        f"{threads_per_core_flag()}"
+        f"{threads_per_core_flag()}{exclude}"
     )
 
 

@@ -5,6 +5,7 @@ from hpcllm.offline import go_offline
 go_offline()  # a compute job: no Hugging Face hub lookups (docs/clusters.md)
 
 from hpcllm import logs
+from hpcllm.training.campaign.attempts import excluded_nodes
 from hpcllm.training.campaign.segment import run_segment
 from hpcllm.training.plan.experiment import Paths, as_measured
 
@@ -25,4 +26,6 @@ run_segment(
     snakemake.params.cluster,
     container=snakemake.input.container[0] if snakemake.input.container else None,
     attempt=snakemake.resources.attempt,
+    # the nodes a retry after a hang asked Slurm to avoid (segment_slurm_extra)
+    excluded=excluded_nodes(snakemake.resources.get("slurm_extra", "")),
 )

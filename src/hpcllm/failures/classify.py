@@ -22,6 +22,7 @@ FAILURES = (
     "node_failure",
     "time_limit",
     "signal",
+    "hang",
     "preempted",
     "out_of_memory",
     "disk_full",
@@ -38,8 +39,13 @@ FAILURES = (
 # configuration the engine refuses fail the same way every time; a job a user cancelled
 # stays cancelled. The launchers not meeting at their rendezvous (a wrong host, an
 # interface that does not reach it) repeats too: it was an unnamed error before it had
-# its class, and is not retried either.
-TRANSIENT = frozenset({"node_failure", "time_limit", "signal", "preempted", "nccl_error"})
+# its class, and is not retried either. A hang (the segment's watchdog ended a launch
+# that stopped progressing: a frozen rank, a stuck save or data loader) is retried like a
+# node failure: most have a cause outside the job.
+TRANSIENT = frozenset({"node_failure", "time_limit", "signal", "hang", "preempted", "nccl_error"})
+# The line the segment's watchdog appends to the engine log when it ends a hung launch
+# (hpcllm.training.campaign.watchdog): the signals it sent after it are its doing.
+HANG_MARK = "hpcllm watchdog: hang"
 
 # Slurm job/step states (sacct/squeue) that name the cause directly.
 _SLURM_STATES = {
@@ -72,6 +78,7 @@ _PATTERNS: list[tuple[str, re.Pattern]] = [
             re.I | re.M,
         ),
     ),
+    ("hang", re.compile(rf"^==> [\d: -]+ {HANG_MARK}", re.M)),
     (
         "signal",
         re.compile(

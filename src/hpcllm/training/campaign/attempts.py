@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import time
 from dataclasses import asdict, dataclass
@@ -54,6 +55,52 @@ class Attempt:
     # seconds before the deadline from which the segment stops for time (its margin, or
     # Slurm's --signal): an attempt that ended before then did not run out of time
     time_lead: float | None = None
+    # where the watchdog ended a hung launch (hpcllm.training.campaign.watchdog): its
+    # bound, the phase, the ranks that stopped reporting (first first) and those waiting
+    hang: dict | None = None
+    # Slurm nodes this attempt's job was asked to avoid (--exclude): where an earlier
+    # attempt of the same run hung, the node of its rank that stopped reporting first
+    excluded: list | None = None
+
+
+def suspect_nodes(attempts: list[Attempt], attempt: int) -> list[str]:
+    """The nodes attempt ``attempt`` should avoid: for each attempt before it in this run
+    (:func:`current_chain`) that the watchdog ended as hung, the node of the rank that
+    stopped reporting first (Slurm's node name, from its heartbeat). Where every rank
+    was alive, or the engine names no rank, no node is suspect."""
+    found: list[str] = []
+    for a in current_chain(attempts):
+        if a.attempt >= attempt or a.failure != "hang" or not a.hang:
+            continue
+        stopped = a.hang.get("stopped") or []
+        host = stopped[0].get("host") if stopped else None
+        if host and host not in found:
+            found.append(host)
+    return found
+
+
+def excluded_nodes(slurm_extra: str) -> list[str]:
+    """The nodes a job's ``slurm_extra`` asks Slurm to avoid (``--exclude=n2,n3``)."""
+    found = re.findall(r"(?:^|\s)--exclude=(\S+)", slurm_extra or "")
+    return [node for value in found for node in value.split(",") if node]
+
+
+def hang_summary(entry: Attempt) -> str:
+    """For an attempt the segment's watchdog ended, the rank that stopped reporting first
+    and what it was doing (``: rank 1 on n3 stopped reporting first, in 'step' at
+    iteration 13``), for ``hpcllm status``; "" for any other attempt."""
+    if not entry.hang:
+        return ""
+    stopped = entry.hang.get("stopped") or []
+    if not stopped:
+        return ": no rank named (the engine writes no heartbeats, or every rank still wrote)"
+    first = stopped[0]
+    if first.get("phase") is None:
+        return f": rank {first['rank']} never reported"
+    return (
+        f": rank {first['rank']} on {first['host']} stopped reporting first, in "
+        f"'{first['phase']}' at iteration {first['iteration']}"
+    )
 
 
 def attempts_path(engine_log: str | os.PathLike) -> Path:
@@ -89,6 +136,7 @@ def record_start(
     log_offset: int | None = None,
     deadline: float | None = None,
     time_lead: float | None = None,
+    excluded: list[str] | None = None,
 ) -> Attempt:
     """Append this attempt's entry before anything runs."""
     entry = Attempt(
@@ -100,6 +148,7 @@ def record_start(
         log_offset=log_offset,
         deadline=deadline,
         time_lead=time_lead,
+        excluded=excluded or None,
     )
     _save(path, [*load(path), entry])
     return entry
@@ -112,9 +161,10 @@ def record_end(
     failure: str | None,
     message: str = "",
     logged: int | None = None,
+    hang: dict | None = None,
 ):
     entry.reached_iteration, entry.failure, entry.message = reached, failure, message
-    entry.logged_iteration = logged
+    entry.logged_iteration, entry.hang = logged, hang
     entry.ended = time.time()
     _save(path, [entry if _same(a, entry) else a for a in load(path)])
 
@@ -175,11 +225,11 @@ def ran_out_of_time(
     entry: Attempt, state: str | None, save: str | os.PathLike | None = None
 ) -> bool | None:
     """Whether attempt ``entry`` ran until its job's time limit (True) or was cut short
-    from outside (False: Slurm's state says preempted or node failure, or it ended well
-    before its time limit: a kill, a crash of its node); None when nothing tells. Outside
-    Slurm no time limit stops a segment."""
+    from outside (False: Slurm's state says preempted or node failure, the segment's
+    watchdog ended it as hung, or it ended well before its time limit: a kill, a crash of
+    its node); None when nothing tells. Outside Slurm no time limit stops a segment."""
     slurm = classify_text("", state)
-    if slurm in ("preempted", "node_failure"):
+    if slurm in ("preempted", "node_failure") or entry.failure == "hang":
         return False
     if slurm == "time_limit" or entry.failure == "time_limit":
         return True

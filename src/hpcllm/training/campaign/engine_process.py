@@ -120,6 +120,12 @@ def _die_with_parent(parent: int):
     return pre_exec
 
 
+# Seconds a launch the watchdog ends gets between SIGTERM and SIGKILL: a hung rank does
+# not act on the engines' exit signal (it would have to finish an iteration and save),
+# so there is no save to wait for, only the launcher's and the live ranks' own exit.
+HANG_KILL_WAIT = 10.0
+
+
 def run_launch(
     script_text: str,
     script_path: Path,
@@ -128,9 +134,13 @@ def run_launch(
     signals: Signals | None = None,
     while_running: Callable[[], None] | None = None,
     poll_s: float = 5.0,
+    watchdog: Callable[[], object | None] | None = None,
+    kill_wait: float = HANG_KILL_WAIT,
 ) -> int:
     """Run the launch script, its output appended to ``engine_log``; signals passed on;
-    ``while_running`` is called every ``poll_s`` seconds until it ends (progress)."""
+    ``while_running`` is called every ``poll_s`` seconds until it ends (progress).
+    ``watchdog`` too: once it returns something (a stall), the launch is ended, SIGTERM
+    then SIGKILL after ``kill_wait`` seconds (:func:`end_hung`)."""
     script_path.parent.mkdir(parents=True, exist_ok=True)
     script_path.write_text(script_text)
     engine_log.parent.mkdir(parents=True, exist_ok=True)
@@ -168,8 +178,30 @@ def run_launch(
                             signals.signal_child(EXIT_SIGNAL)
                         if while_running:
                             while_running()
+                        if watchdog is not None and watchdog() is not None:
+                            return end_hung(signals, kill_wait)
             finally:
                 signals.child = None
+
+
+def end_hung(signals: Signals, kill_wait: float) -> int:
+    """End a launch that hangs: SIGTERM to its process group and every process below it
+    (srun passes it to the step's tasks on the other nodes), SIGKILL after ``kill_wait``
+    seconds to all of them that are left, also where the launcher exited meanwhile: a
+    frozen or stuck rank does not act on SIGTERM (a stopped one does not even run), and
+    torchrun's workers, in sessions of their own, outlive it. Its exit status."""
+    log.warning("the watchdog ends the engine: SIGTERM, SIGKILL after %.0f s", kill_wait)
+    below = descendants(signals.child.pid)  # found while they are still below it
+    signals.signal_child(signal.SIGTERM)
+    try:
+        rc = signals.child.wait(timeout=kill_wait)
+    except subprocess.TimeoutExpired:
+        signals.signal_child(signal.SIGKILL)
+        rc = signals.child.wait()
+    for pid in below:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return rc
 
 
 def shutdown_timeout(experiment: dict[str, Any]) -> int:
@@ -179,8 +211,16 @@ def shutdown_timeout(experiment: dict[str, Any]) -> int:
     return max(30, int((experiment.get("time") or {}).get("signal_seconds") or 0))
 
 
-def segment_launch(experiment: dict[str, Any], command: list[str], cluster, container: str | None):
-    """The launch of a segment's engine ``command`` on the experiment's nodes."""
+def segment_launch(
+    experiment: dict[str, Any],
+    command: list[str],
+    cluster,
+    container: str | None,
+    heartbeats: dict[str, str] | None = None,
+):
+    """The launch of a segment's engine ``command`` on the experiment's nodes;
+    ``heartbeats``: the environment that tells the torch engine's ranks where to write
+    their heartbeat files (hpcllm.training.campaign.watchdog)."""
     from hpcllm.launch import build_launch, package_in_container
 
     if experiment["engine"] == "megatron":
@@ -195,6 +235,7 @@ def segment_launch(experiment: dict[str, Any], command: list[str], cluster, cont
     # (torchrun's --shutdown-timeout, pytorch/pytorch PR 172596; an older torch ignores
     # the variable and keeps 30 s; Slurm's KillWait or GraceTime may end them earlier).
     env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(shutdown_timeout(experiment))
+    env.update(heartbeats or {})
     lay = experiment["layout"]
     return build_launch(
         cluster,

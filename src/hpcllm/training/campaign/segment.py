@@ -31,7 +31,7 @@ from hpcllm.failures.classify import (
 )
 from hpcllm.models.megatron_args import exit_duration_minutes, transformer_impl_for
 from hpcllm.progress import Progress
-from hpcllm.training.campaign import attempts, calendar, records, signal_lead
+from hpcllm.training.campaign import attempts, calendar, records, signal_lead, watchdog
 from hpcllm.training.campaign.engine_process import Signals, run_launch, segment_launch
 from hpcllm.training.checkpoints import lease
 from hpcllm.training.checkpoints import tracker as checkpoints
@@ -49,11 +49,13 @@ log = logging.getLogger(__name__)
 
 
 class SegmentIncomplete(RuntimeError):
-    """The engine stopped before the segment's target iteration (time, signal, failure)."""
+    """The engine stopped before the segment's target iteration (time, signal, failure);
+    ``hang``: what the watchdog saw where it ended a hung launch."""
 
-    def __init__(self, message: str, failure: str):
+    def __init__(self, message: str, failure: str, hang: dict[str, Any] | None = None):
         super().__init__(message)
         self.failure = failure
+        self.hang = hang
 
 
 class SegmentRefused(RuntimeError):
@@ -173,11 +175,13 @@ def run_segment(
     cluster,
     container: str | None = None,
     attempt: int = 1,
+    excluded: list[str] | None = None,
 ) -> dict[str, Any]:
     """Train segment ``segment`` of ``name``; write and return its result record.
 
     Attempt ``attempt`` (Snakemake's) first checks that it may run at all, then takes the
     checkpoint folder's lease, records itself, trains, and records how it ended.
+    ``excluded``: the nodes its Slurm job was asked to avoid (after a hang), recorded.
     """
     record_file = attempts.attempts_path(paths.engine_log)
     start_iteration = checkpoints.latest_iteration(paths.save) or 0
@@ -203,20 +207,23 @@ def run_segment(
             log_offset=log_offset,
             deadline=deadline,
             time_lead=time_lead(prepared.experiment, paths.save) if deadline is not None else None,
+            excluded=excluded,
         )
 
-        def end(failure: str | None, message: str = "", reached: int | None = None) -> None:
+        def end(
+            failure: str | None, message: str = "", reached: int | None = None, hang=None
+        ) -> None:
             if reached is None:
                 reached = checkpoints.latest_iteration(paths.save) or 0
             logged = attempts.logged_iteration(paths.engine_log, log_offset)
-            attempts.record_end(record_file, entry, reached, failure, message, logged)
+            attempts.record_end(record_file, entry, reached, failure, message, logged, hang)
 
         try:
             record = _train_segment(
                 name, prepared, segment, paths, cluster, container, signals, deadline
             )
         except SegmentIncomplete as e:
-            end(e.failure, str(e))
+            end(e.failure, str(e), hang=e.hang)
             if signals.interrupted:  # Ctrl-C: the engine has stopped; end as Ctrl-C ends
                 raise KeyboardInterrupt from None
             raise
@@ -303,7 +310,11 @@ def _train_segment(
             python=python_for(container),
             megatron_dir=cluster.megatron_dir or MEGATRON_IN_IMAGE,
         )
-        launch = segment_launch(experiment, command, cluster, container)
+        # the hang watchdog: its bound from the measured times, the ranks' heartbeats
+        dog, heartbeats = watchdog.for_segment(
+            experiment, cluster.watchdog, paths.save, engine_log, layout.gpus
+        )
+        launch = segment_launch(experiment, command, cluster, container, heartbeats)
         log.info("segment %d of %s: iterations %d..%d", segment, name, start_iteration + 1, stop)
         if deadline is not None:  # a Slurm job: its --signal (the rule's slurm_extra)
             note = signal_lead.lead_note(experiment, signal_lead.measured(paths.save), name)
@@ -324,14 +335,20 @@ def _train_segment(
                 retention(experiment, paths.save),
                 lambda: record_checksums(paths.save),
             ),
+            watchdog=dog.check,
         )
         log.info("engine exited with %d", rc)
+        if dog.stall is not None:
+            log.warning("watchdog: %s", dog.stall.describe())
+            with open(engine_log, "a") as out:  # the hang's cause, in the log it ends
+                out.write(f"\n==> {time.strftime('%Y-%m-%d %H:%M:%S')} {watchdog.LOG_MARK}: "
+                          f"{dog.stall.describe()}\n")  # fmt: skip
         record_checksums(paths.save)
         retention(experiment, paths.save)()
         oom_after = oom_kill_count()
         oom_kills = (oom_after or 0) - (oom_before or 0) if oom_before is not None else 0
     else:
-        rc, oom_kills = None, 0
+        rc, oom_kills, dog = None, 0, None
     reached = checkpoints.latest_iteration(paths.save) or 0
     if rc is not None and reached > start_iteration:  # its newest checkpoint is this run's
         tracked.record_saved_layout(paths.save, saves_with)
@@ -341,6 +358,9 @@ def _train_segment(
         if killed_by_sigkill(rc, text) and not oom_kills:
             state = slurm_step_state(os.environ.get("SLURM_JOB_ID"))
         failure = segment_failure(text, signals.received, rc, oom_kills, state)
+        stall = dog.stall if dog is not None else None
+        if stall is not None:  # the watchdog ended it: what it saw is the cause
+            failure = "hang"
         when = "early"
         if not text:
             when = "before the engine started"
@@ -359,10 +379,13 @@ def _train_segment(
                 f"the next attempt or a rerun continues from the newest checkpoint in "
                 f"{paths.save} (iteration {reached})"
             )
+        if stall is not None:
+            after = f"the watchdog ended it: {stall.describe()}; {after}"
         raise SegmentIncomplete(
             f"segment {segment} of {name} stopped at iteration {reached} of {stop} {when} "
             f"({failure}; see {paths.engine_log}); {after}",
             failure,
+            stall.as_record() if stall is not None else None,
         )
     engine_text = engine_log.read_text()
     lines = [r for r in parse_log_lines(engine_text) if r["iteration"] <= stop]

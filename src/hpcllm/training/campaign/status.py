@@ -337,6 +337,7 @@ def experiment_status(
     refused_checkpoint = False
     if failed is not None:
         text = f"{failed[1].failure} (job {failed[1].job_id or '-'})"
+        text += attempts_mod.hang_summary(failed[1])  # the watchdog's suspect, if any
         if newest is not None and newest[1] is failed[1]:
             last_failure = text
             # a checkpoint refused before training: the message names the file and the

@@ -59,6 +59,7 @@ from hpcllm.models.planner import pad_vocab  # noqa: E402
 from hpcllm.training.checkpoints import checksums  # noqa: E402
 from hpcllm.training.checkpoints import tracker as checkpoints  # noqa: E402
 from hpcllm.training.checkpoints.tracker import CheckpointError  # noqa: E402
+from hpcllm.training.engines.heartbeat import Heartbeat  # noqa: E402
 from hpcllm.training.engines.log_lines import save_timer_line  # noqa: E402
 from hpcllm.training.plan.data import Blend, build_datasets, check_blend, sample_counts  # noqa: E402
 
@@ -473,7 +474,9 @@ def validation_line(iteration: int, loss: float) -> str:
 
 
 @torch.no_grad()
-def evaluate(model, valid_ds, iteration: int, args, d: Dist, autocast, micro_steps: int) -> float:
+def evaluate(
+    model, valid_ds, iteration: int, args, d: Dist, autocast, micro_steps: int, beat=None
+) -> float:
     """Mean loss over ``--eval-iters`` global batches of the validation split.
 
     Like Megatron, each evaluation takes the next batches (evaluation k reads batches
@@ -484,6 +487,8 @@ def evaluate(model, valid_ds, iteration: int, args, d: Dist, autocast, micro_ste
     first = (math.ceil(iteration / args.eval_interval) - 1) * args.eval_iters
     total = torch.zeros(2, device=d.device, dtype=torch.float64)
     for batch in range(first, first + args.eval_iters):
+        if beat is not None:
+            beat.progress("eval", iteration, batch=batch)
         for m in range(micro_steps):
             start = (
                 batch * args.global_batch_size + m * dp_chunk + d.rank * args.micro_batch_size
@@ -548,6 +553,9 @@ def train(args: argparse.Namespace) -> dict:
     """
     if args.threads:
         torch.set_num_threads(args.threads)
+    # This rank's heartbeat for the segment's watchdog (where the segment asks for one):
+    # a phase change at every step, around data loading, evaluation and saves.
+    beat = Heartbeat.from_environment(int(os.environ.get("RANK", "0"))).start()
     stop_flag = StopFlag()
     if args.exit_signal_handler:
         stop_flag.install()
@@ -562,6 +570,7 @@ def train(args: argparse.Namespace) -> dict:
     seed_everything(args.seed)
     _show_dataset_index_log()
     d = init_distributed(args.device)
+    beat.progress("start", 0, doing="datasets")  # the start-up's steps count as progress
     tokenizer_vocab, eod = vocabulary(args)
     padded = pad_vocab(tokenizer_vocab, 1, args.make_vocab_size_divisible_by)
     dp_chunk = args.micro_batch_size * d.world
@@ -599,6 +608,7 @@ def train(args: argparse.Namespace) -> dict:
             "share; give it one or set --eval-iters 0"
         )
 
+    beat.progress("start", 0, doing="model")
     model = build_model(args, padded).to(d.device)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
@@ -613,6 +623,7 @@ def train(args: argparse.Namespace) -> dict:
     )
     iteration = 0
     if args.load:
+        beat.progress("start", 0, doing="load")
         iteration = load_checkpoint(args.load, model, optimizer, args, d)
     if d.world > 1:
         ids = [d.local_rank] if d.device.type == "cuda" else None
@@ -652,8 +663,10 @@ def train(args: argparse.Namespace) -> dict:
         base = iteration * args.global_batch_size
         loss_sum = torch.zeros(1, device=d.device)
         for m in range(micro_steps):
+            beat.progress("data", iteration + 1, micro=m)
             start = base + m * dp_chunk + d.rank * args.micro_batch_size
             samples = [train_ds[i] for i in range(start, start + args.micro_batch_size)]
+            beat.progress("step", iteration + 1, micro=m)
             tokens = torch.stack([s["tokens"] for s in samples]).to(d.device)
             labels = torch.stack([s["labels"] for s in samples]).to(d.device)
             mask = torch.stack([s["loss_mask"] for s in samples]).to(d.device)
@@ -686,6 +699,7 @@ def train(args: argparse.Namespace) -> dict:
             device=d.device,
             dtype=torch.float64,
         )
+        beat.progress("sync", iteration)
         if d.world > 1:
             mean = stats[:1].clone()
             dist.all_reduce(mean)
@@ -736,7 +750,7 @@ def train(args: argparse.Namespace) -> dict:
         if stats[2]:
             stopped = "signal" if stats[1] else "time"
         if eval_iters and (iteration % args.eval_interval == 0 or iteration == args.train_iters):
-            valid = evaluate(model, valid_ds, iteration, args, d, autocast, micro_steps)
+            valid = evaluate(model, valid_ds, iteration, args, d, autocast, micro_steps, beat)
             if d.rank == 0:
                 print(validation_line(iteration, valid), flush=True)
                 board.scalars(iteration, {"lm loss validation": valid})
@@ -751,6 +765,7 @@ def train(args: argparse.Namespace) -> dict:
         }
         at_interval = args.save_interval and iteration % args.save_interval == 0
         if args.save and (at_interval or stopped or iteration == stop_at):
+            beat.progress("save", iteration)
             save_checkpoint(args.save, iteration, model, optimizer, scheduler, args, d)
         if stopped:
             if d.rank == 0:
