@@ -1072,7 +1072,12 @@ def test_the_calendar_predicts_a_chain_whose_jobs_wait_behind_other_jobs(
     # once the scheduler's backfill pass gave the job a start time)
     assert shown, "status was never taken while segment 3's job waited"
     for _, line in shown:
-        assert re.search(r"queue wait \d+ s each \((squeue --start|measured over 2 jobs)\)", line)
+        assert re.search(
+            r"(queue: the next job at squeue --start's time|queue wait \d+ s each "
+            r"\(measured over 2 jobs\))",
+            line,
+        ), line
+        assert "80 % interval: " in line, line
     rows = prediction_rows(records)
     assert [r["segment"] for r in rows] == [2, 3]
     assert all(r["campaign_actual"] == timing[2]["ended"] for r in rows)

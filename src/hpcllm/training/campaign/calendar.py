@@ -192,6 +192,34 @@ def layout_measurement(name: str, workdir: str | os.PathLike = ".") -> tuple[flo
     return (float(seconds), int(record.get("nodes") or 1)) if seconds else None
 
 
+def model_rate(
+    prepared, cluster, vocab_size: int, workdir: str | os.PathLike = "."
+) -> tuple[float, str] | None:
+    """The plan's seconds per iteration, for before the campaign measured any, and what
+    it is: with ``layout: auto``, the layout table's predicted s/iteration of the chosen
+    layout (hpcllm.training.plan.autolayout: one rate model per plan); else an iteration's
+    FLOPs at the user's benchmarked (results/bench/summary.csv) or the cluster's assumed
+    TFLOP/s per GPU, as the plan's "Time to train" line. None without a GPU rate."""
+    auto = getattr(prepared, "auto", None)
+    if auto is not None and auto.search_gpu_hours is not None and auto.chosen.score:
+        return float(auto.chosen.score), "the layout table's predicted s/iteration"
+    if not (cluster.uses_slurm and cluster.gpus_per_node and cluster.gpu is not None):
+        return None
+    from hpcllm.plan_cost import measured_tflops
+    from hpcllm.training.plan.job_plan import segment_flops
+
+    exp = prepared.experiment
+    precision = exp.get("precision", "bf16")
+    summary = Path(workdir) / "results" / "bench" / "summary.csv"
+    measured_rate = measured_tflops(summary, cluster.name, exp.get("preset"), precision)
+    rate = measured_rate[0] if measured_rate else cluster.gpu.rate_tflops(precision)
+    flops = segment_flops(prepared, vocab_size) / exp["iterations_per_segment"]
+    what = "benchmarked" if measured_rate else "assumed"
+    return flops / (prepared.layout.gpus * rate * 1e12), (
+        f"the plan's model estimate: FLOPs at the {what} {rate:g} TFLOP/s per GPU"
+    )
+
+
 def _spread(central: float, low: float, high: float, least: float) -> tuple[float, float]:
     """``low``/``high`` widened to at least ``least`` (a share) either side of ``central``."""
     return min(low, central * (1 - least)), max(high, central * (1 + least))
@@ -202,6 +230,7 @@ def rate_of(
     model_seconds: float | None = None,
     layout: tuple[float, int] | None = None,
     running: Mapping[str, float] | None = None,
+    model_source: str = "the plan's model estimate",
 ) -> Rate | None:
     """``layout``: :func:`layout_measurement`; ``running``: :func:`iteration_times` of the
     running segment's own iterations so far (``iterations``: how many); both used only
@@ -248,8 +277,8 @@ def rate_of(
             model_seconds,
             low,
             high,
-            f"{_rate(model_seconds)} s/iteration from the plan's model estimate (not "
-            f"measured: range ±{MODEL_RATE_SPREAD:.0%}, assumed)",
+            f"{_rate(model_seconds)} s/iteration from {model_source} (not measured: range "
+            f"±{MODEL_RATE_SPREAD:.0%}, assumed)",
         )
     return None
 
@@ -605,6 +634,7 @@ def campaign_forecast(
     running_job: Mapping[str, float | None] | None = None,
     running_rate: Mapping[str, float] | None = None,
     pending_since: float | None = None,
+    model_source: str = "the plan's model estimate",
 ) -> Forecast | None:
     """The campaign's forecast from checkpoint ``iteration`` (None: nothing to rate it
     with, or nothing left).
@@ -631,11 +661,13 @@ def campaign_forecast(
             running_since = None
         else:
             start = (k - 1) * per if running_start_iteration is None else running_start_iteration
-            done = max(iteration, running_logged or 0, start)
-            running_left = max(0, k * per - done)
+            # its progress where it shows one: its log's newest line, a checkpoint it saved
+            shown = [i for i in (running_logged, iteration) if i is not None and i > start]
+            done = max([start, *shown])
+            running_left = max(0, k * per - done) if shown else None
             running_total = max(0, k * per - start)
             later = [min(per, j * per - iteration) for j in range(k + 1, segments + 1)]
-            left = [running_left, *(n for n in later if n > 0)]
+            left = [k * per - done, *(n for n in later if n > 0)]
             if running_job:
                 # its own wait counts among the measured ones (its record is not written yet)
                 others = [r for r in records if r.get("segment", 0) < k]
@@ -644,7 +676,7 @@ def campaign_forecast(
         ended = [m.ended for m in history if m.ended is not None]
         since = [t for t in (max(ended) if ended else None, pending_since) if t is not None]
         waiting_since = max(since) if since else None
-    rate = rate_of(history, model_seconds, layout, running_rate)
+    rate = rate_of(history, model_seconds, layout, running_rate, model_source)
     if not left or rate is None:
         return None
     return forecast(
