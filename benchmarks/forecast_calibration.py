@@ -19,8 +19,9 @@ Scenarios:
 
 Prints, per scenario and over all: predictions, the share of actual ends inside the
 stated 80 % interval, the median and 90th percentile of the absolute error as a share of
-the time left, each for the first and the second half of the campaign, and how many
-polls showed a date while the campaign was stalled (must be 0). ``--short``: the ``load``
+the time left, before any segment's record and once one has run, and by segments done;
+and how many polls showed a date while the campaign was stalled (must be 0).
+``--report FILE``: the same from a saved ``--out`` file. ``--short``: the ``load``
 scenario with 3 segments (the suite's version: tests/slurm/test_training.py).
 
 Usage: python benchmarks/forecast_calibration.py [--scenarios load,slowdown,restart]
@@ -191,11 +192,12 @@ def run_scenario(name, cluster, text_data, root, segments, iterations, rng) -> d
 
 
 def summary(runs: list[dict]) -> dict:
-    """Coverage and errors over every prediction of ``runs``, by half of each campaign."""
+    """Coverage and errors over every prediction of ``runs``: all, before any segment's
+    record (rates and start-up not yet measured by a whole segment) and after, and by the
+    segments recorded when it was made."""
     rows = []
     dated_while_stalled = 0
     for r in runs:
-        span = r["actual_end"] - r["started"]
         for p in r["polls"]:
             if p["stalled_window"] and p["prediction"]:
                 dated_while_stalled += 1
@@ -203,11 +205,12 @@ def summary(runs: list[dict]) -> dict:
                 continue
             finish, low, high = p["prediction"]
             left = r["actual_end"] - p["at"]
+            done = r["segments"] if p.get("next") is None else p["next"] - 1
             rows.append(
                 {
                     "inside": low - 1 <= r["actual_end"] <= high + 1,  # whole seconds shown
                     "error": abs(finish - r["actual_end"]) / left,
-                    "half": 1 if p["at"] - r["started"] < span / 2 else 2,
+                    "done": done,
                 }
             )
 
@@ -224,8 +227,12 @@ def summary(runs: list[dict]) -> dict:
 
     return {
         "all": figures(rows),
-        "first_half": figures([x for x in rows if x["half"] == 1]),
-        "second_half": figures([x for x in rows if x["half"] == 2]),
+        "before_a_segment_record": figures([x for x in rows if x["done"] == 0]),
+        "after_one": figures([x for x in rows if x["done"] >= 1]),
+        "by_segments_done": {
+            k: figures([x for x in rows if x["done"] == k])
+            for k in sorted({x["done"] for x in rows})
+        },
         "dated_while_stalled": dated_while_stalled,
     }
 
@@ -239,10 +246,14 @@ def show(name: str, s: dict) -> str:
             f"error median {f['median_error']:.1%} / p90 {f['p90_error']:.1%} of the time left"
         )
 
-    return (
-        f"{name}: {one(s['all'])}\n  first half: {one(s['first_half'])}\n  second half: "
-        f"{one(s['second_half'])}\n  dates shown while stalled: {s['dated_while_stalled']}"
-    )
+    lines = [
+        f"{name}: {one(s['all'])}",
+        f"  before any segment's record: {one(s['before_a_segment_record'])}",
+        f"  once one segment has run: {one(s['after_one'])}",
+    ]
+    lines += [f"    {k} segment(s) done: {one(f)}" for k, f in s["by_segments_done"].items()]
+    lines.append(f"  dates shown while stalled: {s['dated_while_stalled']}")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -253,7 +264,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--short", action="store_true")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--report", type=Path)
     args = parser.parse_args(argv)
+    if args.report:
+        runs = json.loads(args.report.read_text())["runs"]
+        for r in runs:
+            print(show(r["scenario"], summary([r])))
+        print(show("all scenarios", summary(runs)))
+        return 0
     if args.short:
         args.scenarios, args.segments = "load", 3
     import slurmruns

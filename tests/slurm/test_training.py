@@ -1101,7 +1101,7 @@ def test_the_calendar_predicts_a_chain_whose_jobs_wait_behind_other_jobs(
     assert dated, polls
     for _, (finish, low, high) in dated:
         assert low <= finish <= high, polls
-    calibration = bench.summary([{"started": dated[0][0], "actual_end": timing[2]["ended"],
+    calibration = bench.summary([{"segments": 3, "actual_end": timing[2]["ended"],
                                   "polls": [{"at": at, "prediction": p, "stalled_window": False}
                                             for at, p in dated]}])["all"]  # fmt: skip
     rows = prediction_rows(records)
