@@ -100,12 +100,13 @@ def test_the_finish_is_laid_out_segment_by_segment_with_a_range():
         T0 + 400, [100], rate, overhead, wait, running_since=T0, running_left=50
     )
     assert late.finish == T0 + 500
-    # squeue --start's time for the next job replaces the measured wait; it is late where
-    # other jobs end before their limits: the low end starts that job at once
+    # squeue --start's time for the next job replaces the measured wait; it counts other
+    # jobs' whole limits, so it is the high end; the low end starts that job at once, the
+    # central the middle of the two (the running job's end, T0 + 260, and T0 + 3600)
     f = calendar.forecast(
         T0, [100, 100], rate, overhead, wait, running_since=T0, expected_starts=[T0 + 3600]
     )
-    assert f.segment_ends[1] == T0 + 3600 + 260
+    assert f.segment_ends[1] == T0 + 1930 + 260
     assert f.low == T0 + 210 + 210 and f.high == T0 + 3600 + 360
     assert f.squeue_starts == 1
 
@@ -162,7 +163,7 @@ def test_the_line_names_its_sources_like_the_documented_one():
         "at once: it counts other jobs' time limits), the others 60 s each (measured over 2 "
         "jobs)"
     )
-    assert f.segment_ends == (T0 + 600 + 361, T0 + 600 + 361 + 60 + 361)
+    assert f.segment_ends == (T0 + 300 + 361, T0 + 300 + 361 + 60 + 361)
     # no spread at all: still a range, of one time
     flat = calendar.forecast(
         T0, [100], calendar.Rate(2, 2, 2, "x"), calendar.Overhead(60, "measured"),
@@ -271,8 +272,9 @@ def test_a_forecast_does_not_move_when_only_the_clock_moves(squeue_start):
         assert (f.segments_left, f.jobs_left) == (2, 2)
     assert len(finishes) == 1 and len(ranges) == 1, (finishes, ranges)
     (finish,) = finishes
-    if squeue_start:  # job 3 at its own start, job 4 after the measured wait (30 s)
-        assert finish == squeue_start + 240 + 30 + 240
+    if squeue_start:  # job 3 between when it could start and squeue's time, job 4 after
+        # the measured wait (30 s)
+        assert finish == (T0 + 541 + squeue_start) / 2 + 240 + 30 + 240
     else:  # both after the measured wait, job 3's counted from when it could start
         assert finish == T0 + 541 + 30 + 240 + 30 + 240
 
@@ -330,6 +332,9 @@ def test_segment_one_is_rated_by_its_own_iterations_once_it_logged_some():
     assert f.rate.seconds == 2.1
     assert f.rate.source == ("2.1 s/iteration over the running segment's first 3 logged iterations")
     assert f.rate.low < 2.1 < f.rate.high
+    # its start-up too: 60 s since its job started, 3 iterations of 2.1 s logged
+    assert f.overhead.source == "start-up measured by the running job, save assumed as long"
+    assert (f.overhead.seconds, f.overhead.low) == pytest.approx((2 * 53.7, 53.7))
     # before it logged any: the plan's model rate, said so
     f = calendar.campaign_forecast(EXP, [], 0, T0 + 5, model_seconds=3.0, running_since=T0)
     assert "from the plan's model estimate" in f.rate.source

@@ -373,7 +373,11 @@ def forecast(
                 since = waiting_since if (job == 0 and waiting_since is not None) else t
                 job += 1
                 if expected is not None:
-                    start = t if b.side == "low" else max(t, expected)
+                    # squeue --start counts other jobs' whole time limits: the high end;
+                    # starting at once the low one, the middle of the two the central
+                    # (from when it could start: the middle stays put as the clock moves)
+                    middle = since + max(0.0, expected - since) / 2
+                    start = {"low": t, "central": max(t, middle), "high": max(t, expected)}[b.side]
                 elif b.wait is not None:
                     start = max(t, since + b.wait)
                 else:
@@ -679,11 +683,22 @@ def campaign_forecast(
     rate = rate_of(history, model_seconds, layout, running_rate, model_source)
     if not left or rate is None:
         return None
+    overhead = overhead_of(history, rate, canary)
+    if overhead.source != "measured" and running_since is not None and running_left is not None:
+        # the running job's own start-up: its time before the iterations it logged (at
+        # most: the time since its newest line counts too); its save assumed as long
+        trained = running_total - running_left
+        seen = now - running_since - trained * rate.seconds
+        if trained > 0 and seen > 0:
+            overhead = Overhead(
+                2 * seen, "start-up measured by the running job, save assumed as long",
+                seen, 3 * seen,
+            )  # fmt: skip
     return forecast(
         now,
         left,
         rate,
-        overhead_of(history, rate, canary),
+        overhead,
         wait_of(history),
         running_since=running_since,
         running_left=running_left,
