@@ -67,11 +67,11 @@ def test_waits_count_from_the_previous_segments_end_or_a_new_runs_submission():
     m = m[:3]
     assert [x.job_seconds for x in m] == [260, 280, 300]
     rate = calendar.rate_of(m)
-    assert (rate.seconds, rate.low, rate.high) == (2.2, 2.0, 2.4)  # wider than 5 % each side
+    assert (rate.seconds, rate.low, rate.high) == pytest.approx((2.2, 1.98, 2.42))  # ±10 %
     assert rate.source == "2.2 s/iteration over 3 segments"
-    # start-up and save: job time less iterations x rate: 60, 60, 60 (range: at least ±25 %)
+    # start-up and save: job time less iterations x rate: 60, 60, 60 (range: at least ±50 %)
     overhead = calendar.overhead_of(m, rate)
-    assert (overhead.seconds, overhead.low, overhead.high) == pytest.approx((60, 45, 75))
+    assert (overhead.seconds, overhead.low, overhead.high) == pytest.approx((60, 30, 90))
     wait = calendar.wait_of(m)
     assert (wait.seconds, wait.low, wait.high, wait.source) == (
         120,
@@ -314,9 +314,12 @@ def test_the_running_job_is_counted_by_its_own_progress():
 
 def test_the_running_jobs_own_wait_counts_among_the_measured_waits():
     f = calendar.campaign_forecast(
-        EXP, two_done(), 200, T0 + 700, running_since=T0 + 693, running_logged=200,
+        EXP, two_done(), 200, T0 + 700, running_since=T0 + 699, running_logged=200,
         running_job={"submitted": T0 + 300, "eligible": T0 + 540, "started": T0 + 693},
     )  # fmt: skip
+    # its end counts from Slurm's start (as the measured start-up and save does), not from
+    # its attempt's (after the launch)
+    assert f.segment_ends[0] == T0 + 693 + 40 + 200
     assert f.wait.source == "measured over 3 jobs"
     assert (f.wait.seconds, f.wait.low, f.wait.high) == (30, 30, 153)
     assert f.high >= f.segment_ends[0] + 153 + 240
