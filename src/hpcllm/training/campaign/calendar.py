@@ -1,20 +1,25 @@
-"""When a training campaign will finish: a date with a range, and how earlier predictions fared.
+"""When a training campaign will finish: a date with an 80 % interval, and how earlier
+predictions fared.
 
-The finish is laid out segment by segment from four measured things:
+The finish is laid out segment by segment from four measured things, each with a low and
+a high end (taken together for the interval):
 
 - seconds per iteration: the campaign's own segments once any ran (the median of each
   segment's logged iteration times; the range: its slowest and fastest segment, or with
-  one segment the 10th and 90th percentile of its iterations), else what ``layout: auto``'s
-  measuring job timed for the layout it chose (the model at full size on the site, a few
-  iterations: no range), else the plan's model estimate (FLOPs per iteration at the
-  assumed or benchmarked TFLOP/s; no range);
+  one segment the 10th and 90th percentile of its iterations, at least
+  :data:`MEASURED_RATE_SPREAD`), else the running segment's own logged iterations, else
+  what ``layout: auto``'s measuring job timed for the layout it chose, else the plan's
+  model rate (:func:`model_rate`; assumed spreads for both, said so);
 - each segment's start-up and save: its job's time from Slurm's start to the record,
-  less its iterations at its rate (median over segments), else the canary's segments
-  (a tiny model: a real one loads and saves longer), else :data:`DEFAULT_OVERHEAD_S`;
-- the queue wait of each job still to start: ``squeue --start`` for a pending job the
-  scheduler gave a start time, else this campaign's own waits so far (median; range:
-  shortest and longest), else unknown: not included, and said so;
-- the iterations left, one job per segment.
+  less its iterations at its rate (median over segments), else the running job's own
+  start-up (save assumed as long), else the canary's segments (a tiny model: a real one
+  loads and saves longer), else :data:`DEFAULT_OVERHEAD_S`;
+- each job's own queue wait: a pending job's ``squeue --start`` time (the high end: it
+  counts other jobs' whole limits; the low end: at once), else the campaign's own measured
+  waits (the running job's included; median, range shortest to longest) from when the job
+  could start, so that a forecast moves only when something but the clock does; else
+  unknown: not included, and said so;
+- the iterations left: the running job's by its own progress, then one job per segment.
 
 Each segment's job writes the prediction it makes at its start into its record
 (``timing.prediction``, and a line in ``checkpoints/<exp>/chain/predictions.jsonl``,
