@@ -373,3 +373,41 @@ def test_a_campaign_nothing_carries_on_is_stalled_without_a_date(tmp_path):
         proc.kill()
         proc.wait()
     assert "stalled" not in out
+
+
+def test_segment_one_has_a_date_from_the_plans_rate_then_its_own_iterations(tmp_path):
+    """Segment 1's job runs: before it logs an iteration the plan's model rate gives the
+    date (said so), then its own logged iterations."""
+    from hpcllm.clusters import load_cluster
+    from hpcllm.training.plan.experiment import prepare_experiment
+
+    config = status.load_config(tmp_path, [], "profiles/local")
+    prepared = prepare_experiment(
+        "tiny_local", config["training"]["experiments"]["tiny_local"], config["text"],
+        load_cluster("local", status.REPO / "config" / "clusters"),
+    )  # fmt: skip
+    now = time.time()
+    logs = tmp_path / "logs" / "train_segment" / "tiny_local"
+    logs.mkdir(parents=True)
+    (logs / "seg1.attempts.json").write_text(json.dumps(
+        [{"attempt": 1, "job_id": "70", "host": "n1", "start_iteration": 0, "started": now - 30}]
+    ))  # fmt: skip
+    jobs = [
+        {"id": "70", "state": "RUNNING", "comment": "rule_train_segment_wildcards_tiny_local_1"}
+    ]
+    s = status.experiment_status(
+        tmp_path, "tiny_local", prepared, jobs, now=now, model=(3.0, "the plan's model")
+    )
+    assert "from: 3 s/iteration from the plan's model (not measured" in s.calendar, s.calendar
+    assert "3 segments and 2 jobs left" in s.calendar
+    line = (
+        " iteration {i:8d}/      30 | consumed samples: {c:12d} | elapsed time per iteration "
+        "(ms): 2000.0 | lm loss: 5.0E+00 |\n"
+    )
+    (logs / "seg1.engine.log").write_text("".join(line.format(i=i, c=8 * i) for i in (1, 2, 3)))
+    s = status.experiment_status(
+        tmp_path, "tiny_local", prepared, jobs, now=now, model=(3.0, "the plan's model")
+    )
+    assert "from: 2 s/iteration over the running segment's first 3 logged iterations" in (
+        s.calendar
+    ), s.calendar
