@@ -432,7 +432,10 @@ def experiment_view(
     older = older_than_data(workdir, name, prepared.blend.prefixes, s.total_iterations)
     notes += [older] if older else []
     if s.calendar and not s.finished:
-        status["expected to finish"] = s.calendar.removeprefix("expected to finish: ")
+        if s.calendar.startswith("expected to finish: "):
+            status["expected to finish"] = s.calendar.removeprefix("expected to finish: ")
+        else:  # stalled or stopped: no date, and the command that continues it
+            status["state"] = s.calendar
     view = ExperimentView(name, status, loss_png, notes, trained=bool(s.iteration), scores=scores)
     view.predictions = calendar.prediction_rows(
         calendar.read_records(

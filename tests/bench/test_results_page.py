@@ -126,6 +126,9 @@ def test_the_experiment_view_knows_whether_it_trained(workdir):
     view = experiment_view(workdir, "tiny_local", prepared, None)
     assert view.trained and view.status["iteration"] == "10 of 30"
     assert view.status["GPU-hours"] == "0.00" and not view.predictions
+    # nothing carries the campaign on (no job, no Snakemake run there): said, no date
+    assert view.status["state"].startswith("stalled (no date): "), view.status
+    assert "expected to finish" not in view.status
 
     # segment 2 predicted its end and the campaign's at its start; both records, against
     # the limit of the config

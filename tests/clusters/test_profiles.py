@@ -193,15 +193,23 @@ def test_dry_run_per_profile(name, dry_runs):
     assert hang, out[out.find("What a hang") :][:2000]
     with_it, without = (float(g.replace(",", "")) for g in hang.groups())
     assert with_it == pytest.approx(without * min(60, min(runtimes)) / min(runtimes), rel=0.01)
-    # ... and when, from the plan's model rate (no segment ran; nothing measured a wait)
-    assert re.search(
+    # ... and when, from the plan's model rate (no segment ran; nothing measured a wait),
+    # with its 80 % interval
+    line = re.search(
         r"When training will finish .*\n  opengptx_800m: expected to finish: "
-        r"\d{4}-\d\d-\d\d \d\d:\d\d(:\d\d)? \w+, from: [\d.e+-]+ s/iteration from the "
-        rf"plan's model estimate \(not measured: no range from it\), {exp['segments']} "
-        rf"segments and {exp['segments']} jobs left, start-up and save 5 min per segment "
-        r"\(assumed, not measured\), queue wait unknown, not included",
+        r"\d{4}-\d\d-\d\d \d\d:\d\d(:\d\d)? \w+ \(80 % interval: [^)]+\), from: "
+        r"([\d.e+-]+) s/iteration from (the plan's model estimate: FLOPs at the assumed "
+        r"[\d.]+ TFLOP/s per GPU|the layout table's predicted s/iteration) \(not measured: "
+        rf"range ±25%, assumed\), {exp['segments']} segments and {exp['segments']} jobs left, "
+        r"start-up and save 5 min per segment \(assumed, not measured\), queue wait "
+        r"unknown, not included",
         out,
-    ), out[-3000:]
+    )
+    assert line, out[-3000:]
+    chosen = re.search(r"\n  \S+ +[\d.]+GB +([\d.e+-]+) .*<-\n", out)
+    if chosen:  # layout: auto: one rate model per plan, the layout table's
+        assert "layout table" in line.group(3)
+        assert float(line.group(2)) == pytest.approx(float(chosen.group(1)), rel=5e-3)
     total = re.search(r"\n  total: [\d.,]+ node-hours, ([\d.,]+) GPU-hours", out)
     if float(total.group(1).replace(",", "")) > 500:
         assert "more than max_gpu_hours = 500" in out

@@ -24,7 +24,7 @@ import pytest
 import slurmruns
 import testcluster
 import torch
-from support import EXAMPLES, hang_guard
+from support import EXAMPLES, REPO, hang_guard
 
 pytestmark = pytest.mark.slurm
 
@@ -1083,8 +1083,15 @@ def test_the_calendar_predicts_a_chain_whose_jobs_wait_behind_other_jobs(
     chain.ensure(campaign)
     deadline = time.monotonic() + hang_guard(240)  # ~130 s quiet
     second, shown = None, []  # (when, the status line) while segment 3's job waits
+    polls, polled = [], 0.0  # (when, the calendar's line) every 3 s throughout
+    files = [str(EXAMPLES), str(CONFIG), str(three)]
     while chain.next_segment(campaign) is not None or chain.chain_jobs(campaign.job_name()):
         assert time.monotonic() < deadline, cluster.jobs()
+        if time.monotonic() - polled > 3:
+            polled = time.monotonic()
+            out = campaign_status(work, files, "profiles/testcluster").splitlines()
+            polls += [(time.time(), x.strip()) for x in out if x.startswith("    ") and (
+                "expected to finish" in x or "(no date)" in x)]  # fmt: skip
         states = {j["id"]: j["state"] for j in cluster.jobs()}
         submitted = [s["job"] for s in chain.submitted_jobs(work / SAVE)]
         if second is None and len(submitted) >= 2 and states.get(submitted[1]) == "RUNNING":
@@ -1127,7 +1134,31 @@ def test_the_calendar_predicts_a_chain_whose_jobs_wait_behind_other_jobs(
     # once the scheduler's backfill pass gave the job a start time)
     assert shown, "status was never taken while segment 3's job waited"
     for _, line in shown:
-        assert re.search(r"queue wait \d+ s each \((squeue --start|measured over 2 jobs)\)", line)
+        assert re.search(
+            r"(queue: the next job at squeue --start's time|queue wait \d+ s each "
+            r"\(measured over 2 jobs\))",
+            line,
+        ), line
+        assert "80 % interval: " in line, line
+    # status throughout: a chain always has a job in Slurm, never stalled; every date has
+    # its 80 % interval around it. Calibration (benchmarks/forecast_calibration.py, the
+    # long version): the share of the actual end inside the interval, printed
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "forecast_calibration", REPO / "benchmarks" / "forecast_calibration.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert polls and not [x for _, x in polls if "(no date)" in x], polls
+    dated = [(at, bench.parse_prediction(x)) for at, x in polls]
+    dated = [(at, p) for at, p in dated if p and at < timing[2]["ended"]]
+    assert dated, polls
+    for _, (finish, low, high) in dated:
+        assert low <= finish <= high, polls
+    calibration = bench.summary([{"segments": 3, "actual_end": timing[2]["ended"],
+                                  "polls": [{"at": at, "prediction": p, "stalled_window": False}
+                                            for at, p in dated]}])["all"]  # fmt: skip
     rows = prediction_rows(records)
     assert [r["segment"] for r in rows] == [2, 3]
     assert all(r["campaign_actual"] == timing[2]["ended"] for r in rows)
@@ -1139,6 +1170,12 @@ def test_the_calendar_predicts_a_chain_whose_jobs_wait_behind_other_jobs(
                 f"campaign end error {r['campaign_error_s']:+.1f} s "
                 f"(predicted {r['campaign_predicted'] - r['made_at']:.1f} s ahead)"
             )
+        c = calibration
+        print(
+            f"  status every 3 s: {c['predictions']} dates, {c['coverage']:.0%} with the "
+            f"actual end inside the 80 % interval, error median {c['median_error']:.1%}, p90 "
+            f"{c['p90_error']:.1%} of the time left"
+        )
         for taken, line in (shown[0], shown[-1]):
             at = time.mktime(time.strptime(line.split(": ", 1)[1][:19], "%Y-%m-%d %H:%M:%S"))
             print(

@@ -56,18 +56,22 @@ def test_waits_count_from_the_previous_segments_end_or_a_new_runs_submission():
         record(1, 2.0, T0 + 600, T0 + 600 + 260, submitted=T0),
         # a chain's successor: submitted when seg1's job started, eligible at its end,
         # started 120 s after seg1 ended
-        record(2, 2.2, T0 + 980, T0 + 980 + 280, submitted=T0 + 600, eligible=T0 + 862),
+        record(2, 2.2, T0 + 980, T0 + 980 + 280, submitted=T0 + 600, eligible=T0 + 860),
         # submitted a day later (the campaign was stopped): its wait counts from then
         record(3, 2.4, T0 + 86400 + 30, T0 + 86400 + 330, submitted=T0 + 86400),
+        # a controller restarted 3 min after segment 3's end: the downtime is no queue wait
+        record(4, 2.4, T0 + 86400 + 540, T0 + 86400 + 840, submitted=T0 + 86400 + 510),
     ]
     m = calendar.measured(records)
-    assert [x.wait_seconds for x in m] == [600, 120, 30]
+    assert [x.wait_seconds for x in m] == [600, 120, 30, 30]
+    m = m[:3]
     assert [x.job_seconds for x in m] == [260, 280, 300]
     rate = calendar.rate_of(m)
-    assert (rate.seconds, rate.low, rate.high) == (2.2, 2.0, 2.4)
+    assert (rate.seconds, rate.low, rate.high) == pytest.approx((2.2, 1.98, 2.42))  # ±10 %
     assert rate.source == "2.2 s/iteration over 3 segments"
-    # start-up and save: job time less iterations x rate: 60, 60, 60
-    assert calendar.overhead_of(m, rate).seconds == pytest.approx(60)
+    # start-up and save: job time less iterations x rate: 60, 60, 60 (range: at least ±50 %)
+    overhead = calendar.overhead_of(m, rate)
+    assert (overhead.seconds, overhead.low, overhead.high) == pytest.approx((60, 30, 90))
     wait = calendar.wait_of(m)
     assert (wait.seconds, wait.low, wait.high, wait.source) == (
         120,
@@ -86,28 +90,37 @@ def test_the_finish_is_laid_out_segment_by_segment_with_a_range():
     assert f.segment_ends == (T0 + 260, T0 + 260 + 100 + 260)
     assert f.finish == T0 + 620
     assert f.low == T0 + 210 + 10 + 210 and f.high == T0 + 360 + 1000 + 360
+    # a measured start-up and save's range counts too
+    spread = calendar.Overhead(60, "measured", 40, 90)
+    f = calendar.forecast(T0 + 50, [100, 100], rate, spread, wait, running_since=T0)
+    assert f.low == T0 + 190 + 10 + 190 and f.high == T0 + 390 + 1000 + 390
     assert (f.jobs_left, f.segments_left) == (1, 2)
     # a running segment that is behind: never before its iterations left can run
     late = calendar.forecast(
         T0 + 400, [100], rate, overhead, wait, running_since=T0, running_left=50
     )
     assert late.finish == T0 + 500
-    # squeue --start's time for the next job replaces the measured wait
+    # squeue --start's time for the next job replaces the measured wait; it counts other
+    # jobs' whole limits, so it is the high end; the low end starts that job at once, the
+    # central the middle of the two (the running job's end, T0 + 260, and T0 + 3600)
     f = calendar.forecast(
         T0, [100, 100], rate, overhead, wait, running_since=T0, expected_starts=[T0 + 3600]
     )
-    assert f.segment_ends[1] == T0 + 3600 + 260
+    assert f.segment_ends[1] == T0 + 1930 + 260
+    assert f.low == T0 + 210 + 210 and f.high == T0 + 3600 + 360
+    assert f.squeue_starts == 1
 
 
 def test_without_measurements_the_plans_rate_and_stated_defaults_are_used():
     f = calendar.campaign_forecast(EXP, [], 0, T0, model_seconds=3.0)
-    assert (
-        f.rate.source
-        == "3 s/iteration from the plan's model estimate (not measured: no range from it)"
+    assert f.rate.source == (
+        "3 s/iteration from the plan's model estimate (not measured: range ±25%, assumed)"
     )
+    assert (f.rate.low, f.rate.high) == pytest.approx((2.25, 3.75))
     assert f.overhead.source == "assumed, not measured"
     assert f.wait.seconds is None
     assert f.finish == T0 + 4 * (300 + 300)
+    assert f.low == T0 + 4 * (75 + 225) and f.high == T0 + 4 * (1200 + 375)
     line = calendar.describe(f)
     assert "queue wait unknown, not included" in line
     assert "4 segments and 4 jobs left" in line
@@ -126,19 +139,37 @@ def test_the_line_names_its_sources_like_the_documented_one():
         [100] * 4,
         rate,
         calendar.Overhead(120, "measured"),
-        calendar.Wait(4320, 600, 30000, "squeue --start"),
+        calendar.Wait(4320, 600, 30000, "measured over 3 jobs"),
     )
     line = calendar.describe(f)
     # each of 4 jobs: the wait, 120 s, 100 iterations (low: 2.3 s and 600 s; high: 2.6 s
     # and 30000 s); the next day's bound names its day
     zone = time.strftime("%Z", time.localtime(f.finish))
     assert line.startswith(
-        f"expected to finish: 2026-11-20 17:12 {zone} (between 13:03 and 21st 21:45), "
+        f"expected to finish: 2026-11-20 17:12 {zone} (80 % interval: 13:03 to 21st 21:45), "
     ), line
     assert ", from: 2.41 s/iteration over 3 segments, 4 segments and 4 jobs left" in line
     assert line.endswith(
-        "start-up and save 2 min per segment (measured), queue wait 1.2 h each (squeue --start)"
+        "start-up and save 2 min per segment (measured), queue wait 1.2 h each (measured "
+        "over 3 jobs)"
     )
+    # a pending job's squeue --start time is its own: the others wait the measured wait
+    f = calendar.forecast(
+        T0, [100] * 2, rate, calendar.Overhead(120, "measured"),
+        calendar.Wait(60, 30, 90, "measured over 2 jobs"), expected_starts=[T0 + 600],
+    )  # fmt: skip
+    assert calendar.describe(f).endswith(
+        "queue: the next job at squeue --start's time (the interval reaches back to starting "
+        "at once: it counts other jobs' time limits), the others 60 s each (measured over 2 "
+        "jobs)"
+    )
+    assert f.segment_ends == (T0 + 300 + 361, T0 + 300 + 361 + 60 + 361)
+    # no spread at all: still a range, of one time
+    flat = calendar.forecast(
+        T0, [100], calendar.Rate(2, 2, 2, "x"), calendar.Overhead(60, "measured"),
+        calendar.Wait(0, 0, 0, "measured over 1 job"), running_since=T0,
+    )  # fmt: skip
+    assert "(80 % interval: 12:04:20 to 12:04:20)" in calendar.describe(flat)
 
 
 def test_a_segment_job_records_its_prediction_and_keeps_every_one(tmp_path):
@@ -199,7 +230,7 @@ def test_before_any_segment_the_layout_search_measurement_rates_the_campaign(tmp
     assert f.rate.seconds == 2.5  # the measurement, not the model estimate
     assert f.rate.source == (
         "2.5 s/iteration measured by layout: auto's measuring job on 2 nodes "
-        "(a few iterations: no range from it)"
+        "(a few iterations: range ±10%, assumed)"
     )
     # the first segment's job predicts from it (without it: no prediction)
     save = tmp_path / "checkpoints" / "x"
@@ -212,3 +243,101 @@ def test_before_any_segment_the_layout_search_measurement_rates_the_campaign(tmp
     # a broken record is the plan's to refuse: the calendar just has no measurement
     path.write_text("{")
     assert calendar.layout_measurement("x", tmp_path) is None
+
+
+def two_done():
+    """Segments 1 and 2 of EXP trained at 2 s/iteration, each 40 s of start-up and save
+    after a 30 s wait; segment 2 ended at T0 + 540."""
+    return [
+        record(1, 2.0, T0 + 30, T0 + 270, submitted=T0),
+        record(2, 2.0, T0 + 300, T0 + 540, submitted=T0 + 30, eligible=T0 + 270),
+    ]
+
+
+@pytest.mark.parametrize("squeue_start", [T0 + 900, None])
+def test_a_forecast_does_not_move_when_only_the_clock_moves(squeue_start):
+    """4 segments, 2 done, job 3 pending (squeue --start's same expected start, or none,
+    submitted at segment 2's end): as the clock advances, the finish stays (without a
+    squeue time: while job 3 has waited less than the measured waits, 30 s; later its
+    wait so far counts: it starts no earlier than now)."""
+    finishes, ranges = set(), set()
+    for dt in (0, 20, 40, 60, 120, 170) if squeue_start else (0, 10, 20, 30):
+        f = calendar.campaign_forecast(
+            EXP, two_done(), 200, T0 + 540 + dt,
+            expected_starts=[squeue_start], pending_since=T0 + 541,
+        )  # fmt: skip
+        finishes.add(f.finish)
+        ranges.add(f.high)
+        assert f.low < f.finish < f.high
+        assert (f.segments_left, f.jobs_left) == (2, 2)
+    assert len(finishes) == 1 and len(ranges) == 1, (finishes, ranges)
+    (finish,) = finishes
+    if squeue_start:  # job 3 between when it could start and squeue's time, job 4 after
+        # the measured wait (30 s)
+        assert finish == (T0 + 541 + squeue_start) / 2 + 240 + 30 + 240
+    else:  # both after the measured wait, job 3's counted from when it could start
+        assert finish == T0 + 541 + 30 + 240 + 30 + 240
+
+
+def test_the_running_job_is_counted_by_its_own_progress():
+    """Segment 3's job has saved its last checkpoint (iteration 300) and still runs
+    (its record not written): it is segment 3's job, not the next segment's."""
+    recs = two_done()
+    f = calendar.campaign_forecast(
+        EXP, recs, 300, T0 + 805, running_since=T0 + 570, running_logged=300,
+        running_segment=3, running_start_iteration=200,
+    )  # fmt: skip
+    assert (f.segments_left, f.jobs_left) == (2, 1)
+    assert f.segment_ends[0] == T0 + 570 + 40 + 100 * 2.0  # its own end, not the next's
+    assert f.finish == f.segment_ends[0] + 30 + 40 + 200
+    # halfway through its iterations, slower than the rate: its log's progress counts
+    f = calendar.campaign_forecast(
+        EXP, recs, 200, T0 + 800, running_since=T0 + 570, running_logged=240,
+        running_segment=3, running_start_iteration=200,
+    )  # fmt: skip
+    assert f.segment_ends[0] == T0 + 800 + 60 * 2.0
+    # the very end: the final checkpoint saved, its record not yet written: a date
+    recs3 = [*recs, record(3, 2.0, T0 + 570, T0 + 810, submitted=T0 + 300, eligible=T0 + 540)]
+    f = calendar.campaign_forecast(
+        EXP, recs3, 400, T0 + 1075, running_since=T0 + 840, running_logged=400,
+        running_segment=4, running_start_iteration=300,
+    )  # fmt: skip
+    assert f is not None and f.finish == T0 + 840 + 240 and f.jobs_left == 0
+    # past its expected end it ends no earlier than now
+    late = calendar.campaign_forecast(
+        EXP, recs3, 400, T0 + 1200, running_since=T0 + 840, running_logged=400,
+        running_segment=4, running_start_iteration=300,
+    )  # fmt: skip
+    assert late.finish == T0 + 1200
+    assert "no job left to start" in calendar.describe(f)
+
+
+def test_the_running_jobs_own_wait_counts_among_the_measured_waits():
+    f = calendar.campaign_forecast(
+        EXP, two_done(), 200, T0 + 700, running_since=T0 + 699, running_logged=200,
+        running_job={"submitted": T0 + 300, "eligible": T0 + 540, "started": T0 + 693},
+    )  # fmt: skip
+    # its end counts from Slurm's start (as the measured start-up and save does), not from
+    # its attempt's (after the launch)
+    assert f.segment_ends[0] == T0 + 693 + 40 + 200
+    assert f.wait.source == "measured over 3 jobs"
+    assert (f.wait.seconds, f.wait.low, f.wait.high) == (30, 30, 153)
+    assert f.high >= f.segment_ends[0] + 153 + 240
+
+
+def test_segment_one_is_rated_by_its_own_iterations_once_it_logged_some():
+    rows = [{"elapsed time per iteration (ms)": ms} for ms in (2000.0, 2100.0, 2200.0)]
+    running = {**calendar.iteration_times(rows), "iterations": 3}
+    f = calendar.campaign_forecast(
+        EXP, [], 3, T0 + 60, model_seconds=3.0, running_since=T0, running_logged=3,
+        running_rate=running,
+    )  # fmt: skip
+    assert f.rate.seconds == 2.1
+    assert f.rate.source == ("2.1 s/iteration over the running segment's first 3 logged iterations")
+    assert f.rate.low < 2.1 < f.rate.high
+    # its start-up too: 60 s since its job started, 3 iterations of 2.1 s logged
+    assert f.overhead.source == "start-up measured by the running job, save assumed as long"
+    assert (f.overhead.seconds, f.overhead.low) == pytest.approx((2 * 53.7, 53.7))
+    # before it logged any: the plan's model rate, said so
+    f = calendar.campaign_forecast(EXP, [], 0, T0 + 5, model_seconds=3.0, running_since=T0)
+    assert "from the plan's model estimate" in f.rate.source

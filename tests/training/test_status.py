@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -107,19 +108,37 @@ def test_a_local_attempt_holding_the_lease_counts_to_now(tmp_path):
     assert "0.50 GPU-hours spent (0.50 in the running attempt)" in out, out
 
 
-def test_a_failing_squeue_is_reported_not_shown_as_no_jobs(tmp_path, monkeypatch):
+NO_SLURM_CONF = """squeue: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host
+squeue: error: fetch_config: DNS SRV lookup failed
+squeue: error: _establish_config_source: failed to fetch config
+squeue: fatal: Could not establish a configuration source"""
+
+
+@pytest.mark.parametrize(
+    "stderr, shown",
+    [
+        ("slurm_load_jobs error: Unable to contact slurm controller",
+         "slurm_load_jobs error: Unable to contact slurm controller"),
+        # Slurm's clients without a slurm.conf (this machine: FACTS.md): one clean line
+        (NO_SLURM_CONF, "squeue: fatal: Could not establish a configuration source"),
+    ],
+)  # fmt: skip
+def test_a_failing_squeue_is_reported_not_shown_as_no_jobs(tmp_path, monkeypatch, stderr, shown):
     campaign(tmp_path, reached=12, segments_done=1)
     fake = tmp_path / "bin"
     fake.mkdir()
-    (fake / "squeue").write_text(
-        "#!/bin/sh\necho 'slurm_load_jobs error: Unable to contact slurm controller' >&2\nexit 1\n"
-    )
+    (fake / "squeue").write_text(f"#!/bin/sh\ncat >&2 <<'EOF'\n{stderr}\nEOF\nexit 1\n")
     (fake / "squeue").chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("HPCLLM_ACCOUNT", "proj")
     out = status.campaign_status(tmp_path, [str(EXAMPLES)], profile="profiles/testcluster")
-    assert "jobs: squeue failed (1): slurm_load_jobs error: Unable to contact" in out, out
-    assert "jobs: none" not in out
+    (line,) = [x for x in out.splitlines() if "jobs: " in x]
+    assert line.endswith(
+        f"jobs: unknown: Slurm could not be asked ({shown}; run hpcllm status where Slurm's "
+        "commands reach the cluster, e.g. a login node)"
+    ), out
+    assert "jobs: none" not in out and "resolve_ctls" not in out
+    assert "stalled" not in out  # the jobs are unknown, not none
 
 
 def test_a_missing_configfile_is_named_without_a_traceback(tmp_path):
@@ -250,7 +269,8 @@ def test_the_finish_is_laid_out_from_the_records_the_running_attempt_and_squeue_
 ):
     """Segment 1 measured 2 s/iteration and 80 s of start-up and save; segment 2's attempt
     runs (at iteration 14 of 20), segment 3's job is pending and squeue --start expects it
-    in 500 s: it ends 100 s after that."""
+    in 500 s: it starts between segment 2's end (now) and then, the middle central, and
+    ends 100 s after its start."""
     campaign(tmp_path, reached=10, segments_done=1)
     now = time.time()
     timing = {
@@ -279,10 +299,16 @@ def test_the_finish_is_laid_out_from_the_records_the_running_attempt_and_squeue_
     (line,) = [x.strip() for x in out.splitlines() if "expected to finish" in x]
     assert line.endswith(
         ", from: 2 s/iteration over 1 segment, 2 segments and 1 job left, start-up and save "
-        "80 s per segment (measured), queue wait 8 min each (squeue --start)"
+        "80 s per segment (measured), queue: the next job at squeue --start's time (the "
+        "interval reaches back to starting at once: it counts other jobs' time limits)"
     ), line
     shown = time.mktime(time.strptime(line.split(": ", 1)[1][:19], "%Y-%m-%d %H:%M:%S"))
-    assert abs(shown - (now + 600)) <= 2, line
+    assert abs(shown - (now + 250 + 100)) <= 2, line
+    # the interval: segment 3 starting at once (low) to squeue's time at the slow end
+    low, high = re.search(r"interval: (\S+) to (\S+)\)", line).groups()
+    # (rate 2 s ±10 %, start-up and save 80 s ±50 %; segment 2 running since now - 100)
+    assert low == time.strftime("%H:%M:%S", time.localtime(now + 40 + 18)), line
+    assert high == time.strftime("%H:%M:%S", time.localtime(now + 500 + 120 + 22)), line
 
 
 def _engine_lines(first: int, last: int, ms: float = 2000.0) -> str:
@@ -353,3 +379,105 @@ def test_a_new_attempt_shows_the_speed_the_last_segment_measured(tmp_path):
     (logs / "seg3.engine.log").write_text(_engine_lines(21, 22, ms=1000.0))
     later = block(status.campaign_status(tmp_path, profile="profiles/local", jobs=[]), "tiny_local")
     assert f"last segment {rate / 2:,.0f} tokens/s" in later, later
+
+
+def test_a_job_past_its_last_checkpoint_is_still_its_segments_job(tmp_path):
+    """Segment 2's job saved iteration 20 (its target) and still runs, its record not yet
+    written: 2 segments and 1 job left, its own end first."""
+    campaign(tmp_path, reached=20, segments_done=1)
+    now = time.time()
+    timing = {
+        "job": {"id": "77", "submitted": now - 3100, "eligible": None, "started": now - 3000},
+        "ended": now - 2900, "seconds_per_iteration": 2.0, "p10": 2.0, "p90": 2.0,
+    }  # fmt: skip
+    (tmp_path / "results/train/tiny_local/seg1.json").write_text(
+        json.dumps({"segment": 1, "segments": 3, "resumed_from_iteration": 0,
+                    "last_iteration": 10, "timing": timing})
+    )  # fmt: skip
+    attempts(
+        tmp_path,
+        [{"attempt": 1, "job_id": "78", "host": "n2", "start_iteration": 10,
+          "started": now - 95}],
+    )  # fmt: skip
+    jobs = [
+        {"id": "78", "state": "RUNNING", "comment": "rule_train_segment_wildcards_tiny_local_2"}
+    ]
+    out = status.campaign_status(tmp_path, profile="profiles/local", jobs=jobs)
+    (line,) = [x.strip() for x in out.splitlines() if "expected to finish" in x]
+    assert "2 segments and 1 job left" in line, line
+    # its end (now + 5 s: start + 80 s + 10 x 2 s), then segment 3 after the measured
+    # wait (100 s), 80 s and 10 x 2 s
+    shown = time.mktime(time.strptime(line.split(": ", 1)[1][:19], "%Y-%m-%d %H:%M:%S"))
+    assert abs(shown - (now + 5 + 100 + 100)) <= 2, line
+
+
+def test_a_campaign_nothing_carries_on_is_stalled_without_a_date(tmp_path):
+    """No job of it in Slurm, no local attempt, no Snakemake run in its folder: stalled,
+    with the command that continues it; the results page says the same."""
+    campaign(tmp_path, reached=10, segments_done=1)
+    out = status.campaign_status(tmp_path, profile="profiles/local", jobs=[])
+    (line,) = [x.strip() for x in out.splitlines() if "stalled" in x]
+    assert line == (
+        "stalled (no date): no job of it is running or queued and no Snakemake run works in "
+        f"{tmp_path}; continue it with `snakemake --profile profiles/local` in {tmp_path}"
+    )
+    assert "expected to finish" not in out
+    # a run's locks left behind (or a run on another login node): said so, still no date
+    (tmp_path / ".snakemake" / "locks").mkdir(parents=True)
+    (tmp_path / ".snakemake" / "locks" / "0.input.lock").write_text("x")
+    out = status.campaign_status(tmp_path, profile="profiles/local", jobs=[])
+    assert "a run's locks are in .snakemake/locks" in out and "expected to finish" not in out
+    # a Snakemake run working there (between two jobs): not stalled
+    fake = tmp_path / "bin" / "snakemake"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nsleep 60\n")
+    fake.chmod(0o755)
+    proc = subprocess.Popen([str(fake)], cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 30  # hang guard
+        while status.controller_state(tmp_path) != "alive":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        out = status.campaign_status(tmp_path, profile="profiles/local", jobs=[])
+    finally:
+        proc.kill()
+        proc.wait()
+    assert "stalled" not in out
+
+
+def test_segment_one_has_a_date_from_the_plans_rate_then_its_own_iterations(tmp_path):
+    """Segment 1's job runs: before it logs an iteration the plan's model rate gives the
+    date (said so), then its own logged iterations."""
+    from hpcllm.clusters import load_cluster
+    from hpcllm.training.plan.experiment import prepare_experiment
+
+    config = status.load_config(tmp_path, [], "profiles/local")
+    prepared = prepare_experiment(
+        "tiny_local", config["training"]["experiments"]["tiny_local"], config["text"],
+        load_cluster("local", status.REPO / "config" / "clusters"),
+    )  # fmt: skip
+    now = time.time()
+    logs = tmp_path / "logs" / "train_segment" / "tiny_local"
+    logs.mkdir(parents=True)
+    (logs / "seg1.attempts.json").write_text(json.dumps(
+        [{"attempt": 1, "job_id": "70", "host": "n1", "start_iteration": 0, "started": now - 30}]
+    ))  # fmt: skip
+    jobs = [
+        {"id": "70", "state": "RUNNING", "comment": "rule_train_segment_wildcards_tiny_local_1"}
+    ]
+    s = status.experiment_status(
+        tmp_path, "tiny_local", prepared, jobs, now=now, model=(3.0, "the plan's model")
+    )
+    assert "from: 3 s/iteration from the plan's model (not measured" in s.calendar, s.calendar
+    assert "3 segments and 2 jobs left" in s.calendar
+    line = (
+        " iteration {i:8d}/      30 | consumed samples: {c:12d} | elapsed time per iteration "
+        "(ms): 2000.0 | lm loss: 5.0E+00 |\n"
+    )
+    (logs / "seg1.engine.log").write_text("".join(line.format(i=i, c=8 * i) for i in (1, 2, 3)))
+    s = status.experiment_status(
+        tmp_path, "tiny_local", prepared, jobs, now=now, model=(3.0, "the plan's model")
+    )
+    assert "from: 2 s/iteration over the running segment's first 3 logged iterations" in (
+        s.calendar
+    ), s.calendar

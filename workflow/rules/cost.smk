@@ -63,23 +63,22 @@ def training_estimates(names):
 
 def training_calendar(names):
     """Per experiment the calendar's line (hpcllm.training.campaign.calendar): its own
-    segments' records where any ran, else the plan's model rate (the segment's FLOPs at
-    the assumed or benchmarked rate) and the canary's start-up and save; no queue wait
-    (nothing measured it yet, and a plan asks Slurm nothing)."""
+    segments' records where any ran, else the plan's model rate (calendar.model_rate:
+    layout: auto's table's predicted s/iteration, else the segment's FLOPs at the assumed
+    or benchmarked rate) and the canary's start-up and save; no queue wait (nothing
+    measured it yet, and a plan asks Slurm nothing)."""
     import time
 
     from hpcllm.training.campaign import calendar
+    from hpcllm.training.campaign.status import vocab_size
     from hpcllm.training.checkpoints.tracker import CheckpointError, latest_iteration
 
-    estimates = {e.experiment: e for e in training_estimates(names)}
     lines = []
     for name in names:
-        exp, job = EXPERIMENTS[name].experiment, SEGMENT_JOBS[name]
-        model = None
-        if name in estimates and job.work is not None:
-            e = estimates[name]
-            model = job.work.flops / (e.gpus * e.tflops_per_gpu * 1e12)
-            model /= exp["iterations_per_segment"]
+        exp = EXPERIMENTS[name].experiment
+        model = calendar.model_rate(
+            EXPERIMENTS[name], CLUSTER, vocab_size(EXPERIMENTS[name], TEXT)
+        )
         try:
             iteration = latest_iteration(f"checkpoints/{name}") or 0
         except CheckpointError:
@@ -92,7 +91,8 @@ def training_calendar(names):
             records,
             iteration,
             time.time(),
-            model_seconds=model,
+            model_seconds=model[0] if model else None,
+            model_source=model[1] if model else "the plan's model estimate",
             canary=calendar.canary_seconds(canary_record(f"train_{exp['engine']}")),
             layout=calendar.layout_measurement(name),
         )

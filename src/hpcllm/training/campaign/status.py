@@ -174,36 +174,65 @@ def _merge(into: dict, new: dict) -> None:
             into[key] = value
 
 
+def slurm_error(stderr: str) -> str:
+    """One line of squeue's error output: its fatal line, else its last (a machine with
+    Slurm's clients but no slurm.conf prints four lines of DNS lookups)."""
+    lines = [x.strip() for x in stderr.splitlines() if x.strip()]
+    fatal = [x for x in lines if ": fatal: " in x]
+    return (fatal or lines or ["no output"])[-1]
+
+
 def slurm_jobs() -> list[dict[str, str]]:
-    """Queued and running jobs of this user: id, state, job name, dependency, comment (the
-    plugin's rule tag)."""
+    """Queued and running jobs of this user: id, state, job name, dependency, submit time,
+    comment (the plugin's rule tag)."""
     try:
         out = subprocess.run(
-            ["squeue", "--me", "-h", "-o", "%i|%T|%j|%E|%k"],
+            ["squeue", "--me", "-h", "-o", "%i|%T|%j|%E|%V|%k"],
             capture_output=True,
             text=True,
             timeout=30,
         )
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise SlurmQueryError(f"squeue failed: {e}") from e
-    if out.returncode != 0:
+        raise SlurmQueryError(f"unknown: Slurm could not be asked (squeue: {e})") from e
+    if out.returncode != 0 or (": fatal: " in out.stderr and not out.stdout.strip()):
         raise SlurmQueryError(
-            f"squeue failed ({out.returncode}): {out.stderr.strip() or out.stdout.strip()}"
+            f"unknown: Slurm could not be asked ({slurm_error(out.stderr or out.stdout)}; "
+            "run hpcllm status where Slurm's commands reach the cluster, e.g. a login node)"
         )
     jobs = []
     for line in out.stdout.splitlines():
-        parts = line.split("|", 4)
-        if len(parts) == 5:
+        parts = line.split("|", 5)
+        if len(parts) == 6:
             jobs.append(
                 {
                     "id": parts[0],
                     "state": parts[1],
                     "name": parts[2],
                     "dependency": parts[3],
-                    "comment": parts[4],
+                    "submitted": parts[4],
+                    "comment": parts[5],
                 }
             )
     return jobs
+
+
+def controller_state(workdir: Path) -> str:
+    """Whether a Snakemake run drives the campaign: ``alive`` (a snakemake process on this
+    host working in ``workdir``), ``locked`` (none here, but a run's locks are in
+    .snakemake/locks: one on another login node, or a killed one's leftovers), ``none``."""
+    here = workdir.resolve()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            if not any(b"snakemake" in Path(a.decode(errors="replace")).name.encode()
+                       for a in argv[:3]):  # fmt: skip
+                continue
+            if (proc / "cwd").resolve() == here:
+                return "alive"
+        except OSError:
+            continue
+    locks = workdir / ".snakemake" / "locks"
+    return "locked" if locks.is_dir() and any(locks.iterdir()) else "none"
 
 
 def _segment_of(path: Path) -> int:
@@ -229,10 +258,19 @@ def experiment_status(
     now: float | None = None,
     cluster=None,
     expected_starts: dict[str, float] | None = None,
+    job_times=None,
+    jobs_known: bool = True,
+    continue_with: str | None = None,
+    model: tuple[float, str] | None = None,
 ) -> ExperimentStatus:
     """``cluster``: the run's (Megatron's --transformer-impl is a weight-determining
     setting); without it that one key is not compared. ``expected_starts``: ``squeue
-    --start``'s times of pending jobs, by id."""
+    --start``'s times of pending jobs, by id. ``job_times``: a job id's Slurm times
+    (hpcllm.training.campaign.queue_times.job_times; None: not asked). ``jobs_known``:
+    ``jobs`` is what Slurm said (else whether the campaign has stalled is not judged).
+    ``continue_with``: the command that continues the campaign, for a stalled one.
+    ``model``: the plan's rate (hpcllm.training.campaign.calendar.model_rate), the finish's
+    before anything of the campaign measured one."""
     now = time.time() if now is None else now
     exp, layout = prepared.experiment, prepared.layout
     seq = exp["model"]["seq_length"]
@@ -303,6 +341,7 @@ def experiment_status(
     seconds, trained, running_seconds = 0.0, 0, 0.0
     running_since = None  # when the attempt running now started
     running_logged = None  # the iteration it logged last
+    running: tuple[int, attempts_mod.Attempt] | None = None  # its segment and attempt
     newest: tuple[float, attempts_mod.Attempt] | None = None  # the newest attempt of all
     failed: tuple[float, attempts_mod.Attempt] | None = None  # the newest that failed
     for path in (workdir / "logs" / "train_segment" / name).glob("seg*.attempts.json"):
@@ -319,6 +358,8 @@ def experiment_status(
             ):
                 end = now
                 running_seconds += max(0.0, now - a.started)
+                if running_since is None or a.started >= running_since:
+                    running = (_segment_of(path), a)
                 running_since = max(running_since or 0.0, a.started)
                 # how far it got: its own part of the engine log
                 running_logged = attempts_mod.trained_to(
@@ -396,15 +437,30 @@ def experiment_status(
     for j in sorted(jobs, key=lambda j: int(re.sub(r"\D.*", "", j["id"]) or 0)):
         if j.get("name") != chain_name:
             continue
-        what = f"seg{next_k}" if j["state"] == "RUNNING" and next_k else "next"
+        # the running job trains the segment its attempt records (past that segment's last
+        # checkpoint it is still that segment's job), else the next the checkpoint lacks
+        k = running[0] if running and running[1].job_id == j["id"] else next_k
+        what = f"seg{k}" if j["state"] == "RUNNING" and k else "next"
         after = j.get("dependency") or ""
         after = f" ({after})" if after and after != "(null)" else ""
         mine.append(f"{j['id']} {j['state']} chain {what}{after}")
+    stop = stopped(save)
     finish = None
     if not changed and not layout_refused and done < exp["segments"]:
-        finish = _finish(workdir, name, exp, iteration or 0, now, jobs, chain_name,
-                         running_since, logged, expected_starts)  # fmt: skip
-    stop = stopped(save)
+        ours = [
+            j for j in jobs
+            if j.get("name") == chain_name
+            or j["comment"].startswith(f"rule_train_segment_wildcards_{name}_")
+        ]  # fmt: skip
+        if jobs_known and not ours and local_pid is None:
+            finish = _stalled(workdir, continue_with, name, stop)
+        if finish is None:
+            rate_rows = None
+            if running and logs and _segment_of(logs[-1]) == running[0]:
+                rate_rows = parse_log_lines(logs[-1].read_text(errors="replace"))
+            finish = _finish(workdir, name, exp, iteration or 0, now, jobs, chain_name,
+                             running_since, logged, expected_starts, running, job_times,
+                             rate_rows, model)  # fmt: skip
     if stop:
         earlier_failure = None
         last_failure = (
@@ -470,18 +526,50 @@ def _gpu_hours_to_finish(
     return rate * (total - reached)
 
 
+def _stalled(workdir: Path, continue_with: str | None, name: str, stop) -> str | None:
+    """The line of a campaign nothing carries on (no job of it in Slurm, none running
+    here): no date. None while a Snakemake run drives it."""
+    from hpcllm.training.campaign.chain import needs_a_fix
+
+    state = controller_state(workdir)
+    if state == "alive":
+        return None  # between two jobs: the controller submits the next
+    command = f"`{continue_with}`" if continue_with else "the workflow's command"
+    if stop:
+        then = f"`hpcllm retry-training {name}`, then " if needs_a_fix(stop) else ""
+        return (
+            f"stopped (no date): its chain stopped at segment {stop['segment']} (see last "
+            f"failure) and no job of it is running or queued; continue it with {then}"
+            f"{command} in {workdir}"
+        )
+    if state == "locked":
+        return (
+            "stalled (no date): no job of it is running or queued and no Snakemake run works "
+            f"in {workdir} on this host, though a run's locks are in .snakemake/locks (a "
+            "run on another login node, or a killed one's). If none runs, continue it with "
+            f"{command} in {workdir} (after `snakemake --unlock` with the same arguments)"
+        )
+    return (
+        "stalled (no date): no job of it is running or queued and no Snakemake run works "
+        f"in {workdir}; continue it with {command} in {workdir}"
+    )
+
+
 def _finish(workdir, name, exp, iteration, now, jobs, chain_name, running_since, logged,
-            expected_starts) -> str:  # fmt: skip
-    """The calendar's line: from the campaign's segment records, the running attempt and
-    ``squeue --start``'s times for its pending jobs (in job id order)."""
+            expected_starts, running=None, job_times=None, rate_rows=None,
+            model=None) -> str:  # fmt: skip
+    """The calendar's line: from the campaign's segment records, the running attempt (its
+    segment, start iteration, Slurm times, its iterations so far) and ``squeue
+    --start``'s times for its pending jobs (in job id order)."""
     from hpcllm.training.campaign import calendar
+    from hpcllm.training.campaign.queue_times import slurm_timestamp
 
     records = calendar.read_records(
         [workdir / "checkpoints" / name / "chain", workdir / "results" / "train" / name],
         exp["segments"],
     )
     pending = [
-        j["id"]
+        j
         for j in sorted(jobs, key=lambda j: int(re.sub(r"\D.*", "", j["id"]) or 0))
         if j["state"] == "PENDING"
         and (
@@ -489,15 +577,29 @@ def _finish(workdir, name, exp, iteration, now, jobs, chain_name, running_since,
             or j["comment"].startswith(f"rule_train_segment_wildcards_{name}_")
         )
     ]
+    segment, attempt = running or (None, None)
+    running_rate = None
+    if rate_rows is not None and attempt is not None:
+        # the running attempt's own iterations (a resumed segment's log holds earlier ones)
+        own = [r for r in rate_rows if r["iteration"] > attempt.start_iteration]
+        times = calendar.iteration_times(own)
+        running_rate = {**times, "iterations": len(own)} if times else None
     f = calendar.campaign_forecast(
         exp,
         records,
         iteration,
         now,
+        model_seconds=model[0] if model else None,
+        model_source=model[1] if model else "the plan's model estimate",
         layout=calendar.layout_measurement(name, workdir),
         running_since=running_since,
         running_logged=logged,
-        expected_starts=[(expected_starts or {}).get(j) for j in pending],
+        expected_starts=[(expected_starts or {}).get(j["id"]) for j in pending],
+        running_segment=segment,
+        running_start_iteration=attempt.start_iteration if attempt else None,
+        running_job=job_times(attempt.job_id) if job_times and attempt and attempt.job_id else None,
+        running_rate=running_rate,
+        pending_since=slurm_timestamp(pending[0].get("submitted")) if pending else None,
     )
     if f is None:
         return "expected to finish: not known yet (no segment of it has been measured)"
@@ -725,6 +827,12 @@ def format_status(
     return "\n".join(lines) if lines else "nothing configured"
 
 
+def vocab_size(prepared, text: dict) -> int:
+    """The vocabulary the plan counts an iteration's FLOPs with (training_functions.smk)."""
+    tokenizer = text.get("tokenizers", {}).get(prepared.experiment["data"]["tokenizer"], {})
+    return prepared.experiment["model"].get("vocab_size") or tokenizer.get("vocab_size") or 50257
+
+
 def campaign_status(
     workdir: str | Path = ".",
     configfiles: Sequence[str] = (),
@@ -744,33 +852,47 @@ def campaign_status(
     cluster = load_cluster(
         config["cluster"], root=clusters if clusters.is_dir() else repo / "config" / "clusters"
     )
-    queue_error, starts = None, starts or {}
+    from hpcllm.training.campaign import calendar, queue_times
+
+    queue_error, starts, job_times = None, starts or {}, None
     if jobs is None:
         jobs = []
         if cluster.uses_slurm:
             try:
                 jobs = slurm_jobs()
+                job_times = queue_times.job_times
             except SlurmQueryError as e:
                 queue_error = str(e)
             if any(j["state"] == "PENDING" for j in jobs):
-                from hpcllm.training.campaign.queue_times import expected_starts
-
-                starts = expected_starts()
+                starts = queue_times.expected_starts()
     training = config["training"]
     names = training.get("run") or list(training["experiments"])
-    experiments = [
-        experiment_status(
-            workdir,
-            name,
-            prepare_experiment(
-                name, training["experiments"][name], config["text"], cluster, workdir
-            ),
-            jobs,
-            cluster=cluster,
-            expected_starts=starts,
+    command = " ".join(
+        ["snakemake"]
+        + ([f"--profile {profile}"] if profile else [])
+        + ([f"--configfile {' '.join(configfiles)}"] if configfiles else [])
+    )
+    experiments = []
+    for name in names:
+        prepared = prepare_experiment(
+            name, training["experiments"][name], config["text"], cluster, workdir
         )
-        for name in names
-    ]
+        experiments.append(
+            experiment_status(
+                workdir,
+                name,
+                prepared,
+                jobs,
+                cluster=cluster,
+                expected_starts=starts,
+                job_times=job_times,
+                jobs_known=queue_error is None,
+                continue_with=command,
+                model=calendar.model_rate(
+                    prepared, cluster, vocab_size(prepared, config["text"]), workdir
+                ),
+            )
+        )
     bench = config["benchmarks"]
     points = {}
     if bench.get("experiments"):
