@@ -98,7 +98,7 @@ def test_an_empty_manifest_is_refused_naming_it_and_the_way_out(tmp_path):
     assert f"hpcllm accept-checkpoint {save}" in message, message
 
 
-def test_a_file_the_manifest_does_not_list_is_refused(tmp_path):
+def test_a_file_the_manifest_does_not_list_is_refused(tmp_path, capsys):
     save, folder = two_checkpoints(tmp_path)
     manifest = folder / checksums.MANIFEST
     entries = json.loads(manifest.read_text())
@@ -107,6 +107,9 @@ def test_a_file_the_manifest_does_not_list_is_refused(tmp_path):
     flip(weights_of(folder))
     with pytest.raises(CheckpointError, match=f"{weights_of(folder)}: not in {manifest}"):
         check_checksums(str(save))
+    # accept-checkpoint: the segment record still has the file's checksums
+    assert cli.main(["accept-checkpoint", str(save), "--yes"]) == 1
+    assert f"{weights_of(folder)}: damaged" in capsys.readouterr().err
 
 
 def test_a_manifest_entry_without_its_digest_is_refused_not_a_raw_key_error(tmp_path):

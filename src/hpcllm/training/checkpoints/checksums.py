@@ -342,10 +342,10 @@ class Acceptance:
     folder: Path
     checked: dict[str, str] = field(default_factory=dict)
     unchecked: dict[str, str] = field(default_factory=dict)
-    replaces: str | None = None  # the broken manifest it rewrites
+    replaces: str | None = None  # what is wrong with the manifest it rewrites
 
     def report(self) -> str:
-        lines = [f"{self.folder}: {self.replaces or f'{MANIFEST} is missing'}"]
+        lines = [self.replaces or f"{self.folder / MANIFEST}: missing"]
         if not self.unchecked:
             lines.append(f"checked every file ({len(self.checked)}) against:")
         elif self.checked:
@@ -406,8 +406,8 @@ def check_acceptance(save: str | os.PathLike) -> Acceptance:
     if iteration is None:
         raise CheckpointError(f"{save}: no committed checkpoint ({checkpoints.TRACKER})")
     folder = checkpoints.iteration_dir(save, iteration)
-    acceptance = Acceptance(save, iteration, folder, replaces=manifest_problem(folder))
-    if (folder / MANIFEST).is_file() and problem(folder) is None:
+    acceptance = Acceptance(save, iteration, folder, replaces=problem(folder))
+    if (folder / MANIFEST).is_file() and acceptance.replaces is None:
         raise CheckpointError(
             f"{folder}: has its checksums ({MANIFEST}) and its files verify against it; "
             "nothing to accept"
