@@ -132,6 +132,13 @@ def manifest_problem(folder: str | os.PathLike) -> str | None:
     return None
 
 
+def _digest(path: Path, digests: dict[Path, str]) -> str:
+    """``path``'s digest, read once per check however many references name it."""
+    if path not in digests:
+        digests[path] = file_digest(path)
+    return digests[path]
+
+
 def _mismatch(
     path: Path, entry: dict[str, Any], source: str, digests: dict[Path, str]
 ) -> str | None:
@@ -141,7 +148,7 @@ def _mismatch(
     size = path.stat().st_size
     if size != entry["size"]:
         return f"{path}: {size} bytes, {entry['size']} in {source}"
-    digest = digests.setdefault(path, file_digest(path))
+    digest = _digest(path, digests)
     if digest != entry[ALGORITHM]:
         return (
             f"{path}: damaged, its contents differ from those in {source} ({ALGORITHM} "
@@ -197,7 +204,8 @@ def checksum_evidence(save: str | os.PathLike, iteration: int) -> str | None:
     """What shows that ``iteration`` of ``save`` was saved by an hpcllm that records
     checksums (so a missing manifest was lost, not never written), or None: it predates
     them. Another folder's manifest, or a segment record of such a version whose job
-    trained past the iteration it resumed from, up to or beyond ``iteration``."""
+    resumed from an iteration below ``iteration`` (every checkpoint that job saved came
+    after it resumed)."""
     with_manifest = [i for i in checkpoints.iteration_dirs(save) if has_manifest(save, i)]
     if with_manifest:
         return f"other checkpoints of {save} have theirs (iteration {with_manifest[-1]})"
@@ -432,7 +440,7 @@ def check_acceptance(save: str | os.PathLike) -> Acceptance:
             acceptance.unchecked[name] = ""
             continue
         size = path.stat().st_size
-        if size == twin["size"] and digests.setdefault(path, file_digest(path)) == twin[ALGORITHM]:
+        if size == twin["size"] and _digest(path, digests) == twin[ALGORITHM]:
             acceptance.checked[name] = f"unchanged since iteration {previous[0]} (its manifest)"
         elif size == twin["size"]:
             acceptance.unchecked[name] = f"same size as in iteration {previous[0]}, other contents"
