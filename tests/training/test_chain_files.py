@@ -64,3 +64,22 @@ def test_a_malformed_campaign_file_is_named_with_the_way_out(damage, tmp_path, c
     for command in ("step", "resume"):
         assert chain.main([command, str(path)]) == 1
     assert f"{path}: not a readable campaign file" in capsys.readouterr().err
+
+
+def test_a_chain_job_reads_an_intact_campaign_file_as_its_own_module(tmp_path):
+    """A chain job runs `python -m hpcllm.training.campaign.chain step`: this module as
+    __main__, whose Campaign is another class than the file's. An intact file is read."""
+    import subprocess
+    import sys
+
+    campaign = three_segments(tmp_path, reached=12)  # complete: the job ends at once
+    chain.save(campaign)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpcllm.training.campaign.chain", "step", str(campaign.file())],
+        capture_output=True,
+        text=True,
+        timeout=120,  # a hang guard
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "every segment is committed; nothing to train" in proc.stderr, proc.stderr
