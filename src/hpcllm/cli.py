@@ -73,10 +73,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-d", "--directory", default=".", help="the workflow's working directory")
     p = sub.add_parser(
         "accept-checkpoint",
-        help="record the checksums of a committed checkpoint that has none, as its files "
-        "are now, when you know they are intact (a segment refused it as unverified)",
+        help="record the checksums of a committed checkpoint whose manifest is missing or "
+        "broken, as its files are now, when you know they are intact (a segment refused it "
+        "as unverified); it first compares what it can and says what it could not check",
     )
     p.add_argument("save", help="the experiment's checkpoint folder, e.g. checkpoints/<name>")
+    p.add_argument(
+        "--yes",
+        action="store_true",
+        help="vouch for the files it could not check without being asked (needed where "
+        "stdin is not a terminal)",
+    )
     sub.add_parser(
         "dag",
         help="read Snakemake's --dag on stdin, write it with each rule's like jobs (a "
@@ -90,19 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(fold(sys.stdin.read()))
         return 0
     if args.command == "accept-checkpoint":
-        from hpcllm.training.checkpoints.checksums import accept_committed
-        from hpcllm.training.checkpoints.tracker import CheckpointError
-
-        try:
-            iteration = accept_committed(args.save)
-        except CheckpointError as e:
-            print(f"not accepted: {e}", file=sys.stderr)
-            return 1
-        print(
-            f"{args.save}: recorded the checksums of iteration {iteration} as its files are "
-            "now; the next segment resumes from it"
-        )
-        return 0
+        return accept_checkpoint(args.save, args.yes)
     if args.command == "retry-training":
         from hpcllm.training.campaign.chain import describe_stop, retry_training
 
@@ -185,4 +180,37 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.prefix}: {len(index.sequence_lengths)} documents, {index.num_tokens} tokens, "
             f"dtype {index.dtype}, longest {int(index.sequence_lengths.max(initial=0))}"
         )
+    return 0
+
+
+def accept_checkpoint(save: str, yes: bool) -> int:
+    """``hpcllm accept-checkpoint``: check what can be checked, say what could not, ask
+    (on a terminal; elsewhere only ``--yes`` vouches), then record."""
+    from hpcllm.training.checkpoints.checksums import check_acceptance, record_accepted
+    from hpcllm.training.checkpoints.tracker import CheckpointError
+
+    try:
+        acceptance = check_acceptance(save)
+    except CheckpointError as e:
+        print(f"not accepted: {e}", file=sys.stderr)
+        return 1
+    print(acceptance.report())
+    if acceptance.unchecked and not yes:
+        if not sys.stdin.isatty():
+            print(
+                f"not accepted: {len(acceptance.unchecked)} file(s) could not be checked and "
+                "stdin is not a terminal to ask; if you know they are intact, run it again "
+                "with --yes",
+                file=sys.stderr,
+            )
+            return 1
+        print("Record their checksums as the files are now? [y/N] ", end="", flush=True)
+        if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+            print("not accepted: nothing recorded", file=sys.stderr)
+            return 1
+    record_accepted(acceptance)
+    print(
+        f"{save}: recorded the checksums of iteration {acceptance.iteration} as its files "
+        "are now; the next segment resumes from it"
+    )
     return 0

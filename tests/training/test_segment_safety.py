@@ -209,11 +209,12 @@ def test_a_committed_checkpoint_without_its_checksums_is_refused_unless_accepted
     assert f"`hpcllm accept-checkpoint {save}`" in message, message
     assert not (folder / checksums.MANIFEST).exists()  # never recorded over the damage
 
-    assert cli.main(["accept-checkpoint", str(save)]) == 0
+    # no segment record here: nothing recorded elsewhere vouches for the shards
+    assert cli.main(["accept-checkpoint", str(save), "--yes"]) == 0
     assert "recorded the checksums of iteration 20" in capsys.readouterr().out
     check_checksums(str(save))  # the user vouched for it
-    assert cli.main(["accept-checkpoint", str(save)]) == 1
-    assert "has its checksums already" in capsys.readouterr().err
+    assert cli.main(["accept-checkpoint", str(save), "--yes"]) == 1
+    assert "nothing to accept" in capsys.readouterr().err
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # one process: intended
@@ -484,3 +485,31 @@ def test_a_segments_record_names_the_data_it_trained_on(setup, first_segment):
     prepared, _, _ = setup
     record = json.loads((first_segment / "seg1.json").read_text())
     assert record["data_digest"] == data_digest(prepared.blend.prefixes)
+
+
+def test_a_segment_record_keeps_its_checksums_against_lost_manifests(
+    setup, first_segment, tmp_path, capsys
+):
+    """Issue 51 items 6-7 through the real segment: every manifest deleted and a tensor
+    flipped. The kept record of segment 1 shows the checkpoints had checksums, so the
+    next segment refuses (no "predates" warning), and accept-checkpoint finds the flip
+    against the record's own copy of the checksums."""
+    from hpcllm import cli
+
+    prepared, cluster, cache = setup
+    folder = copy_of(first_segment, tmp_path)
+    save = folder / "ckpt"
+    kept = json.loads(records.kept_path(save, 1).read_text())
+    model = checkpoints.model_file(save, PER_SEGMENT)
+    assert kept["checkpoint_checksums"]["mp_rank_00/model_optim_rng.pt"]["size"] > 0
+    for iteration in checkpoints.iteration_dirs(save):
+        (checkpoints.iteration_dir(save, iteration) / checksums.MANIFEST).unlink()
+    flip_inside_largest_tensor(model)
+    paths = paths_in(folder, 2, cache)
+    with pytest.raises(CheckpointError, match="committed without its checksums") as e:
+        run_segment(NAME, prepared, 2, paths, cluster)
+    assert str(records.kept_path(save, 1)) in str(e.value)
+    assert not Path(paths.engine_log).exists()  # no engine started
+    assert cli.main(["accept-checkpoint", str(save), "--yes"]) == 1
+    assert f"{model}: damaged" in capsys.readouterr().err
+    assert not checksums.has_manifest(save, PER_SEGMENT)

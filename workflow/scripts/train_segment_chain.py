@@ -13,7 +13,13 @@ import hpcllm_checkout  # noqa: F401  (hpcllm from the checkout that planned the
 import hpcllm
 from hpcllm import logs
 from hpcllm.training.campaign import chain_site
-from hpcllm.training.campaign.chain import Campaign, ChainStopped, sbatch_geometry, wait_for_segment
+from hpcllm.training.campaign.chain import (
+    Campaign,
+    ChainError,
+    ChainStopped,
+    sbatch_geometry,
+    wait_for_segment,
+)
 from hpcllm.training.plan.experiment import as_measured
 
 logs.setup(snakemake.log.main)
@@ -51,6 +57,6 @@ say = logging.getLogger("hpcllm.progress")
 try:
     poll = snakemake.params.cluster.squeue_poll_seconds
     wait_for_segment(campaign, int(snakemake.wildcards.k), poll_seconds=poll, say=say.info)
-except ChainStopped as e:
+except (ChainStopped, ChainError) as e:  # a stop, or the campaign file unreadable
     say.error("%s", e)
     sys.exit(1)

@@ -172,8 +172,29 @@ class _Unpickler(pickle.Unpickler):
 
 
 def load(path: str | os.PathLike) -> Campaign:
-    with open(path, "rb") as f:
-        return _Unpickler(f).load()
+    """The campaign file; ChainError naming it and the way out when it cannot be read
+    (truncated, edited, not a campaign), instead of a raw UnpicklingError."""
+    try:
+        with open(path, "rb") as f:
+            campaign = _Unpickler(f).load()
+    except FileNotFoundError:
+        raise
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError,
+            IndexError, KeyError, TypeError, ValueError) as e:  # fmt: skip
+        raise ChainError(_unreadable_campaign(path, f"{type(e).__name__}: {e}")) from None
+    # by name: a chain job runs this module as __main__, whose Campaign is another class
+    if type(campaign).__name__ != Campaign.__name__:
+        raise ChainError(_unreadable_campaign(path, f"holds a {type(campaign).__name__}"))
+    return campaign
+
+
+def _unreadable_campaign(path: str | os.PathLike, why: str) -> str:
+    name = Path(path).parent.parent.name
+    return (
+        f"{path}: not a readable campaign file ({why}). The workflow writes it when it "
+        f"submits a chain: `hpcllm cancel-training {name}`, then run the workflow again; it "
+        "submits the chain anew from the newest checkpoint and writes the file afresh"
+    )
 
 
 def save(campaign: Campaign) -> None:
@@ -366,14 +387,35 @@ def _shared_listing(path: Path, max_age: float) -> list[dict[str, str]]:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            cached = json.loads(path.read_text())
-            if 0 <= time.time() - cached["time"] < max_age:
-                return cached["jobs"]
+        cached = _cached_listing(path)
+        if cached is not None and 0 <= time.time() - cached[0] < max_age:
+            return cached[1]
         jobs = _squeue_listing()
         with atomic_path(path) as tmp:
             tmp.write_text(json.dumps({"time": time.time(), "jobs": jobs}))
         return jobs
+
+
+_LISTED = ("id", "state", "dependency", "reason", "name")
+
+
+def _cached_listing(path: Path) -> tuple[float, list[dict[str, str]]] | None:
+    """The time and jobs of the shared listing; None without one. A malformed one (a cache:
+    the next squeue rewrites it) is ignored with a one-line warning naming it."""
+    try:
+        cached = json.loads(path.read_text())
+        jobs = cached["jobs"]
+        if not isinstance(cached["time"], (int, float)) or not isinstance(jobs, list):
+            raise TypeError("'time' is not a number or 'jobs' not a list")
+        for job in jobs:
+            if not all(isinstance(job.get(k), str) for k in _LISTED):
+                raise TypeError(f"a job without its {', '.join(_LISTED)} as text: {job!r:.80}")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        log.warning("%s: ignored, not a squeue listing (%s); asking squeue anew", path, e)
+        return None
+    return float(cached["time"]), jobs
 
 
 def cancel(job_ids: list[str]) -> None:
@@ -907,10 +949,14 @@ def main(argv: list[str] | None = None) -> int:
         from hpcllm.offline import go_offline
 
         go_offline()  # a compute job: no Hugging Face hub lookups (docs/clusters.md)
-        return step(args.campaign)
+        try:
+            return step(args.campaign)
+        except ChainError as e:  # the campaign file: its message, no traceback
+            log.error("%s", e)
+            return 1
     try:
         state, jobs = ensure(load(args.campaign))
-    except ChainStopped as e:
+    except (ChainStopped, ChainError) as e:
         print(e, file=sys.stderr)
         return 1
     print(state, " ".join(j["id"] for j in jobs))

@@ -24,7 +24,7 @@ from hpcllm.training.plan.experiment import Paths, Prepared, target_iteration
 
 log = logging.getLogger(__name__)
 
-KEPT = "chain"
+KEPT = checkpoints.CHAIN
 
 
 def kept_path(save: str | os.PathLike, segment: int) -> Path:

@@ -35,7 +35,7 @@ from hpcllm.training.campaign import attempts, calendar, records, signal_lead, w
 from hpcllm.training.campaign.engine_process import Signals, run_launch, segment_launch
 from hpcllm.training.checkpoints import lease
 from hpcllm.training.checkpoints import tracker as checkpoints
-from hpcllm.training.checkpoints.checksums import check_checksums, record_checksums
+from hpcllm.training.checkpoints.checksums import check_checksums, record_checksums, record_fields
 from hpcllm.training.checkpoints.retention import retention
 from hpcllm.training.engines.command import engine_command
 from hpcllm.training.engines.log_lines import parse_log_lines
@@ -412,6 +412,9 @@ def _train_segment(
         # the longest save of its attempts, its checkpoint's size, an iteration's time:
         # the next segment job's --signal lead (hpcllm.training.campaign.signal_lead)
         **signal_lead.measure(engine_text, checkpoints.iteration_dir(paths.save, reached)),
+        # a copy of its checksums kept apart from the folder: `hpcllm accept-checkpoint`
+        # checks the files against it once the folder's manifest is lost or broken
+        **record_fields(checkpoints.iteration_dir(paths.save, reached)),
     }
     # The GPUs' energy where the engine logged it (hpcllm.bench.energy), and its tokens.
     from hpcllm.bench.energy import log_energy

@@ -20,6 +20,11 @@ from pathlib import Path
 from hpcllm.atomic import atomic_path, temporary_path
 
 TRACKER = "latest_checkpointed_iteration.txt"
+# The manifest of a committed folder's checksums (hpcllm.training.checkpoints.checksums):
+# its presence marks a folder that was complete when committed.
+CHECKSUMS = "hpcllm_checksums.json"
+# Where a campaign keeps its segment records and chain files, beside its checkpoints.
+CHAIN = "chain"
 _ITER_DIR = re.compile(r"^iter_(\d{7})$")
 
 
@@ -58,25 +63,44 @@ def latest_iteration(save: str | os.PathLike) -> int | None:
         if iters:
             raise CheckpointError(
                 f"{save}: has checkpoint directories ({', '.join(f'iter_{i:07d}' for i in iters)}) "
-                f"but no {TRACKER}, so none of them is known to be complete. If one is "
-                f"complete, write its iteration number into {tracker}; otherwise delete "
-                f"{save} to train from scratch."
+                f"but no {TRACKER}, so none of them is known to be complete. {way_back(save)}"
             )
         return None
     text = tracker.read_text().strip()
     if not text.isdigit():
         raise CheckpointError(
-            f"{tracker}: holds {text!r}, not an iteration number. Write the iteration of the "
-            f"newest complete iter_* directory into it, or delete {save} to start afresh."
+            f"{tracker}: holds {text!r}, not an iteration number. {way_back(save)}"
         )
     iteration = int(text)
     path = iteration_dir(save, iteration)
     if not path.is_dir():
         raise CheckpointError(
-            f"{tracker}: points at iteration {iteration}, but {path} does not exist. Point the "
-            f"tracker at a complete iter_* directory, or delete {save} to start afresh."
+            f"{tracker}: points at iteration {iteration}, but {path} does not exist. "
+            + way_back(save)
         )
     return iteration
+
+
+def way_back(save: str | os.PathLike) -> str:
+    """How to point a broken tracker at the newest complete checkpoint: the newest folder
+    with its checksums (the next segment verifies it before it resumes), else the user's
+    own judgement of the newest folder, else a fresh start."""
+    tracker = Path(save) / TRACKER
+    iters = iteration_dirs(save)
+    complete = [i for i in iters if (iteration_dir(save, i) / CHECKSUMS).is_file()]
+    if complete:
+        return (
+            f"The newest complete checkpoint (with its checksums) is iteration "
+            f"{complete[-1]}: `echo {complete[-1]} > {tracker}` (the next segment verifies "
+            "its files before it resumes), then rerun."
+        )
+    if iters:
+        return (
+            f"No iter_* folder has its checksums to show it is complete: if you know the "
+            f"newest, iteration {iters[-1]}, is, `echo {iters[-1]} > {tracker}`; otherwise "
+            "`hpcllm restart-training <experiment>` moves the folder aside to train afresh."
+        )
+    return f"`hpcllm restart-training <experiment>` moves {save} aside to train afresh."
 
 
 def write_tracker(save: str | os.PathLike, iteration: int) -> None:

@@ -104,6 +104,9 @@ def prepare_experiment(
             "runs) keeps no loss scale in its checkpoints, so segments cannot resume it; "
             "use bf16 or fp32, or engine: megatron"
         )
+    from hpcllm.training.plan.vocab import check_vocab_size
+
+    check_vocab_size(name, exp, tok, text["tokenizers"][tok], workdir)
     vocab = exp["model"].get("vocab_size") or text["tokenizers"][tok].get("vocab_size") or 50257
     gpu_gb = cluster.gpu.memory_gb if cluster.gpu is not None else None
     # Memory for the layout the engine runs: Megatron-LM without Transformer Engine (the
