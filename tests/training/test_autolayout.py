@@ -82,15 +82,27 @@ def test_the_model_orders_bubble_tp_and_small_micro_batches():
     assert score(1, 1, 8) < score(1, 1, 1)  # bigger micro batches keep the GPU busy
 
 
+def text_for(preset: str) -> dict:
+    """TEXT with a tokenizer of the preset's vocabulary where it sets one (gpt_13b6: 200k):
+    the plan refuses a model.vocab_size that is not its tokenizer's."""
+    from hpcllm.models.presets import PRESETS
+
+    size = PRESETS[preset].get("model", {}).get("vocab_size")
+    if not size:
+        return TEXT
+    return {**TEXT, "tokenizers": {"bpe": {**TEXT["tokenizers"]["bpe"], "vocab_size": size}}}
+
+
 def auto_on(cluster: str, preset: str, nodes: int, tmp_path, monkeypatch, **auto):
     """The plan of ``layout: auto`` for a preset on a cluster's ``nodes``."""
     monkeypatch.chdir(tmp_path)
     raw = {k: v for k, v in opengptx().items() if k not in ("model", "batch", "optim")}
     raw.update(preset=preset, layout={"nodes": nodes, "auto": auto or True})
     c = load_cluster(cluster, REPO / "config/clusters", environ={"HPCLLM_SCRATCH": "/s"})
-    prepared = experiment.prepare_experiment("x", raw, TEXT, c)
+    text = text_for(preset)
+    prepared = experiment.prepare_experiment("x", raw, text, c)
     vocab = prepared.experiment["model"]["vocab_size"] or 50257
-    return c, prepared, segment_job("x", prepared, c, vocab, TEXT["tokenizers"]["bpe"])
+    return c, prepared, segment_job("x", prepared, c, vocab, text["tokenizers"]["bpe"])
 
 
 @pytest.mark.parametrize(
@@ -316,9 +328,10 @@ def test_every_preset_plans_on_every_site(site, tmp_path, monkeypatch):
         monkeypatch.chdir(tmp_path)
         raw = {k: v for k, v in opengptx().items() if k not in ("model", "batch", "optim")}
         raw.update(preset=preset, layout={"nodes": nodes, "auto": True, **extra})
-        prepared = experiment.prepare_experiment(preset, raw, TEXT, cluster)
+        text = text_for(preset)
+        prepared = experiment.prepare_experiment(preset, raw, text, cluster)
         vocab = prepared.experiment["model"]["vocab_size"] or 50257
-        job = segment_job(preset, prepared, cluster, vocab, TEXT["tokenizers"]["bpe"])
+        job = segment_job(preset, prepared, cluster, vocab, text["tokenizers"]["bpe"])
         auto, where = prepared.auto, f"{preset} on {site} ({nodes} nodes)"
         assert auto.chosen == auto.candidates[0], where
         assert job.memory.total == pytest.approx(auto.chosen.memory_gb), where
