@@ -15,12 +15,19 @@ measures the CPU time (user + system, the process and its children) of:
 - the workflow's tokenize job as a whole (its script on a one-document shard);
 - each job script's imports alone (tokenize, merge_tokenized, pack_lmdb), in a fresh Python.
 
+Python writes the bytecode of the modules it compiles (``__pycache__``), as it does on a
+cluster by default: each command runs once before the rounds, and ``PYTHONDONTWRITEBYTECODE``
+is removed from the commands' environment. Snakemake and the other installed packages
+come with their bytecode; without it (``--no-bytecode`` keeps the variable as set) every job
+compiles the workflow's package from source, about 0.16 CPU-s of a tokenize job here.
+
 Prints medians, the ratio of the whole job to the bare one, and the load average. With
 ``--compare REF`` (a git revision), the job process of that revision's workflow (its
-files exported beside the case) runs in the same rounds, for a before/after ratio measured
-under the same load.
+files exported beside the case) and its whole tokenize job run in the same rounds, for
+before/after ratios measured under the same load.
 
 Usage: python benchmarks/job_overhead.py [--repeat 5] [--workdir DIR] [--compare REF]
+       [--no-bytecode]
 """
 
 from __future__ import annotations
@@ -121,8 +128,10 @@ print(json.dumps({"rc": p.returncode, "cpu": u.ru_utime + u.ru_stime, "err": p.s
 """
 
 
-def cpu(cmd: list[str], cwd: Path) -> float:
+def cpu(cmd: list[str], cwd: Path, bytecode: bool = True) -> float:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    if bytecode:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
     out = subprocess.run(
         [sys.executable, "-c", MEASURE, *cmd], cwd=cwd, env=env, capture_output=True, text=True
     )
@@ -146,6 +155,7 @@ def export_revision(ref: str, work: Path) -> Path:
 
 
 COMPARED = "the same, workflow at {ref} (-n)"
+COMPARED_WHOLE = "tokenize job at {ref}, whole"
 
 
 def commands(compare: Path | None = None, ref: str = "") -> dict[str, list[str]]:
@@ -158,18 +168,28 @@ def commands(compare: Path | None = None, ref: str = "") -> dict[str, list[str]]
     if compare is not None:  # right after its counterpart, for the rounds' pairs
         cmds[COMPARED.format(ref=ref)] = job_command(str(compare / "Snakefile"), dry=True)
     cmds["workflow tokenize job, whole"] = job_command(snakefile, dry=False)
+    if compare is not None:
+        cmds[COMPARED_WHOLE.format(ref=ref)] = job_command(str(compare / "Snakefile"), dry=False)
     for name, code in IMPORTS.items():
         cmds[f"{name} script's imports"] = [sys.executable, "-c", SCRIPT_PATH + code]
     return cmds
 
 
-def run(work: Path, repeat: int, ref: str | None = None) -> dict[str, float]:
+def run(work: Path, repeat: int, ref: str | None = None, bytecode: bool = True) -> dict[str, float]:
     make_case(work)
     cmds = commands(export_revision(ref, work), ref) if ref else commands()
+    print(
+        "bytecode: written and reused (Python's default)"
+        if bytecode
+        else f"bytecode: PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}"
+    )
+    if bytecode:  # the first run of each writes it
+        for cmd in cmds.values():
+            cpu(cmd, work, bytecode)
     runs: dict[str, list[float]] = {name: [] for name in cmds}
     for _ in range(repeat):  # interleaved, so load changes hit all alike
         for name, cmd in cmds.items():
-            runs[name].append(cpu(cmd, work))
+            runs[name].append(cpu(cmd, work, bytecode))
     medians = {name: statistics.median(r) for name, r in runs.items()}
     for name, value in medians.items():
         spread = ", ".join(f"{x:.2f}" for x in runs[name])
@@ -194,6 +214,11 @@ def run(work: Path, repeat: int, ref: str | None = None) -> dict[str, float]:
             f"{before - bare:.2f} s at {ref}; job process here / at {ref}: "
             f"{parse / before:.2f} (medians), {paired:.2f} (median of the rounds' ratios)"
         )
+        whole_before = medians[COMPARED_WHOLE.format(ref=ref)]
+        print(
+            f"ratio tokenize job at {ref} / bare Snakemake job: {whole_before / bare:.2f}; "
+            f"whole job here / at {ref}: {whole / whole_before:.2f} (medians)"
+        )
     print(f"load: {os.getloadavg()[0]:.1f} (1 min)")
     return medians
 
@@ -205,12 +230,18 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ap.add_argument(
         "--compare", metavar="REF", help="also time the job process of git revision REF"
     )
+    ap.add_argument(
+        "--no-bytecode",
+        action="store_true",
+        help="keep PYTHONDONTWRITEBYTECODE as the environment sets it",
+    )
     args = ap.parse_args(argv)
     print(f"load: {os.getloadavg()[0]:.1f} (1 min)")
+    bytecode = not args.no_bytecode
     if args.workdir:
-        return run(args.workdir, args.repeat, args.compare)
+        return run(args.workdir, args.repeat, args.compare, bytecode)
     with tempfile.TemporaryDirectory() as d:
-        return run(Path(d) / "case", args.repeat, args.compare)
+        return run(Path(d) / "case", args.repeat, args.compare, bytecode)
 
 
 if __name__ == "__main__":
