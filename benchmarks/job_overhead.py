@@ -19,7 +19,8 @@ Python writes the bytecode of the modules it compiles (``__pycache__``), as it d
 cluster by default: each command runs once before the rounds, and ``PYTHONDONTWRITEBYTECODE``
 is removed from the commands' environment. Snakemake and the other installed packages
 come with their bytecode; without it (``--no-bytecode`` keeps the variable as set) every job
-compiles the workflow's package from source, about 0.16 CPU-s of a tokenize job here.
+compiles the workflow's package from source, about 0.16 CPU-s of a tokenize job here
+(the package's ``__pycache__`` folders are then removed first: Python would read them).
 
 Prints medians, the ratio of the whole job to the bare one, and the load average. With
 ``--compare REF`` (a git revision), the job process of that revision's workflow (its
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -128,6 +130,14 @@ print(json.dumps({"rc": p.returncode, "cpu": u.ru_utime + u.ru_stime, "err": p.s
 """
 
 
+def drop_bytecode(*folders: Path) -> None:
+    """Remove the ``__pycache__`` folders under ``folders``: Python reads bytecode that is
+    there even where PYTHONDONTWRITEBYTECODE stops it writing any."""
+    for folder in folders:
+        for cache in list(Path(folder).rglob("__pycache__")):
+            shutil.rmtree(cache, ignore_errors=True)
+
+
 def cpu(cmd: list[str], cwd: Path, bytecode: bool = True) -> float:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     if bytecode:
@@ -186,6 +196,8 @@ def run(work: Path, repeat: int, ref: str | None = None, bytecode: bool = True) 
     if bytecode:  # the first run of each writes it
         for cmd in cmds.values():
             cpu(cmd, work, bytecode)
+    else:
+        drop_bytecode(REPO / "src", REPO / "workflow", *work.glob("rev-*"))
     runs: dict[str, list[float]] = {name: [] for name in cmds}
     for _ in range(repeat):  # interleaved, so load changes hit all alike
         for name, cmd in cmds.items():

@@ -12,7 +12,8 @@ measured on its own (a shard of one document) and the ratio is also printed with
 Python writes the modules' bytecode (``__pycache__``) as it does on a cluster by default:
 ``PYTHONDONTWRITEBYTECODE`` is removed from the processes' environment and a one-document
 shard runs once before the rounds (``--no-bytecode`` keeps the variable as set: every
-process then compiles the package from source, part of each job's fixed cost).
+process then compiles the package from source, part of each job's fixed cost; its
+``__pycache__`` folders are removed first).
 Prints every round's ratios and their medians, with the load average. ``--compare REF`` also runs the stage of git
 revision REF (its ``src`` exported) in the same rounds.
 
@@ -131,6 +132,10 @@ def main(argv: list[str] | None = None) -> dict:
     if bytecode:  # the first process of each source writes it
         for src in sources.values():
             shards_cost(src, tok, tiny, 1, out, bytecode)
+    else:
+        from job_overhead import drop_bytecode
+
+        drop_bytecode(*sources.values())
     ratios: dict[str, list[float]] = {name: [] for name in sources}
     work_ratios: dict[str, list[float]] = {name: [] for name in sources}
     for r in range(args.repeat):
