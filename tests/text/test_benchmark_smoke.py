@@ -32,6 +32,7 @@ def test_job_overhead_runs_and_compares_a_revision(tmp_path, capsys):
     )
     assert medians["workflow tokenize job, whole"] > medians["python -c pass"] > 0
     assert medians["the same, workflow at HEAD (-n)"] > 0
+    assert medians["bare job, script: touching the outputs"] > 0
     out = capsys.readouterr().out
     assert "job process here / at HEAD" in out
     assert "bytecode: written and reused" in out
