@@ -10,17 +10,27 @@ measures the CPU time (user + system, the process and its children) of:
 - ``python -c pass``: the interpreter's own start;
 - the bare job: the same job command on a bare Snakefile with a rule ``tokenize`` of the
   same outputs whose shell is ``true`` (Snakemake's own job start);
+- the bare job with ``script:`` instead of ``shell:`` (a script that touches the outputs):
+  what Snakemake's ``script:`` itself costs a job;
 - the workflow's job process without its script (the same command with ``-n``): Snakemake
   plus parsing this workflow's Snakefile in a job;
 - the workflow's tokenize job as a whole (its script on a one-document shard);
 - each job script's imports alone (tokenize, merge_tokenized, pack_lmdb), in a fresh Python.
 
+Python writes the bytecode of the modules it compiles (``__pycache__``), as it does on a
+cluster by default: each command runs once before the rounds, and ``PYTHONDONTWRITEBYTECODE``
+is removed from the commands' environment. Snakemake and the other installed packages
+come with their bytecode; without it (``--no-bytecode`` keeps the variable as set) every job
+compiles the workflow's package from source, about 0.16 CPU-s of a tokenize job here
+(the package's ``__pycache__`` folders are then removed first: Python would read them).
+
 Prints medians, the ratio of the whole job to the bare one, and the load average. With
 ``--compare REF`` (a git revision), the job process of that revision's workflow (its
-files exported beside the case) runs in the same rounds, for a before/after ratio measured
-under the same load.
+files exported beside the case) and its whole tokenize job run in the same rounds, for
+before/after ratios measured under the same load.
 
 Usage: python benchmarks/job_overhead.py [--repeat 5] [--workdir DIR] [--compare REF]
+       [--no-bytecode]
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -52,6 +63,13 @@ rule tokenize:
         "touch {output}"
 """
 
+BARE_SCRIPT = BARE.replace(
+    'shell:\n        "touch {output}"', 'script:\n        "touch_outputs.py"'
+)
+TOUCH_OUTPUTS = (
+    "from pathlib import Path\n\nfor path in snakemake.output:\n    Path(path).touch()\n"
+)
+
 # Each job script's imports, as the script makes them (the scripts' folder is on the
 # path after site-packages, as Snakemake puts it: workflow/scripts/tokenize.py must not
 # shadow the standard library's tokenize).
@@ -74,6 +92,9 @@ TARGET = "tokenize:tok=tok,source=web,shard=0000"
 
 def make_case(work: Path) -> Path:
     if (work / "Snakefile.bare").exists():
+        if not (work / "Snakefile.script").exists():  # a case made by an older version
+            (work / "Snakefile.script").write_text(BARE_SCRIPT)
+            (work / "touch_outputs.py").write_text(TOUCH_OUTPUTS)
         return work
     work.mkdir(parents=True, exist_ok=True)
     for name in ("resources", "profiles"):
@@ -98,6 +119,8 @@ def make_case(work: Path) -> Path:
     }
     (work / "config" / "config.yaml").write_text(json.dumps(config))
     (work / "Snakefile.bare").write_text(BARE)
+    (work / "Snakefile.script").write_text(BARE_SCRIPT)
+    (work / "touch_outputs.py").write_text(TOUCH_OUTPUTS)
     return work
 
 
@@ -121,8 +144,18 @@ print(json.dumps({"rc": p.returncode, "cpu": u.ru_utime + u.ru_stime, "err": p.s
 """
 
 
-def cpu(cmd: list[str], cwd: Path) -> float:
+def drop_bytecode(*folders: Path) -> None:
+    """Remove the ``__pycache__`` folders under ``folders``: Python reads bytecode that is
+    there even where PYTHONDONTWRITEBYTECODE stops it writing any."""
+    for folder in folders:
+        for cache in list(Path(folder).rglob("__pycache__")):
+            shutil.rmtree(cache, ignore_errors=True)
+
+
+def cpu(cmd: list[str], cwd: Path, bytecode: bool = True) -> float:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    if bytecode:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
     out = subprocess.run(
         [sys.executable, "-c", MEASURE, *cmd], cwd=cwd, env=env, capture_output=True, text=True
     )
@@ -146,6 +179,7 @@ def export_revision(ref: str, work: Path) -> Path:
 
 
 COMPARED = "the same, workflow at {ref} (-n)"
+COMPARED_WHOLE = "tokenize job at {ref}, whole"
 
 
 def commands(compare: Path | None = None, ref: str = "") -> dict[str, list[str]]:
@@ -153,23 +187,36 @@ def commands(compare: Path | None = None, ref: str = "") -> dict[str, list[str]]
     cmds = {
         "python -c pass": [sys.executable, "-c", "pass"],
         "bare Snakemake job (shell: touch)": job_command("Snakefile.bare", dry=False),
+        "bare job, script: touching the outputs": job_command("Snakefile.script", dry=False),
         "workflow job process, no script (-n)": job_command(snakefile, dry=True),
     }
     if compare is not None:  # right after its counterpart, for the rounds' pairs
         cmds[COMPARED.format(ref=ref)] = job_command(str(compare / "Snakefile"), dry=True)
     cmds["workflow tokenize job, whole"] = job_command(snakefile, dry=False)
+    if compare is not None:
+        cmds[COMPARED_WHOLE.format(ref=ref)] = job_command(str(compare / "Snakefile"), dry=False)
     for name, code in IMPORTS.items():
         cmds[f"{name} script's imports"] = [sys.executable, "-c", SCRIPT_PATH + code]
     return cmds
 
 
-def run(work: Path, repeat: int, ref: str | None = None) -> dict[str, float]:
+def run(work: Path, repeat: int, ref: str | None = None, bytecode: bool = True) -> dict[str, float]:
     make_case(work)
     cmds = commands(export_revision(ref, work), ref) if ref else commands()
+    print(
+        "bytecode: written and reused (Python's default)"
+        if bytecode
+        else f"bytecode: PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}"
+    )
+    if bytecode:  # the first run of each writes it
+        for cmd in cmds.values():
+            cpu(cmd, work, bytecode)
+    else:
+        drop_bytecode(REPO / "src", REPO / "workflow", *work.glob("rev-*"))
     runs: dict[str, list[float]] = {name: [] for name in cmds}
     for _ in range(repeat):  # interleaved, so load changes hit all alike
         for name, cmd in cmds.items():
-            runs[name].append(cpu(cmd, work))
+            runs[name].append(cpu(cmd, work, bytecode))
     medians = {name: statistics.median(r) for name, r in runs.items()}
     for name, value in medians.items():
         spread = ", ".join(f"{x:.2f}" for x in runs[name])
@@ -180,6 +227,8 @@ def run(work: Path, repeat: int, ref: str | None = None) -> dict[str, float]:
     print(f"Snakefile parse and checks in a job, over bare Snakemake: {parse - bare:.2f} s CPU")
     print(f"script (fresh Python, imports, tokenizer, one document): {whole - parse:.2f} s CPU")
     print(f"ratio workflow tokenize job / bare Snakemake job: {whole / bare:.2f}")
+    script = medians["bare job, script: touching the outputs"]
+    print(f"Snakemake's script: itself, over shell: {script - bare:.2f} s CPU")
     if ref:
         before = medians[COMPARED.format(ref=ref)]
         # The ratio of each round's pair, then their median: the pair ran back to back.
@@ -194,6 +243,11 @@ def run(work: Path, repeat: int, ref: str | None = None) -> dict[str, float]:
             f"{before - bare:.2f} s at {ref}; job process here / at {ref}: "
             f"{parse / before:.2f} (medians), {paired:.2f} (median of the rounds' ratios)"
         )
+        whole_before = medians[COMPARED_WHOLE.format(ref=ref)]
+        print(
+            f"ratio tokenize job at {ref} / bare Snakemake job: {whole_before / bare:.2f}; "
+            f"whole job here / at {ref}: {whole / whole_before:.2f} (medians)"
+        )
     print(f"load: {os.getloadavg()[0]:.1f} (1 min)")
     return medians
 
@@ -205,12 +259,18 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ap.add_argument(
         "--compare", metavar="REF", help="also time the job process of git revision REF"
     )
+    ap.add_argument(
+        "--no-bytecode",
+        action="store_true",
+        help="keep PYTHONDONTWRITEBYTECODE as the environment sets it",
+    )
     args = ap.parse_args(argv)
     print(f"load: {os.getloadavg()[0]:.1f} (1 min)")
+    bytecode = not args.no_bytecode
     if args.workdir:
-        return run(args.workdir, args.repeat, args.compare)
+        return run(args.workdir, args.repeat, args.compare, bytecode)
     with tempfile.TemporaryDirectory() as d:
-        return run(Path(d) / "case", args.repeat, args.compare)
+        return run(Path(d) / "case", args.repeat, args.compare, bytecode)
 
 
 if __name__ == "__main__":

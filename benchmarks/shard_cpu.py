@@ -9,11 +9,16 @@ alternates from round to round. CPU seconds are user + system of the processes
 (``RUSAGE_CHILDREN``), wall seconds beside them; a job's fixed cost (its Python start
 and imports, the tokenizer's load) is in both, once for 1 shard and 4 times for 4: it is
 measured on its own (a shard of one document) and the ratio is also printed without it.
+Python writes the modules' bytecode (``__pycache__``) as it does on a cluster by default:
+``PYTHONDONTWRITEBYTECODE`` is removed from the processes' environment and a one-document
+shard runs once before the rounds (``--no-bytecode`` keeps the variable as set: every
+process then compiles the package from source, part of each job's fixed cost; its
+``__pycache__`` folders are removed first).
 Prints every round's ratios and their medians, with the load average. ``--compare REF`` also runs the stage of git
 revision REF (its ``src`` exported) in the same rounds.
 
 Usage: python benchmarks/shard_cpu.py [--text-megabytes 200] [--repeat 5] [--shards 4]
-       [--workdir DIR] [--compare REF]
+       [--workdir DIR] [--compare REF] [--no-bytecode]
 """
 
 from __future__ import annotations
@@ -73,9 +78,13 @@ def export_src(ref: str, folder: Path) -> Path:
     return folder / "src"
 
 
-def shards_cost(src: Path, tok: Path, path: Path, shards: int, out: Path) -> tuple[float, float]:
+def shards_cost(
+    src: Path, tok: Path, path: Path, shards: int, out: Path, bytecode: bool = True
+) -> tuple[float, float]:
     """CPU and wall seconds of the ``shards`` shard processes, one after the other."""
     env = {**os.environ, "PYTHONPATH": str(src)}
+    if bytecode:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
     before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     for k in range(shards):
         prefix = out / f"{shards}-{k:04d}_text_document"
@@ -97,7 +106,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--shards", type=int, default=4, help="the shards compared with 1")
     ap.add_argument("--repeat", type=int, default=5, help="rounds (median of their ratios)")
     ap.add_argument("--compare", metavar="REF", help="also run git revision REF's stage")
+    ap.add_argument(
+        "--no-bytecode",
+        action="store_true",
+        help="keep PYTHONDONTWRITEBYTECODE as the environment sets it",
+    )
     args = ap.parse_args(argv)
+    bytecode = not args.no_bytecode
     work = args.workdir.resolve()
     path, tok = prepare(work, int(args.text_megabytes * 1e6))
     print(f"file: {path} ({path.stat().st_size / 1e6:.1f} MB); tokenizer {tok}")
@@ -109,6 +124,18 @@ def main(argv: list[str] | None = None) -> dict:
     tiny = work / "one-document.jsonl"
     with open(path, "rb") as src:
         tiny.write_bytes(src.readline())
+    print(
+        "bytecode: written and reused (Python's default)"
+        if bytecode
+        else f"bytecode: PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r}"
+    )
+    if bytecode:  # the first process of each source writes it
+        for src in sources.values():
+            shards_cost(src, tok, tiny, 1, out, bytecode)
+    else:
+        from job_overhead import drop_bytecode
+
+        drop_bytecode(*sources.values())
     ratios: dict[str, list[float]] = {name: [] for name in sources}
     work_ratios: dict[str, list[float]] = {name: [] for name in sources}
     for r in range(args.repeat):
@@ -116,8 +143,8 @@ def main(argv: list[str] | None = None) -> dict:
         for name, src in sources.items():
             runs = {}
             for shards in (1, args.shards)[:: 1 if r % 2 == 0 else -1]:
-                runs[shards] = shards_cost(src, tok, path, shards, out)
-            fixed, _ = shards_cost(src, tok, tiny, 1, out)
+                runs[shards] = shards_cost(src, tok, path, shards, out, bytecode)
+            fixed, _ = shards_cost(src, tok, tiny, 1, out, bytecode)
             (cpu1, wall1), (cpun, walln) = runs[1], runs[args.shards]
             ratios[name].append(cpun / cpu1)
             # the same without the fixed cost of a job: what reading and encoding cost

@@ -78,6 +78,32 @@ def check_section(section: str, data: Any, schema_path: str | Path) -> None:
         )
 
 
+def fill_defaults(section: str, data: Any, schema_path: str | Path) -> None:
+    """Set every absent key that has a default in its schema, as Snakemake's
+    ``validate(data, schema)`` does (the same jsonschema extension), and raise
+    ``ConfigError`` naming each key where ``data`` does not match. The schema comes from
+    ``load_schema`` (parsed once, with libyaml): Snakemake's ``validate`` parses it with
+    PyYAML's pure-Python loader on every call, in every job process (issue 51 item 11)."""
+    import jsonschema
+
+    base = jsonschema.Draft202012Validator
+    check_properties = base.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if validator.is_type(instance, "object"):
+            for name, subschema in properties.items():
+                if "default" in subschema:
+                    instance.setdefault(name, subschema["default"])
+        yield from check_properties(validator, properties, instance, schema)
+
+    filler = jsonschema.validators.extend(base, {"properties": set_defaults})
+    try:
+        filler(load_schema(schema_path)).validate(data)
+    except jsonschema.ValidationError:
+        check_section(section, data, schema_path)
+        raise
+
+
 def _describe(name: str, schema: dict[str, Any], defs: dict[str, Any], depth: int, out: list[str]):
     if "$ref" in schema and schema["$ref"].startswith("#/$defs/"):
         schema = defs[schema["$ref"].removeprefix("#/$defs/")]

@@ -32,7 +32,10 @@ def test_job_overhead_runs_and_compares_a_revision(tmp_path, capsys):
     )
     assert medians["workflow tokenize job, whole"] > medians["python -c pass"] > 0
     assert medians["the same, workflow at HEAD (-n)"] > 0
-    assert "job process here / at HEAD" in capsys.readouterr().out
+    assert medians["bare job, script: touching the outputs"] > 0
+    out = capsys.readouterr().out
+    assert "job process here / at HEAD" in out
+    assert "bytecode: written and reused" in out
 
 
 def skip_without_test_cluster() -> None:
@@ -80,4 +83,6 @@ def test_shard_cpu_runs_on_a_tiny_file(tmp_path, capsys):
         ["--text-megabytes", "0.2", "--repeat", "1", "--workdir", str(tmp_path)]
     )
     assert result["medians"]["here"] > 0
-    assert "4 shards / 1 shard, CPU, median of 1" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "4 shards / 1 shard, CPU, median of 1" in out
+    assert "bytecode: written and reused" in out

@@ -5,10 +5,14 @@ import os
 import sys
 from types import SimpleNamespace
 
-from snakemake.utils import validate
-
 from hpcllm.commandline import read_config_files
-from hpcllm.configuration import SECTIONS, ConfigError, check_section, unset_nulls
+from hpcllm.configuration import (
+    SECTIONS,
+    ConfigError,
+    check_section,
+    fill_defaults,
+    unset_nulls,
+)
 from hpcllm.text.source_keys import cap_lines, source_key_problems
 from hpcllm.text.sources import offline_source_error, resolve_local_files
 from hpcllm.text.tokenizers_config import plan_problem as tokenizer_plan_problem
@@ -28,7 +32,7 @@ if _unset and workflow.is_main_process:
 # controller's, already checked (a job's parse is part of every job's fixed cost).
 if workflow.is_main_process:
     check_section("", config, f"{HPCLLM_ROOT}/workflow/schemas/config.schema.yaml")
-validate(config, "../schemas/config.schema.yaml")
+fill_defaults("", config, f"{HPCLLM_ROOT}/workflow/schemas/config.schema.yaml")
 # The config files in the order Snakemake merges them (the last one's keys win), for the
 # messages that name the file a key came from.
 CONFIG_FILES = (
@@ -36,8 +40,8 @@ CONFIG_FILES = (
     if workflow.is_main_process
     else []
 )
-# Each section has its own schema file; validate fills in the defaults (one file at a
-# time: snakemake's validate does not fill defaults behind a $ref to another file).
+# Each section has its own schema file; fill_defaults fills in its defaults as Snakemake's
+# validate would, with the schema parsed once by libyaml (a job process parses this again).
 for _section in SECTIONS:
     config.setdefault(_section, {})
     if workflow.is_main_process:
@@ -47,14 +51,18 @@ for _section in SECTIONS:
             f"{HPCLLM_ROOT}/workflow/schemas/{_section}.schema.yaml",
         )
         # Keys a source's type does not read (inherited from a source of the same name in
-        # an earlier config file); before validate sets the defaults of both types.
+        # an earlier config file); before fill_defaults sets the defaults of both types.
         if _section == "text":
             _problems = source_key_problems(
                 config["text"].get("sources", {}), CONFIG_FILES
             )
             if _problems:
                 raise ConfigError("\n".join(_problems))
-    validate(config[_section], f"../schemas/{_section}.schema.yaml")
+    fill_defaults(
+        _section,
+        config[_section],
+        f"{HPCLLM_ROOT}/workflow/schemas/{_section}.schema.yaml",
+    )
 
 TEXT = config["text"]
 SOURCES = TEXT["sources"]

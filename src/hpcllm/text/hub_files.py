@@ -19,8 +19,6 @@ import os
 import re
 from typing import Any
 
-import yaml
-
 OSCAR_2301 = "oscar-corpus/OSCAR-2301"
 CARD = "README.md"
 
@@ -134,6 +132,8 @@ def glob_match(pattern: str, path: str) -> bool:
 def card_patterns(card: str, cfg: dict[str, Any]) -> list[str] | None:
     """The data file globs of the source's config and split from the dataset card's
     ``configs`` (None when the card has no such config)."""
+    import yaml  # here: a tokenize job imports this module, and never reads a card
+
     m = re.match(r"---\s*\n(.*?)\n---\s*(\n|$)", card, re.S)
     meta = (yaml.safe_load(m.group(1)) if m else None) or {}
     name, split = cfg.get("name") or "default", cfg.get("split", "train")
