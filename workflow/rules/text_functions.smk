@@ -251,17 +251,17 @@ def batch_mem_mb(wildcards, threads):
 _THREADS_NOTED = set()
 
 
-def note_dry_run_threads(rule, threads):
+def note_dry_run_threads(rule_name, threads):
     """Say once per rule where a dry run of a Slurm profile shows fewer threads than the
     jobs are submitted with (Snakemake caps threads at -n's --cores, 1 by default)."""
     if not (workflow.is_main_process and workflow.dryrun and CLUSTER.uses_slurm):
         return
     cores = workflow.resource_settings.cores
-    if rule in _THREADS_NOTED or not isinstance(cores, int) or threads <= cores:
+    if rule_name in _THREADS_NOTED or not isinstance(cores, int) or threads <= cores:
         return
-    _THREADS_NOTED.add(rule)
+    _THREADS_NOTED.add(rule_name)
     logger.info(
-        f"{rule}: jobs are submitted with {threads} threads (--cpus-per-task) and "
+        f"{rule_name}: jobs are submitted with {threads} threads (--cpus-per-task) and "
         f"{1000 * threads} MB; this dry run shows "
         f"threads: {cores}, Snakemake's cap for -n without --cores "
         f"(-n --cores {threads} shows them as submitted)."
