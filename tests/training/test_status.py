@@ -306,9 +306,14 @@ def test_the_finish_is_laid_out_from_the_records_the_running_attempt_and_squeue_
     assert abs(shown - (now + 250 + 100)) <= 2, line
     # the interval: segment 3 starting at once (low) to squeue's time at the slow end
     low, high = re.search(r"interval: (\S+) to (\S+)\)", line).groups()
+
     # (rate 2 s ±10 %, start-up and save 80 s ±50 %; segment 2 running since now - 100)
-    assert low == time.strftime("%H:%M:%S", time.localtime(now + 40 + 18)), line
-    assert high == time.strftime("%H:%M:%S", time.localtime(now + 500 + 120 + 22)), line
+    def clock(hms: str) -> float:  # the shown time of day, on the day of ``now``
+        day = time.strftime("%Y-%m-%d ", time.localtime(now))
+        return time.mktime(time.strptime(day + hms, "%Y-%m-%d %H:%M:%S"))
+
+    assert abs(clock(low) - (now + 40 + 18)) <= 2, line  # seconds pass while it runs
+    assert abs(clock(high) - (now + 500 + 120 + 22)) <= 2, line
 
 
 def _engine_lines(first: int, last: int, ms: float = 2000.0) -> str:
@@ -481,3 +486,30 @@ def test_segment_one_has_a_date_from_the_plans_rate_then_its_own_iterations(tmp_
     assert "from: 2 s/iteration over the running segment's first 3 logged iterations" in (
         s.calendar
     ), s.calendar
+
+
+def test_a_job_pending_on_a_limit_slurm_does_not_resolve_is_named_with_the_fix(
+    tmp_path, monkeypatch
+):
+    """Issue 47 item 4: status shows a segment's job pending for a partition's time limit
+    as stuck, with what to change; a job pending for Resources or Priority is only pending.
+    squeue is a script printing what the test cluster's squeue printed for such jobs."""
+    campaign(tmp_path, reached=10, segments_done=1)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "squeue").write_text(
+        '#!/bin/sh\ncase "$*" in *--start*) exit 0;; esac\n'
+        "echo '81|PENDING|x|(null)|2026-11-28T15:00:00|PartitionTimeLimit|"
+        "rule_train_segment_wildcards_tiny_local_2'\n"
+        "echo '82|PENDING|y|(null)|2026-11-28T15:00:01|Resources|"
+        "rule_train_segment_wildcards_tiny_local_3'\n"
+    )
+    (fake / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("HPCLLM_ACCOUNT", "proj")
+    out = status.campaign_status(tmp_path, [str(EXAMPLES)], profile="profiles/testcluster")
+    (line,) = [x for x in out.splitlines() if "jobs: " in x]
+    assert "81 PENDING seg2 [PartitionTimeLimit: the job's time limit is longer than its " \
+        "partition allows; Slurm will not start it by itself: change gpu_partition." \
+        "max_minutes in the cluster file" in line, line  # fmt: skip
+    assert "82 PENDING seg3," in line + "," and "82 PENDING seg3 [" not in line, line

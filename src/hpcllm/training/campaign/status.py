@@ -187,7 +187,7 @@ def slurm_jobs() -> list[dict[str, str]]:
     comment (the plugin's rule tag)."""
     try:
         out = subprocess.run(
-            ["squeue", "--me", "-h", "-o", "%i|%T|%j|%E|%V|%k"],
+            ["squeue", "--me", "-h", "-o", "%i|%T|%j|%E|%V|%r|%k"],
             capture_output=True,
             text=True,
             timeout=30,
@@ -201,8 +201,8 @@ def slurm_jobs() -> list[dict[str, str]]:
         )
     jobs = []
     for line in out.stdout.splitlines():
-        parts = line.split("|", 5)
-        if len(parts) == 6:
+        parts = line.split("|", 6)
+        if len(parts) == 7:
             jobs.append(
                 {
                     "id": parts[0],
@@ -210,10 +210,28 @@ def slurm_jobs() -> list[dict[str, str]]:
                     "name": parts[2],
                     "dependency": parts[3],
                     "submitted": parts[4],
-                    "comment": parts[5],
+                    "reason": parts[5],
+                    "comment": parts[6],
                 }
             )
     return jobs
+
+
+def stuck_note(job: dict[str, str]) -> str:
+    """A pending job's note where it waits for a limit Slurm does not resolve by itself
+    (hpcllm.slurm_pending): the reason, what it means and what to change; else ""."""
+    from hpcllm import slurm_pending
+
+    reason = job.get("reason") or ""
+    if not slurm_pending.is_stuck(job.get("state", ""), reason):
+        return ""
+    if not slurm_pending.confirmed(job["id"], reason):
+        return ""
+    owner, meaning, change = slurm_pending.STUCK_REASONS[reason]
+    return (
+        f" [{reason}: {meaning.format(what=owner)}; Slurm will not start it by itself: "
+        f"change {change.format(facts='the cluster file')}]"
+    )
 
 
 def controller_state(workdir: Path) -> str:
@@ -417,7 +435,7 @@ def experiment_status(
     if seconds_per_iteration is not None:
         seconds_to_finish = seconds_per_iteration * (total - (iteration or 0))
     mine = [
-        f"{j['id']} {j['state']} seg{j['comment'].rsplit('_', 1)[-1]}"
+        f"{j['id']} {j['state']} seg{j['comment'].rsplit('_', 1)[-1]}{stuck_note(j)}"
         for j in jobs
         if j["comment"].startswith(f"rule_train_segment_wildcards_{name}_")
     ]
@@ -443,7 +461,7 @@ def experiment_status(
         what = f"seg{k}" if j["state"] == "RUNNING" and k else "next"
         after = j.get("dependency") or ""
         after = f" ({after})" if after and after != "(null)" else ""
-        mine.append(f"{j['id']} {j['state']} chain {what}{after}")
+        mine.append(f"{j['id']} {j['state']} chain {what}{after}{stuck_note(j)}")
     stop = stopped(save)
     finish = None
     if not changed and not layout_refused and done < exp["segments"]:
