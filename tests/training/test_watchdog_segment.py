@@ -204,3 +204,33 @@ def test_a_rank_stuck_alive_ends_the_segment_as_a_hang_naming_it(
     # hang guard: the start-up (within the ceiling), the training, then the bound
     assert took < FACTS.ceiling_seconds + 60 + FACTS.floor_seconds + 2 * POLL + HANG_KILL_WAIT
     assert lease.read(paths.save) is None  # released
+
+
+def test_a_slowed_rank_is_named_as_the_straggler(setup, tmp_path, monkeypatch):
+    """Rank 1 sleeps 0.3 s in every step's compute (the engine's test-only hook): the
+    segment's record names it as the slowest, with a factor above the cluster's, the
+    status line says so and the next segment's job would exclude its node."""
+    from hpcllm.training.campaign import stragglers
+    from hpcllm.training.campaign.status import newest_straggler
+
+    prepared, cluster, cache = setup
+    monkeypatch.setenv(FAULT_ENV, "slow:1:0:0.3")
+    record_dir = tmp_path / "results"
+    paths = Paths(
+        save=str(tmp_path / "ckpt"),
+        record=str(record_dir / "seg1.json"),
+        engine_log=str(tmp_path / "logs/seg1.engine.log"),
+        data_cache=str(cache),
+        tensorboard=str(tmp_path / "tb"),
+    )
+    record = run_segment(NAME, prepared, 1, paths, cluster)
+    found = record["stragglers"]
+    print(f"straggler: {stragglers.describe(found)}")
+    assert found["ranks"] == 2 and found["slowest"]["rank"] == 1, found
+    assert found["slowest"]["compute_seconds"] >= 0.3  # the sleep is compute
+    assert found["slowest"]["factor"] > cluster.watchdog.straggler_factor and found["beyond"]
+    host = found["slowest"]["host"]
+    assert json.loads(Path(paths.record).read_text())["stragglers"] == found  # kept
+    assert stragglers.nodes_to_exclude(paths.record) == [host]
+    line = newest_straggler(record_dir)
+    assert line.startswith(f"segment 1: slowest node: {host} (rank 1)") and "beyond" in line
