@@ -446,3 +446,20 @@ def test_a_slow_save_while_the_heartbeat_thread_writes_on_is_not_ended(tmp_path)
     assert w.check() is None
     clock.now += 19
     assert w.check() is None and w.stall is None
+
+
+def test_the_test_fault_hook_is_inert_unless_set_and_refuses_a_bad_value():
+    from hpcllm.training.engines.fault_injection import FAULT_ENV, Fault, inject
+
+    assert Fault.from_environment({}) is None
+    inject(None, "data", 0, 5)  # returns: no fault
+    fault = Fault.from_environment({FAULT_ENV: "slow:1:3:1.0"})
+    assert fault == Fault("slow", 1, 3, 1.0)
+    started = time.monotonic()
+    inject(fault, "slow", 0, 9)  # another rank
+    inject(fault, "slow", 1, 3)  # not past 3
+    assert time.monotonic() - started < 0.5  # neither slept its second
+    inject(fault, "slow", 1, 4)
+    assert time.monotonic() - started >= 1.0
+    with pytest.raises(ValueError, match=f"{FAULT_ENV}='hang:1': expected save:<rank>"):
+        Fault.from_environment({FAULT_ENV: "hang:1"})

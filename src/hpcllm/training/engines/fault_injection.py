@@ -3,7 +3,7 @@ its data loading, or slows its every step, so the watchdog's real tests
 (tests/training/test_watchdog_segment.py) meet those faults through the real code path.
 
 Inert unless ``HPCLLM_TEST_FAULT`` is set (never by the workflow): ``<kind>:<rank>:<after>``
-with ``kind`` ``save`` (the rank blocks forever inside its save, where rank 0 writes) or
+with ``kind`` ``save`` (the rank blocks forever inside its save, before rank 0 writes) or
 ``data`` (it blocks forever in its data loading), each at the first iteration past
 ``after``; or ``slow:<rank>:<after>:<seconds>``: the rank sleeps that long in every step's
 compute past ``after`` (a straggler).
