@@ -76,3 +76,45 @@ def test_the_heartbeat_carries_the_compute_time_through_phase_changes(tmp_path):
         assert read_heartbeats(tmp_path)[0]["compute_seconds"] == 0.25
     finally:
         beat.stop()
+
+
+@pytest.mark.workflow
+def test_the_next_segments_job_excludes_the_straggler_node(tmp_path):
+    """Through the workflow: a dry run on JUWELS' profile plans segment 2 of an experiment
+    whose segment 1 record names a straggler beyond the factor with ``--exclude`` of its
+    node in the job's slurm_extra; segment 1's job (none before it) excludes nothing."""
+    import os
+    import re
+    import stat
+
+    from support import hang_guard, make_workdir, run_snakemake
+
+    work = make_workdir(tmp_path / "w")
+    found = stragglers.assess(
+        {0: {"host": "jwb0001", "compute_seconds": 1.0}, 1: {"host": "jwb0002",
+             "compute_seconds": 1.0}, 2: {"host": "jwb0007", "compute_seconds": 1.6}},
+        1.2,
+    )  # fmt: skip
+    record = work / "results/train/opengptx_800m/seg1.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"segment": 1, "stragglers": found}))
+    bin_dir = tmp_path / "noslurm"  # no Slurm here: every command fails as if not installed
+    bin_dir.mkdir()
+    for tool in ("sbatch", "srun", "squeue", "sinfo", "sacct", "sacctmgr", "scontrol"):
+        (bin_dir / tool).write_text(f"#!/bin/sh\necho '{tool}: not installed' >&2\nexit 127\n")
+        (bin_dir / tool).chmod(stat.S_IRWXU)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HPCLLM_", "SLURM_"))}
+    env.update(PATH=f"{bin_dir}:{env['PATH']}", HPCLLM_ACCOUNT="proj0042")
+    args = ["-n", "--profile", "profiles/juwels", "--configfile",
+            "config/experiments/opengptx_800m.yaml", str(REPO / "tests/data/opengptx_on_samples.yaml")]  # fmt: skip
+    proc = run_snakemake(work, *args, env=env, timeout=hang_guard(30))
+    out = proc.stdout + proc.stderr
+    extras = {}
+    for block in re.split(r"\n(?=\s*(?:local)?rule \w+:)", out):
+        k = re.search(r"wildcards: experiment=opengptx_800m, k=(\d+)", block)
+        extra = re.search(r"slurm_extra=(.*?)(?:, \w+=|$)", block, re.M)
+        if block.lstrip().startswith("rule train_segment:") and k and extra:
+            extras[int(k.group(1))] = extra.group(1)
+    assert 1 in extras and 2 in extras, out[-3000:]
+    assert "--exclude=jwb0007" in extras[2], extras[2]
+    assert "--exclude" not in extras[1], extras[1]
