@@ -139,6 +139,7 @@ SCHEMA: dict[str, Any] = {
                 "floor_seconds": {"type": "number", "exclusiveMinimum": 0},
                 "ceiling_seconds": {"type": "number", "exclusiveMinimum": 0},
                 "heartbeat_seconds": {"type": "number", "exclusiveMinimum": 0},
+                "straggler_factor": {"type": "number", "exclusiveMinimum": 1},
             },
         },
         "container_runtime": {"enum": ["apptainer", "singularity", "none"]},
@@ -270,11 +271,19 @@ class WatchdogFacts:
     hang then costs an hour of the job's nodes instead of its whole time limit (4 to 24
     hours). A heartbeat every 10 s is a few hundred bytes per rank on the shared file
     system, and tells a frozen rank from a waiting one within half a minute.
+
+    A rank whose compute per iteration is more than ``straggler_factor`` times the
+    median of all ranks' is a straggler, and its node is kept off the next segment
+    (hpcllm.training.campaign.stragglers): every rank of a data-parallel job waits for
+    the slowest at each gradient all-reduce, so a node 20 % slow costs the whole job 20 %
+    of every iteration, while healthy GPUs of one model differ by a few per cent (clock
+    and temperature), well below it; a job that excludes a node waits for another.
     """
 
     floor_seconds: float = 900.0
     ceiling_seconds: float = 3600.0
     heartbeat_seconds: float = 10.0
+    straggler_factor: float = 1.2
 
 
 @dataclass(frozen=True)

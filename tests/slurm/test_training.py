@@ -1187,7 +1187,11 @@ def test_the_calendar_predicts_a_chain_whose_jobs_wait_behind_other_jobs(
 # The hang watchdog's facts for the frozen-rank test: a 15 s floor (an iteration of the
 # tiny model takes well under a second), heartbeats every 2 s (silent after 6 s), a
 # start-up bound of 3 minutes for a loaded machine.
-WATCHDOG = "watchdog: {floor_seconds: 15, ceiling_seconds: 180, heartbeat_seconds: 2}\n"
+WATCHDOG = (
+    "watchdog: {floor_seconds: 15, ceiling_seconds: 180, heartbeat_seconds: 2, "
+    "straggler_factor: 1000}\n"  # as testcluster.yaml: its nodes share one host
+)
+OWN_WATCHDOG = "watchdog: {straggler_factor: 1000}\n"  # testcluster.yaml's, replaced
 
 
 def with_watchdog_facts(work: Path) -> None:
@@ -1197,7 +1201,9 @@ def with_watchdog_facts(work: Path) -> None:
     link.unlink()
     shutil.copytree(target, link, symlinks=True)
     facts = link / "clusters" / "testcluster.yaml"
-    facts.write_text(facts.read_text() + WATCHDOG)
+    text = facts.read_text()
+    assert OWN_WATCHDOG in text, f"{facts}: its watchdog line changed; update this test"
+    facts.write_text(text.replace(OWN_WATCHDOG, WATCHDOG))
 
 
 @pytest.mark.xdist_group("tiny_2n")

@@ -405,3 +405,61 @@ def test_a_retry_avoids_the_node_that_stopped_reporting_first(tmp_path):
     path = tmp_path / "seg2.attempts.json"
     attempts.record_start(path, 2, 40, environ={"SLURM_JOB_ID": "9"}, excluded=["n2"])
     assert attempts.load(path)[0].excluded == ["n2"]
+
+
+def test_of_ranks_seen_progressing_in_one_poll_the_one_behind_is_named_first(tmp_path):
+    """Rank 1 blocks in its save before the barrier; rank 0 reaches the barrier (one more
+    phase change) within the same poll: both alive, rank 1 named first, not by its number."""
+    clock = Clock()
+    w, _ = dog(tmp_path, clock)
+    for rank in (0, 1):
+        beat(w.heartbeat_dir, rank, "step", 5, 10, clock.now)
+    w.check()
+    clock.now += 1
+    beat(w.heartbeat_dir, 1, "save", 5, 11, clock.now)  # stuck in it
+    beat(w.heartbeat_dir, 0, "save", 5, 12, clock.now)  # past its write, at the barrier
+    w.check()
+    while (stall := w.check()) is None:
+        clock.now += 1
+        for rank, progress in ((0, 12), (1, 11)):  # the heartbeat threads run on
+            beat(w.heartbeat_dir, rank, "save", 5, progress, clock.now)
+    assert stall.bound_seconds == 60 and stall.stopped == []
+    assert [r["rank"] for r in stall.waiting] == [1, 0]
+
+
+def test_a_slow_save_while_the_heartbeat_thread_writes_on_is_not_ended(tmp_path):
+    """A save within its bound (60 s here: 4 x a measured save) whose heartbeat files are
+    rewritten every 2 s without progress (the thread runs on) is never ended; past the
+    bound it is."""
+    clock = Clock()
+    w, _ = dog(tmp_path, clock)
+    for rank in (0, 1):
+        beat(w.heartbeat_dir, rank, "save", 8, 20, clock.now)
+    assert w.check() is None
+    for _ in range(29):  # 58 s of a save, both ranks alive
+        clock.now += 2
+        for rank in (0, 1):
+            beat(w.heartbeat_dir, rank, "save", 8, 20, clock.now)
+        assert w.check() is None
+    for rank in (0, 1):  # the save done: the next iteration
+        beat(w.heartbeat_dir, rank, "data", 9, 21, clock.now)
+    assert w.check() is None
+    clock.now += 19
+    assert w.check() is None and w.stall is None
+
+
+def test_the_test_fault_hook_is_inert_unless_set_and_refuses_a_bad_value():
+    from hpcllm.training.engines.fault_injection import FAULT_ENV, Fault, inject
+
+    assert Fault.from_environment({}) is None
+    inject(None, "data", 0, 5)  # returns: no fault
+    fault = Fault.from_environment({FAULT_ENV: "slow:1:3:1.0"})
+    assert fault == Fault("slow", 1, 3, 1.0)
+    started = time.monotonic()
+    inject(fault, "slow", 0, 9)  # another rank
+    inject(fault, "slow", 1, 3)  # not past 3
+    assert time.monotonic() - started < 0.5  # neither slept its second
+    inject(fault, "slow", 1, 4)
+    assert time.monotonic() - started >= 1.0
+    with pytest.raises(ValueError, match=f"{FAULT_ENV}='hang:1': expected save:<rank>"):
+        Fault.from_environment({FAULT_ENV: "hang:1"})

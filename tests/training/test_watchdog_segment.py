@@ -24,6 +24,7 @@ from hpcllm.training.campaign import attempts, watchdog
 from hpcllm.training.campaign.engine_process import HANG_KILL_WAIT
 from hpcllm.training.campaign.segment import SegmentIncomplete, run_segment
 from hpcllm.training.checkpoints import lease
+from hpcllm.training.engines.fault_injection import FAULT_ENV
 from hpcllm.training.plan.data import Blend
 from hpcllm.training.plan.experiment import Paths, prepare_experiment
 
@@ -143,7 +144,12 @@ def test_a_frozen_rank_ends_the_segment_as_a_hang_naming_it(setup, tmp_path):
     assert attempts.refusal(attempts.load(attempts.attempts_path(paths.engine_log)), 2, 12,
                             engine_log=paths.engine_log, save=paths.save) is None  # fmt: skip
     assert lease.read(paths.save) is None  # released
-    assert not Path(f"/proc/{frozen['pid']}").exists() or _zombie(frozen["pid"])
+    # gone (or a zombie) once the kernel ran its exit: on a loaded machine that can take
+    # a moment after the SIGKILL above
+    deadline = time.monotonic() + hang_guard(10)
+    while Path(f"/proc/{frozen['pid']}").exists() and not _zombie(frozen["pid"]):
+        assert time.monotonic() < deadline, f"rank 1 (pid {frozen['pid']}) still runs"
+        time.sleep(0.1)
 
 
 def _zombie(pid: int) -> bool:
@@ -151,3 +157,85 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+@pytest.mark.parametrize(
+    ("fault", "rank", "phase", "iteration"),
+    [("save:0:12", 0, "save", 24), ("data:1:14", 1, "data", 15)],
+    ids=["stuck-save", "stuck-data-loader"],
+)
+def test_a_rank_stuck_alive_ends_the_segment_as_a_hang_naming_it(
+    setup, tmp_path, monkeypatch, fault, rank, phase, iteration
+):
+    """A rank blocks forever in its save (rank 0, the writer, before its write: segment
+    2's checkpoint never completes) or in its data loading (rank 1, iteration 15),
+    through the engine's test-only fault hook: its heartbeat thread runs on (alive), its
+    progress stops. The watchdog ends the launch within the phase's bound (from segment
+    1's measured save and iteration: the floor) and names that rank first, in that phase,
+    though the other is as alive, waiting for it (in the save's barrier, in the step's
+    gradient all-reduce)."""
+    prepared, cluster, cache = setup
+
+    def paths_of(segment: int) -> Paths:
+        return Paths(
+            save=str(tmp_path / "ckpt"),
+            record=str(tmp_path / f"seg{segment}.json"),
+            engine_log=str(tmp_path / f"logs/seg{segment}.engine.log"),
+            data_cache=str(cache),
+            tensorboard=str(tmp_path / "tb"),
+        )
+
+    first = run_segment(NAME, prepared, 1, paths_of(1), cluster)
+    assert first.get("save_seconds") is not None, first  # the save's bound is measured
+    paths = paths_of(2)
+    monkeypatch.setenv(FAULT_ENV, fault)
+    started = time.monotonic()
+    with pytest.raises(SegmentIncomplete) as e:
+        run_segment(NAME, prepared, 2, paths, cluster)
+    took = time.monotonic() - started
+    log = Path(paths.engine_log).read_text()
+    print(f"segment 2 with a rank stuck in its {phase}: ended after {took:.1f} s")
+    assert e.value.failure == "hang", f"{e.value}\n{log[-3000:]}"
+    entry = attempts.load(attempts.attempts_path(paths.engine_log))[-1]
+    assert entry.failure == "hang" and entry.hang is not None
+    assert entry.hang["bound_seconds"] == FACTS.floor_seconds
+    assert entry.hang["stopped"] == []  # both alive: their heartbeat threads wrote on
+    stuck, other = entry.hang["waiting"]
+    assert (stuck["rank"], stuck["phase"], stuck["iteration"]) == (rank, phase, iteration)
+    assert other["rank"] == 1 - rank
+    assert f"every rank alive; rank {rank} on {stuck['host']} (pid {stuck['pid']}, in '{phase}'" \
+        in entry.message, entry.message  # fmt: skip
+    assert HANG_MARK in log
+    # hang guard: the start-up (within the ceiling), the training, then the bound
+    assert took < FACTS.ceiling_seconds + 60 + FACTS.floor_seconds + 2 * POLL + HANG_KILL_WAIT
+    assert lease.read(paths.save) is None  # released
+
+
+def test_a_slowed_rank_is_named_as_the_straggler(setup, tmp_path, monkeypatch):
+    """Rank 1 sleeps 0.3 s in every step's compute (the engine's test-only hook): the
+    segment's record names it as the slowest, with a factor above the cluster's, the
+    status line says so and the next segment's job would exclude its node."""
+    from hpcllm.training.campaign import stragglers
+    from hpcllm.training.campaign.status import newest_straggler
+
+    prepared, cluster, cache = setup
+    monkeypatch.setenv(FAULT_ENV, "slow:1:0:0.3")
+    record_dir = tmp_path / "results"
+    paths = Paths(
+        save=str(tmp_path / "ckpt"),
+        record=str(record_dir / "seg1.json"),
+        engine_log=str(tmp_path / "logs/seg1.engine.log"),
+        data_cache=str(cache),
+        tensorboard=str(tmp_path / "tb"),
+    )
+    record = run_segment(NAME, prepared, 1, paths, cluster)
+    found = record["stragglers"]
+    print(f"straggler: {stragglers.describe(found)}")
+    assert found["ranks"] == 2 and found["slowest"]["rank"] == 1, found
+    assert found["slowest"]["compute_seconds"] >= 0.3  # the sleep is compute
+    assert found["slowest"]["factor"] > cluster.watchdog.straggler_factor and found["beyond"]
+    host = found["slowest"]["host"]
+    assert json.loads(Path(paths.record).read_text())["stragglers"] == found  # kept
+    assert stragglers.nodes_to_exclude(paths.record) == [host]
+    line = newest_straggler(record_dir)
+    assert line.startswith(f"segment 1: slowest node: {host} (rank 1)") and "beyond" in line

@@ -223,8 +223,10 @@ def segment_slurm_extra(wildcards, attempt):
     SIGUSR2, which torchrun ignores and the engines save on, early enough for the save
     measured so far (hpcllm.training.campaign.signal_lead; the plan says which lead).
     A retry after a hang avoids the node whose rank stopped reporting first (--exclude;
-    hpcllm.training.campaign.attempts.suspect_nodes)."""
-    from hpcllm.training.campaign import attempts, signal_lead
+    hpcllm.training.campaign.attempts.suspect_nodes); a segment after one whose record
+    names a straggler beyond the cluster's factor avoids that node
+    (hpcllm.training.campaign.stragglers)."""
+    from hpcllm.training.campaign import attempts, signal_lead, stragglers
 
     experiment = EXPERIMENTS[wildcards.experiment].experiment
     save = f"checkpoints/{wildcards.experiment}"
@@ -238,13 +240,18 @@ def segment_slurm_extra(wildcards, attempt):
             experiment, signal_lead.measured(save), wildcards.experiment
         )
         (logger.warning if note.startswith("Warning") else logger.info)(note)
-    exclude = ""
+    nodes = []
+    if int(wildcards.k) > 1:  # the segment before it: its record is this one's input
+        nodes += stragglers.nodes_to_exclude(
+            f"results/train/{wildcards.experiment}/seg{int(wildcards.k) - 1}.json"
+        )
     if attempt > 1:
         record = (
             f"logs/train_segment/{wildcards.experiment}/seg{wildcards.k}.attempts.json"
         )
-        nodes = attempts.suspect_nodes(attempts.load(record), attempt)
-        exclude = f" --exclude={','.join(nodes)}" if nodes else ""
+        nodes += attempts.suspect_nodes(attempts.load(record), attempt)
+    nodes = list(dict.fromkeys(nodes))
+    exclude = f" --exclude={','.join(nodes)}" if nodes else ""
     return (
         f"--ntasks-per-node=1 {signal_lead.slurm_signal(experiment, save)}"
         f"{threads_per_core_flag()}{exclude}"

@@ -31,13 +31,14 @@ from hpcllm.failures.classify import (
 )
 from hpcllm.models.megatron_args import exit_duration_minutes, transformer_impl_for
 from hpcllm.progress import Progress
-from hpcllm.training.campaign import attempts, calendar, records, signal_lead, watchdog
+from hpcllm.training.campaign import attempts, calendar, records, signal_lead, stragglers, watchdog
 from hpcllm.training.campaign.engine_process import Signals, run_launch, segment_launch
 from hpcllm.training.checkpoints import lease
 from hpcllm.training.checkpoints import tracker as checkpoints
 from hpcllm.training.checkpoints.checksums import check_checksums, record_checksums, record_fields
 from hpcllm.training.checkpoints.retention import retention
 from hpcllm.training.engines.command import engine_command
+from hpcllm.training.engines.heartbeat import read_heartbeats
 from hpcllm.training.engines.log_lines import parse_log_lines
 from hpcllm.training.plan import settings as tracked
 from hpcllm.training.plan.data import data_digest
@@ -423,6 +424,14 @@ def _train_segment(
                         experiment["model"]["seq_length"], experiment.get("log_interval", 1))  # fmt: skip
     if energy:
         record["energy_j"], record["energy_tokens"] = round(energy[0], 3), energy[1]
+    # the slowest rank's compute against the median (the torch engine's heartbeats): a
+    # node beyond the cluster's factor is kept off the next segment
+    if experiment["engine"] == "torch":
+        slow = stragglers.assess(
+            read_heartbeats(watchdog.heartbeat_dir(engine_log)), cluster.watchdog.straggler_factor
+        )
+        if slow:
+            record["stragglers"] = slow
     records.write_trained(record, paths)
     loss = record["lm_loss"]
     log.info(

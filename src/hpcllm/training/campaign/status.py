@@ -64,6 +64,8 @@ class ExperimentStatus:
     wh_per_million_tokens: float | None = None
     # when it will finish (hpcllm.training.campaign.calendar), or why that is not known
     calendar: str | None = None
+    # the newest segment's slowest node against the median (campaign.stragglers)
+    straggler: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -511,7 +513,22 @@ def experiment_status(
         earlier_failure=earlier_failure,
         wh_per_million_tokens=wh_per_million_tokens(*energy) if energy else None,
         calendar=finish,
+        straggler=newest_straggler(workdir / "results" / "train" / name),
     )
+
+
+def newest_straggler(records: Path) -> str | None:
+    """The newest segment record's slowest node against the median, with its factor."""
+    from hpcllm.training.campaign import stragglers
+
+    for path in sorted(records.glob("seg*.json"), key=_segment_of, reverse=True):
+        try:
+            found = json.loads(path.read_text()).get("stragglers")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if found:
+            return f"segment {_segment_of(path)}: {stragglers.describe(found)}"
+    return None
 
 
 def _gpu_hours_to_finish(
@@ -831,6 +848,8 @@ def format_status(
         )
         if e.calendar and not e.finished:
             lines.append(f"    {e.calendar}")
+        if e.straggler:
+            lines.append(f"    {e.straggler}")
         if e.log_age_s is not None and not e.finished:
             lines.append(f"    newest engine log line: {_duration(e.log_age_s)} ago")
     if sweeps:

@@ -304,8 +304,16 @@ class Watchdog:
             else:
                 waiting.append(entry)
         # the alive ones: the first to stop progressing first (a rank stuck in a save or
-        # its data while its heartbeat thread runs on, the others waiting for it)
-        waiting.sort(key=lambda r: (self.seen[r["rank"]].progressed, r["rank"]))
+        # its data while its heartbeat thread runs on, the others waiting for it); of
+        # those seen progressing in the same poll, the one with the fewest phase changes
+        # (every rank makes the same ones): it is behind, the others wait for it
+        waiting.sort(
+            key=lambda r: (
+                self.seen[r["rank"]].progressed,
+                self.seen[r["rank"]].beat.get("progress", 0),
+                r["rank"],
+            )
+        )
         # longest silent first; then the one whose own last beat is oldest
         stopped.sort(key=lambda r: (-r["silent_seconds"], self.seen[r["rank"]].beat.get("time", 0)))
         if self.seen:  # ranks that never wrote a heartbeat at all

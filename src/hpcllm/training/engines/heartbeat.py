@@ -3,8 +3,9 @@ watchdog (:mod:`hpcllm.training.campaign.watchdog`).
 
 One small JSON file per rank, ``rank<r>.json`` in the folder the segment names in
 ``HPCLLM_HEARTBEAT_DIR`` (on the shared file system, beside the engine log): rank, host
-(Slurm's node name in a Slurm step), pid, phase (``start``, ``data``, ``step``, ``sync``, ``eval``, ``save``), iteration, a
-progress count, when the phase began and when the file was written. The engine calls
+(Slurm's node name in a Slurm step), pid, phase (``start``, ``data``, ``step``, ``sync``,
+``eval``, ``save``), iteration, a progress count, when the phase began, when the file was
+written and, once it trained, its compute time per iteration (:meth:`Heartbeat.compute`). The engine calls
 :meth:`Heartbeat.progress` at each phase change (every iteration, around data loading
 and saves); a thread rewrites the file every ``HPCLLM_HEARTBEAT_SECONDS`` with the same
 progress and a new time. So the watchdog tells a rank that is alive but waits (in a
@@ -77,11 +78,19 @@ class Heartbeat:
         if self.path is None:
             return
         with self._lock:
-            kept = {k: self.state[k] for k in ("rank", "host", "pid")}
+            kept = {k: self.state[k] for k in ("rank", "host", "pid", "compute_seconds")
+                    if k in self.state}  # fmt: skip
             progress = self.state["progress"] + 1
             self.state = {**kept, **extra, "phase": phase, "iteration": iteration,
                           "progress": progress, "since": time.time()}  # fmt: skip
         self._write()
+
+    def compute(self, seconds: float) -> None:
+        """The rank's compute time per iteration (the median of its last few, without
+        the time it waits in the gradient all-reduce): kept in every beat from now on,
+        for the segment's straggler check (hpcllm.training.campaign.stragglers)."""
+        with self._lock:
+            self.state["compute_seconds"] = round(seconds, 6)
 
     def stop(self) -> None:
         self._stop.set()

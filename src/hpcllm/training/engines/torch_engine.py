@@ -59,6 +59,8 @@ from hpcllm.models.planner import pad_vocab  # noqa: E402
 from hpcllm.training.checkpoints import checksums  # noqa: E402
 from hpcllm.training.checkpoints import tracker as checkpoints  # noqa: E402
 from hpcllm.training.checkpoints.tracker import CheckpointError  # noqa: E402
+from hpcllm.training.engines.compute_clock import ComputeClock  # noqa: E402
+from hpcllm.training.engines.fault_injection import Fault, inject  # noqa: E402
 from hpcllm.training.engines.heartbeat import Heartbeat  # noqa: E402
 from hpcllm.training.engines.log_lines import save_timer_line  # noqa: E402
 from hpcllm.training.plan.data import Blend, build_datasets, check_blend, sample_counts  # noqa: E402
@@ -316,7 +318,15 @@ def _set_rng_state(state: dict) -> None:
 
 
 def save_checkpoint(
-    save: str, iteration: int, model, optimizer, scheduler: dict, args, d: Dist
+    save: str,
+    iteration: int,
+    model,
+    optimizer,
+    scheduler: dict,
+    args,
+    d: Dist,
+    beat: Heartbeat | None = None,
+    fault: Fault | None = None,
 ) -> None:
     """Rank 0 writes ``iter_*/mp_rank_00/model_optim_rng.pt``, then commits the tracker;
     then it prints how long that took as Megatron-LM prints its save timer (the segment
@@ -324,6 +334,7 @@ def save_checkpoint(
     started = time.time()
     rng = [None] * d.world
     dist.all_gather_object(rng, _rng_state())
+    inject(fault, "save", d.rank, iteration)  # e.g. a write stuck on the file system
     if d.rank == 0:
         tmp = checkpoints.begin_iteration_dir(save, iteration)
         state = {
@@ -347,6 +358,8 @@ def save_checkpoint(
             f"  successfully saved checkpoint from iteration {iteration:7d} to {save}",
             flush=True,
         )
+    if beat is not None:  # past the write: a rank stuck in it is behind the others
+        beat.progress("save", iteration, doing="barrier")
     dist.barrier()
     if d.rank == 0:
         print(save_timer_line((time.time() - started) * 1000), flush=True)
@@ -556,6 +569,7 @@ def train(args: argparse.Namespace) -> dict:
     # This rank's heartbeat for the segment's watchdog (where the segment asks for one):
     # a phase change at every step, around data loading, evaluation and saves.
     beat = Heartbeat.from_environment(int(os.environ.get("RANK", "0"))).start()
+    fault = Fault.from_environment()  # None outside the watchdog's tests
     stop_flag = StopFlag()
     if args.exit_signal_handler:
         stop_flag.install()
@@ -610,6 +624,9 @@ def train(args: argparse.Namespace) -> dict:
 
     beat.progress("start", 0, doing="model")
     model = build_model(args, padded).to(d.device)
+    # this rank's compute time per iteration, for the straggler check: its heartbeat
+    synchronize = torch.cuda.synchronize if d.device.type == "cuda" else None
+    clock = ComputeClock(model, synchronize=synchronize)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW(
@@ -662,32 +679,42 @@ def train(args: argparse.Namespace) -> dict:
             group["lr"] = lr
         base = iteration * args.global_batch_size
         loss_sum = torch.zeros(1, device=d.device)
+        clock.seconds = 0.0  # an evaluation or a save before it is not this step's compute
         for m in range(micro_steps):
             beat.progress("data", iteration + 1, micro=m)
-            start = base + m * dp_chunk + d.rank * args.micro_batch_size
-            samples = [train_ds[i] for i in range(start, start + args.micro_batch_size)]
+            inject(fault, "data", d.rank, iteration + 1)
+            with clock.timed():
+                start = base + m * dp_chunk + d.rank * args.micro_batch_size
+                samples = [train_ds[i] for i in range(start, start + args.micro_batch_size)]
             beat.progress("step", iteration + 1, micro=m)
-            tokens = torch.stack([s["tokens"] for s in samples]).to(d.device)
-            labels = torch.stack([s["labels"] for s in samples]).to(d.device)
-            mask = torch.stack([s["loss_mask"] for s in samples]).to(d.device)
+            with clock.timed():
+                tokens = torch.stack([s["tokens"] for s in samples]).to(d.device)
+                labels = torch.stack([s["labels"] for s in samples]).to(d.device)
+                mask = torch.stack([s["loss_mask"] for s in samples]).to(d.device)
             sync = m == micro_steps - 1 or d.world == 1
             with model.no_sync() if not sync else nullcontext(), autocast:
-                logits = model(input_ids=tokens).logits
-            losses = torch.nn.functional.cross_entropy(
-                logits.float().view(-1, logits.size(-1)), labels.view(-1), reduction="none"
-            )
-            loss = (losses * mask.view(-1)).sum() / mask.sum()
-            with model.no_sync() if not sync else nullcontext():
+                logits = model(input_ids=tokens).logits  # the clock's hooks time it
+            with clock.timed():
+                losses = torch.nn.functional.cross_entropy(
+                    logits.float().view(-1, logits.size(-1)), labels.view(-1), reduction="none"
+                )
+                loss = (losses * mask.view(-1)).sum() / mask.sum()
+                inject(fault, "slow", d.rank, iteration + 1)  # a straggler, in its compute
+            # the synchronising backward carries DDP's gradient all-reduce: not timed
+            timed = clock.timed() if not sync or d.world == 1 else nullcontext()
+            with model.no_sync() if not sync else nullcontext(), timed:
                 scaler.scale(loss / micro_steps).backward()
             loss_sum += loss.detach()
-        scaler.unscale_(optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad)
-        scale = scaler.get_scale() if args.fp16 else 1.0
-        scaler.step(optimizer)
-        scaler.update()
-        if args.fp16 and scaler.get_scale() < scale:  # inf/nan gradients: step skipped
-            interval_skipped += 1
-        optimizer.zero_grad(set_to_none=True)
+        with clock.timed():
+            scaler.unscale_(optimizer)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad)
+            scale = scaler.get_scale() if args.fp16 else 1.0
+            scaler.step(optimizer)
+            scaler.update()
+            if args.fp16 and scaler.get_scale() < scale:  # inf/nan gradients: step skipped
+                interval_skipped += 1
+            optimizer.zero_grad(set_to_none=True)
+        beat.compute(clock.end_iteration())
         iteration += 1
         # One all-reduce carries the loss and whether any rank must stop.
         wants_stop = stop_flag.signal is not None or (
@@ -766,7 +793,7 @@ def train(args: argparse.Namespace) -> dict:
         at_interval = args.save_interval and iteration % args.save_interval == 0
         if args.save and (at_interval or stopped or iteration == stop_at):
             beat.progress("save", iteration)
-            save_checkpoint(args.save, iteration, model, optimizer, scheduler, args, d)
+            save_checkpoint(args.save, iteration, model, optimizer, scheduler, args, d, beat, fault)
         if stopped:
             if d.rank == 0:
                 print(f"exiting at iteration {iteration} ({stopped}) before {stop_at}", flush=True)
