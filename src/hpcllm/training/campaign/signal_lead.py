@@ -18,13 +18,13 @@ value stands, and the plan says so.
 
 from __future__ import annotations
 
-import json
 import math
 import signal
 from pathlib import Path
 from typing import Any
 
 from hpcllm.training.campaign.calendar import iteration_times
+from hpcllm.training.checkpoints.tracker import newest_kept_record
 from hpcllm.training.engines.log_lines import parse_log_lines, save_seconds
 
 # The signal the engines save and exit on before the time limit, as Slurm and Megatron-LM
@@ -59,17 +59,7 @@ def measure(engine_log_text: str, checkpoint: str | Path) -> dict[str, Any]:
 def measured(save: str | Path) -> dict[str, Any] | None:
     """The newest segment record kept in the checkpoint folder (``chain/seg<k>.json``,
     hpcllm.training.campaign.records) that has a measured save; None before one."""
-    newest = None
-    for path in Path(save, "chain").glob("seg*.json"):
-        try:
-            record = json.loads(path.read_text())
-            segment = int(path.stem.removeprefix("seg"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(record, dict) and isinstance(record.get("save_seconds"), (int, float)):
-            if newest is None or segment > newest["segment"]:
-                newest = {**record, "segment": segment}
-    return newest
+    return newest_kept_record(save, "save_seconds")
 
 
 def lead_seconds(experiment: dict[str, Any], found: dict[str, Any] | None) -> int:

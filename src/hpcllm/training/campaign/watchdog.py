@@ -19,7 +19,6 @@ starts the clock again.
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
 import time
@@ -30,6 +29,7 @@ from typing import Any
 
 from hpcllm.clusters import SILENT_BEATS
 from hpcllm.failures.classify import HANG_MARK
+from hpcllm.training.checkpoints.tracker import newest_kept_record
 from hpcllm.training.engines.heartbeat import DIR_ENV, PHASES, SECONDS_ENV, read_heartbeats
 from hpcllm.training.engines.log_lines import parse_log_lines
 
@@ -73,17 +73,7 @@ def measured_times(save: str | Path) -> dict[str, Any] | None:
     """The newest segment record kept in the checkpoint folder (``chain/seg<k>.json``)
     with a measured ``iteration_seconds`` (and ``save_seconds`` where it has one); None
     before the first one."""
-    newest = None
-    for path in Path(save, "chain").glob("seg*.json"):
-        try:
-            record = json.loads(path.read_text())
-            segment = int(path.stem.removeprefix("seg"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(record, dict) and isinstance(record.get("iteration_seconds"), (int, float)):
-            if newest is None or segment > newest["segment"]:
-                newest = {**record, "segment": segment}
-    return newest
+    return newest_kept_record(save, "iteration_seconds")
 
 
 def bounds(

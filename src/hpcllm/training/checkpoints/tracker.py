@@ -12,10 +12,12 @@ when complete, so neither a killed save nor a stray directory can pass for a che
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 from hpcllm.atomic import atomic_path, temporary_path
 
@@ -164,3 +166,20 @@ def prune(save: str | os.PathLike, keep_last: int, keep_every: int | None = None
         shutil.rmtree(doomed)
         deleted.append(iteration)
     return deleted
+
+
+def newest_kept_record(save: str | os.PathLike, key: str) -> dict[str, Any] | None:
+    """The newest segment record kept in the checkpoint folder (``chain/seg<k>.json``,
+    hpcllm.training.campaign.records) with a number under ``key``, with its ``segment``;
+    None before one (unreadable records are passed over)."""
+    newest = None
+    for path in Path(save, CHAIN).glob("seg*.json"):
+        try:
+            record = json.loads(path.read_text())
+            segment = int(path.stem.removeprefix("seg"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and isinstance(record.get(key), (int, float)):
+            if newest is None or segment > newest["segment"]:
+                newest = {**record, "segment": segment}
+    return newest
