@@ -258,13 +258,19 @@ def show(name: str, s: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scenarios", default="load,slowdown,restart")
-    parser.add_argument("--segments", type=int, default=4)
-    parser.add_argument("--iterations", type=int, default=12)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--short", action="store_true")
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--report", type=Path)
+    parser.add_argument(
+        "--scenarios",
+        default="load,slowdown,restart",
+        help="comma-separated: load, slowdown, restart",
+    )
+    parser.add_argument("--segments", type=int, default=4, help="segments per campaign")
+    parser.add_argument("--iterations", type=int, default=12, help="iterations per segment")
+    parser.add_argument("--seed", type=int, default=1, help="the background jobs' random seed")
+    parser.add_argument(
+        "--short", action="store_true", help="the load scenario with 3 segments (the suite's)"
+    )
+    parser.add_argument("--out", type=Path, help="write every prediction and the summary here")
+    parser.add_argument("--report", type=Path, help="print the summary of a saved --out file")
     args = parser.parse_args(argv)
     if args.report:
         runs = json.loads(args.report.read_text())["runs"]

@@ -52,7 +52,7 @@ def sweep_savings(cluster_name: str, experiments: dict) -> tuple[list[HeldSaving
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cluster", default="juwels")
+    parser.add_argument("--cluster", default="juwels", help="a cluster file's name")
     parser.add_argument(
         "--experiment", default="language=config/experiments/language.yaml", help="NAME=FILE"
     )

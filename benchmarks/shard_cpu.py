@@ -101,7 +101,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--workdir", type=Path, default=Path("/tmp/hpcllm-shard-cpu"))
+    ap.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path("/tmp/hpcllm-shard-cpu"),
+        help="working folder (made; the text and the jobs' outputs)",
+    )
     ap.add_argument("--text-megabytes", type=float, default=200, help="text in the file")
     ap.add_argument("--shards", type=int, default=4, help="the shards compared with 1")
     ap.add_argument("--repeat", type=int, default=5, help="rounds (median of their ratios)")
