@@ -72,6 +72,17 @@ def setup(text_workdir, repo):
     return prepared, cluster, text_workdir / "data/index_cache" / NAME
 
 
+def paths_of(tmp_path, cache, segment: int) -> Paths:
+    """Segment ``segment``'s paths in ``tmp_path`` (one checkpoint folder for all)."""
+    return Paths(
+        save=str(tmp_path / "ckpt"),
+        record=str(tmp_path / f"seg{segment}.json"),
+        engine_log=str(tmp_path / f"logs/seg{segment}.engine.log"),
+        data_cache=str(cache),
+        tensorboard=str(tmp_path / "tb"),
+    )
+
+
 def freeze_rank_when_training(
     folder: Path, rank: int, after: int, frozen: dict, stop: threading.Event
 ):
@@ -92,18 +103,9 @@ def freeze_rank_when_training(
 def test_a_frozen_rank_ends_the_segment_as_a_hang_naming_it(setup, tmp_path):
     prepared, cluster, cache = setup
 
-    def paths_of(segment: int) -> Paths:
-        return Paths(
-            save=str(tmp_path / "ckpt"),
-            record=str(tmp_path / f"seg{segment}.json"),
-            engine_log=str(tmp_path / f"logs/seg{segment}.engine.log"),
-            data_cache=str(cache),
-            tensorboard=str(tmp_path / "tb"),
-        )
-
-    first = run_segment(NAME, prepared, 1, paths_of(1), cluster)
+    first = run_segment(NAME, prepared, 1, paths_of(tmp_path, cache, 1), cluster)
     assert 4 * first["iteration_seconds"] < FACTS.floor_seconds, first  # the floor bounds
-    paths = paths_of(2)
+    paths = paths_of(tmp_path, cache, 2)
     frozen: dict = {}
     stop = threading.Event()
     hearts = watchdog.heartbeat_dir(paths.engine_log)
@@ -176,18 +178,9 @@ def test_a_rank_stuck_alive_ends_the_segment_as_a_hang_naming_it(
     gradient all-reduce)."""
     prepared, cluster, cache = setup
 
-    def paths_of(segment: int) -> Paths:
-        return Paths(
-            save=str(tmp_path / "ckpt"),
-            record=str(tmp_path / f"seg{segment}.json"),
-            engine_log=str(tmp_path / f"logs/seg{segment}.engine.log"),
-            data_cache=str(cache),
-            tensorboard=str(tmp_path / "tb"),
-        )
-
-    first = run_segment(NAME, prepared, 1, paths_of(1), cluster)
+    first = run_segment(NAME, prepared, 1, paths_of(tmp_path, cache, 1), cluster)
     assert first.get("save_seconds") is not None, first  # the save's bound is measured
-    paths = paths_of(2)
+    paths = paths_of(tmp_path, cache, 2)
     monkeypatch.setenv(FAULT_ENV, fault)
     started = time.monotonic()
     with pytest.raises(SegmentIncomplete) as e:
