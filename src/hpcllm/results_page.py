@@ -100,8 +100,13 @@ class ExperimentView:
     # which model the scores are of: iteration, when exported, its weights' digest
     identity: ExportIdentity | None = None
     # per segment: the finish predicted at its start against what happened
-    # (hpcllm.training.campaign.calendar.prediction_rows)
+    # (hpcllm.training.campaign.forecast_coverage.forecast_rows)
     predictions: list[dict] = field(default_factory=list)
+    # the plot of those predictions (hpcllm.training.campaign.forecast_plot) and how well
+    # they held, in words (forecast_coverage.coverage_sentence)
+    forecast_png: Path | None = None
+    coverage: str = ""
+    stalled: bool = False  # stalled or stopped: the page shows no date
 
 
 def page_keys(experiments: dict) -> dict[str, str]:
@@ -256,8 +261,33 @@ def predictions_html(view: ExperimentView) -> str:
     return (
         f"<p>When it will finish, as each segment's job predicted at its start (error: "
         f"predicted - actual; local time of this page's machine):</p>"
-        f"<table><thead>{head}</thead><tbody>{body}</tbody></table>"
+        f"<table><thead>{head}</thead><tbody>{body}</tbody></table>{forecast_html(view)}"
     )
+
+
+def forecast_caption(view: ExperimentView) -> str:
+    """What the forecast plot shows; never a date where the campaign has stalled."""
+    caption = (
+        f"{view.name}: when each segment's job predicted the campaign's finish (dots, with "
+        "the stated 80 % interval) and its own segment's end (squares; crosses: when it "
+        "ended)"
+    )
+    if any(r.get("campaign_actual") for r in view.predictions):
+        return caption + ", against the actual finish (black line)."
+    if view.stalled:
+        return (
+            caption + ". The campaign has stalled: nothing forecasts its finish now (see its "
+            "state above); these are past predictions only."
+        )
+    return caption + ". Not finished: the dashed line is the latest prediction, not yet known."
+
+
+def forecast_html(view: ExperimentView) -> str:
+    """The plot of the predictions against what happened, and their coverage in words."""
+    coverage = f"<p>{html.escape(view.coverage)}</p>" if view.coverage else ""
+    if not view.forecast_png or not Path(view.forecast_png).is_file():
+        return coverage
+    return coverage + _figure(view.forecast_png, forecast_caption(view))
 
 
 def _chance(value) -> str:
@@ -406,11 +436,17 @@ def write_page(path: str | Path, text: str) -> None:
 
 
 def experiment_view(
-    workdir: Path, name: str, prepared, loss_png: Path | None, max_gpu_hours: float | None = None
+    workdir: Path,
+    name: str,
+    prepared,
+    loss_png: Path | None,
+    max_gpu_hours: float | None = None,
+    forecast_png: Path | None = None,
 ) -> ExperimentView:
     """The status of an experiment as ``hpcllm status`` computes it (no Slurm query);
-    ``max_gpu_hours``: the config's limit, set against its GPU-hours."""
-    from hpcllm.training.campaign import calendar
+    ``max_gpu_hours``: the config's limit, set against its GPU-hours; ``forecast_png``:
+    where to draw its predictions against what happened (always drawn there)."""
+    from hpcllm.training.campaign import calendar, forecast_coverage
     from hpcllm.training.campaign.status import experiment_status
 
     s = experiment_status(workdir, name, prepared, jobs=[])
@@ -437,12 +473,22 @@ def experiment_view(
         else:  # stalled or stopped: no date, and the command that continues it
             status["state"] = s.calendar
     view = ExperimentView(name, status, loss_png, notes, trained=bool(s.iteration), scores=scores)
-    view.predictions = calendar.prediction_rows(
+    view.predictions = forecast_coverage.forecast_rows(
         calendar.read_records(
             [workdir / "checkpoints" / name / "chain", workdir / "results" / "train" / name],
             prepared.experiment["segments"],
         )
     )
+    view.stalled = "state" in status
+    if view.predictions:
+        view.coverage = forecast_coverage.coverage_sentence(
+            forecast_coverage.coverage(view.predictions)
+        )
+    if forecast_png is not None:
+        from hpcllm.training.campaign.forecast_plot import plot_forecast
+
+        plot_forecast(name, view.predictions, forecast_png, stalled=view.stalled)
+        view.forecast_png = forecast_png
     if scores:
         view.model, view.lm_eval = evaluated_model(workdir, name, s.total_iterations)
         export = workdir / f"results/export/{name}/iter_{s.total_iterations:07d}/export.json"

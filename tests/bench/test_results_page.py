@@ -159,6 +159,58 @@ def test_the_experiment_view_knows_whether_it_trained(workdir):
     ) in page, page
 
 
+def test_a_stalled_campaign_s_forecast_plot_presents_no_date(workdir, tmp_path):
+    """Issue 48: a stalled campaign shows no date; its plot's caption neither (and the plot
+    draws no latest prediction), while the past predictions and the segment that ended
+    since predicting its own end are still shown and judged."""
+    import json
+    from datetime import datetime
+
+    from support import EXAMPLES
+
+    from hpcllm.clusters import load_cluster
+    from hpcllm.results_page import experiment_view
+    from hpcllm.training.campaign.status import load_config
+    from hpcllm.training.plan.experiment import prepare_experiment
+
+    config = load_config(workdir, [str(EXAMPLES)], "profiles/local")
+    prepared = prepare_experiment(
+        "tiny_local",
+        config["training"]["experiments"]["tiny_local"],
+        config["text"],
+        load_cluster("local", workdir / "config" / "clusters"),
+    )
+    (workdir / "checkpoints" / "tiny_local" / "iter_0000020").mkdir(parents=True)
+    (workdir / "checkpoints" / "tiny_local" / "latest_checkpointed_iteration.txt").write_text("20")
+    t0 = datetime(2026, 11, 20, 12, 0, 0).timestamp()
+    results = workdir / "results" / "train" / "tiny_local"
+    results.mkdir(parents=True)
+    for k in (1, 2):
+        timing = {"job": {"started": t0 + 300 * k}, "ended": t0 + 300 * k + 250}
+        if k == 2:  # predicted 12:14:00, ended 12:14:10: 10 s late of the 250 s left
+            timing["prediction"] = {
+                "made_at": t0 + 600, "segment_end": t0 + 840, "campaign_end": t0 + 1500,
+                "campaign_low": t0 + 1400, "campaign_high": t0 + 1800, "line": "",
+            }  # fmt: skip
+        (results / f"seg{k}.json").write_text(
+            json.dumps({"segment": k, "segments": 3, "last_iteration": 10 * k, "timing": timing})
+        )
+    png = tmp_path / "forecast.png"
+    view = experiment_view(workdir, "tiny_local", prepared, None, forecast_png=png)
+    assert view.stalled and view.status["state"].startswith("stalled (no date): ")
+    page = render_page("t", None, {}, [view])
+    figure = page[page.index("<figure><img") : page.index("</figure>")]
+    assert base64.b64encode(png.read_bytes()).decode() in figure
+    caption = figure[figure.index("<figcaption>") :]
+    assert "has stalled: nothing forecasts its finish now" in caption, caption
+    assert not re.search(r"\d{4}-\d\d-\d\d|\d\d?:\d\d", caption), caption
+    assert (
+        "<p>The campaign has not finished: its 1 prediction of the finish is judged once it "
+        "has. 1 segment has ended since predicting its own end (a segment&#x27;s prediction "
+        "states no interval for it); median error 4.0 % of the time that was left.</p>"
+    ) in page, page[page.index("</table>") :][:600]
+
+
 def test_the_headings_name_the_models_and_summary_csv_only_where_benchmarked(tmp_path):
     """Issue 40 item 12: the vision heading said ResNet-50 over a run of resnet_tiny, and
     a page where nothing was benchmarked pointed at results/bench/summary.csv."""
