@@ -150,6 +150,36 @@ def test_the_results_page_shows_the_model_the_command_and_reruns_on_a_short_reas
     assert "Prepared(" not in out
 
 
+def test_the_results_page_sets_the_campaign_s_predictions_against_its_finish(evaluated):
+    """Issue 48, from the records the campaign's jobs wrote: segment 2's job predicted the
+    finish at its start; the page rule draws it against the actual finish into
+    results/train/<exp>/forecast.png, embeds that, and says how the prediction held."""
+    import base64
+
+    args = ("results/index.html", "--profile", "profiles/local", "--configfile")
+    run_snakemake(evaluated, *args, configure(evaluated), page_only(evaluated))
+    png = evaluated / f"results/train/{NAME}/forecast.png"
+    page = (evaluated / "results/index.html").read_text()
+    assert png.read_bytes().startswith(b"\x89PNG")
+    figure = (
+        f'<figure><img src="data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}"'
+    )
+    assert figure in page
+    assert "against the actual finish (black line).</figcaption>" in page
+    seg1, seg2 = (
+        json.loads((evaluated / f"results/train/{NAME}/seg{k}.json").read_text())["timing"]
+        for k in (1, 2)
+    )
+    assert seg1["prediction"] is None  # nothing measured before segment 1
+    p, end = seg2["prediction"], seg2["ended"]
+    inside = int(p["campaign_low"] <= end <= p["campaign_high"])
+    error = abs(p["campaign_end"] - end) / (end - p["made_at"])
+    assert (
+        f"<p>The actual end fell inside the stated 80 % interval in {inside} of 1 prediction; "
+        f"median error {100 * error:.1f} % of the time that was left.</p>"
+    ) in page
+
+
 def test_a_cluster_profile_plans_export_and_evaluation_with_their_cost(tmp_path):
     """The 800M example with its evaluation on JUWELS (docs/evaluation.md): the export and
     both evaluations are in the cost lines, whole 4-GPU nodes for their time limits, and

@@ -14,6 +14,8 @@ rule results_page:
             caption="../report/results_page.rst",
             category="1. Results",
         ),
+        # per experiment its predictions of the finish against what happened (on the page)
+        forecasts=results_page_forecasts(),
     log:
         "logs/results_page.log",
     localrule: True

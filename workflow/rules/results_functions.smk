@@ -15,6 +15,11 @@ def results_page_target():
     return ["results/index.html"]
 
 
+def results_page_forecasts():
+    """The page's plot per experiment of its predicted against its actual finish."""
+    return [f"results/train/{name}/forecast.png" for name in page_experiment_names()]
+
+
 def results_page_inputs(wildcards):
     """The results page reads the benchmark summary and plots, and per experiment its
     loss curve, every segment's record and, where it is evaluated, its scores (named keys

@@ -17,6 +17,7 @@ views = [
         prepared,
         Path(inputs[f"loss_{name}"]),
         snakemake.params.max_gpu_hours,
+        Path(f"results/train/{name}/forecast.png"),  # one of snakemake.output.forecasts
     )
     for name, prepared in vars(snakemake.params.experiments).items()
 ]

@@ -67,7 +67,7 @@ def plot_forecast(
         return float(mdates.date2num(datetime.fromtimestamp(t)))
 
     series = forecast_series(rows, stalled)
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(10, 4))
     for label, points in series.items():
         if not points:
             continue
@@ -108,6 +108,11 @@ def plot_forecast(
             ax.axhline(day(points[0][0]), color="grey", ls="--", label=label)
     if not any(series.values()):
         ax.text(0.5, 0.5, "no prediction recorded", ha="center", transform=ax.transAxes)
+    made = [p[0] for label, points in series.items() if label.startswith(("campaign", "segment"))
+            for p in points]  # fmt: skip
+    if made:  # one prediction: matplotlib would span years around it
+        pad = max(0.1 * (max(made) - min(made)), 60.0)
+        ax.set_xlim(day(min(made) - pad), day(max(made) + pad))
     for axis in (ax.xaxis, ax.yaxis):
         locator = mdates.AutoDateLocator()
         axis.set_major_locator(locator)
@@ -116,10 +121,10 @@ def plot_forecast(
     ax.set_ylabel("end (predicted or actual)")
     ax.set_title(f"{name}: predictions of the finish")
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize="small")
+    if ax.get_legend_handles_labels()[0]:  # beside the axes: never over a point
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     with atomic_path(out) as tmp:
-        fig.savefig(tmp, format="png", dpi=DPI)
+        fig.savefig(tmp, format="png", dpi=DPI, bbox_inches="tight")
     plt.close(fig)
     return series
