@@ -7,7 +7,9 @@ efficiencies do not describe a cluster. Per benchmark the compact table (nodes, 
 efficiency per timing, status) and EPICURE's figures (efficiency against nodes per
 timing, throughput per GPU, per-batch CDFs); then per training experiment its status
 (segments, iterations, tokens, GPU-hours, last losses), the loss against tokens and its
-evaluation (scores with chance levels, what they mean, the model, the lm-eval command).
+evaluation (scores with chance levels, what they mean, the model, the lm-eval command),
+and each segment's prediction of the finish against what happened: a table, a plot and
+how often the stated 80 % interval held (hpcllm.training.campaign.forecast_coverage).
 Figures are embedded (base64 PNG), so the file can be mailed or copied off the cluster
 alone; Snakemake's ``--report`` links it from its landing page.
 """
@@ -276,7 +278,7 @@ def forecast_caption(view: ExperimentView) -> str:
         return caption + ", against the actual finish (black line)."
     if view.stalled:
         return (
-            caption + ". The campaign has stalled: nothing forecasts its finish now (see its "
+            caption + ". No finish is forecast now: the campaign is not running (see its "
             "state above); these are past predictions only."
         )
     return caption + ". Not finished: the dashed line is the latest prediction, not yet known."

@@ -202,7 +202,7 @@ def test_a_stalled_campaign_s_forecast_plot_presents_no_date(workdir, tmp_path):
     figure = page[page.index("<figure><img") : page.index("</figure>")]
     assert base64.b64encode(png.read_bytes()).decode() in figure
     caption = figure[figure.index("<figcaption>") :]
-    assert "has stalled: nothing forecasts its finish now" in caption, caption
+    assert "No finish is forecast now: the campaign is not running" in caption, caption
     assert not re.search(r"\d{4}-\d\d-\d\d|\d\d?:\d\d", caption), caption
     assert (
         "<p>The campaign has not finished: its 1 prediction of the finish is judged once it "
