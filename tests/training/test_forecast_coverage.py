@@ -119,3 +119,45 @@ def test_before_the_end_the_latest_prediction_is_drawn_as_not_known_unless_stall
     empty = plot_forecast("tiny", [], tmp_path / "empty.png")
     assert (tmp_path / "empty.png").read_bytes().startswith(b"\x89PNG")
     assert not any(empty.values())
+
+
+def check_the_page_of_a_finished_campaign(work, name: str, config_files: list[str]) -> str:
+    """The results page of a campaign the workflow ran in ``work`` (profiles/local), built
+    from its own records as the page rule builds it: the plot drawn and embedded, and the
+    coverage sentence's numbers those of its records. Called by workflow tests that ran
+    one (tests/training/test_workflow_training.py); returns the page."""
+    import base64
+    import json
+    import statistics
+
+    from hpcllm.clusters import load_cluster
+    from hpcllm.results_page import experiment_view, render_page
+    from hpcllm.training.campaign.status import load_config
+    from hpcllm.training.plan.experiment import prepare_experiment
+
+    config = load_config(work, config_files, "profiles/local")
+    prepared = prepare_experiment(
+        name,
+        config["training"]["experiments"][name],
+        config["text"],
+        load_cluster("local", work / "config" / "clusters"),
+    )
+    png = work / f"results/train/{name}/forecast.png"
+    page = render_page("t", None, {}, [experiment_view(work, name, prepared, None, None, png)])
+    assert f'src="data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}"' in page
+    timings = [
+        json.loads(p.read_text())["timing"]
+        for p in sorted((work / f"results/train/{name}").glob("seg*.json"))
+    ]
+    end = timings[-1]["ended"]
+    made = [t["prediction"] for t in timings if t.get("prediction")]
+    assert made, "no segment of the campaign predicted its finish"
+    inside = sum(p["campaign_low"] <= end <= p["campaign_high"] for p in made)
+    error = statistics.median(abs(p["campaign_end"] - end) / (end - p["made_at"]) for p in made)
+    n = f"{len(made)} prediction{'s' * (len(made) != 1)}"
+    sentence = (
+        f"<p>The actual end fell inside the stated 80 % interval in {inside} of {n}; median "
+        f"error {100 * error:.1f} % of the time that was left.</p>"
+    )
+    assert sentence in page, page[page.index("When it will finish") :][:3000]
+    return page

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from support import EXAMPLES, hang_guard
+from test_forecast_coverage import check_the_page_of_a_finished_campaign
 from training_helpers import run_snakemake, snakemake_cmd
 
 from hpcllm.training.engines.log_lines import parse_log_lines
@@ -120,6 +121,8 @@ def test_failed_segment_reruns_alone_and_resumes(text_workdir):
         0
     ]["lm loss"]
     assert records[2]["lm_loss"] < first_loss - 1  # it learns
+    # segments 2 and 3 predicted the finish (2 after a resume): the page sets them against it
+    check_the_page_of_a_finished_campaign(work, "rerun", [str(EXAMPLES), cfg])
 
 
 def test_a_signalled_segment_is_resubmitted_and_continues_by_itself(text_workdir):

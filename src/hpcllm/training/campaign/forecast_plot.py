@@ -108,10 +108,11 @@ def plot_forecast(
             ax.axhline(day(points[0][0]), color="grey", ls="--", label=label)
     if not any(series.values()):
         ax.text(0.5, 0.5, "no prediction recorded", ha="center", transform=ax.transAxes)
-    made = [p[0] for label, points in series.items() if label.startswith(("campaign", "segment"))
-            for p in points]  # fmt: skip
-    if made:  # one prediction: matplotlib would span years around it
-        pad = max(0.1 * (max(made) - min(made)), 60.0)
+    made = [p[0] for label, points in series.items()
+            if label.startswith(("campaign", "segment")) for p in points]  # fmt: skip
+    if made:  # a margin in the plot's own scale (one prediction: matplotlib spans years)
+        shown = [t for points in series.values() for p in points for t in p if t is not None]
+        pad = max(0.1 * (max(made) - min(made)), 0.1 * (max(shown) - min(shown)), 1.0)
         ax.set_xlim(day(min(made) - pad), day(max(made) + pad))
     for axis in (ax.xaxis, ax.yaxis):
         locator = mdates.AutoDateLocator()
