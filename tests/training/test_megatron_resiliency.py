@@ -120,12 +120,12 @@ PIN_WITH_ALL = {
 PIN_WITHOUT_NVRX = {**PIN_WITH_ALL, "nvidia_resiliency_ext": None, "nvrx_inprocess": False}
 
 
-def test_the_plan_says_what_the_segments_use():
+def test_the_plan_says_what_the_segments_use(tmp_path):
     found = mr.ImageResiliency.from_inside({"resiliency": PIN_WITHOUT_NVRX})
     lines = mr.plan_lines({"a": "auto", "b": "off"}, found, "the site probe, job 7", True)
     assert lines == [
-        "Megatron's straggler detector (--log-straggler): available (GPU sensors through "
-        "pynvml) (the site probe, job 7); off for b (resiliency: off)",
+        "Megatron's straggler detector (--log-straggler): used, available (GPU sensors "
+        "through pynvml) (the site probe, job 7); off for b (resiliency: off)",
         "Megatron's in-process restart (--inprocess-restart): not in the image "
         "(nvidia-resiliency-ext missing); the watchdog covers every engine",
     ]
@@ -137,7 +137,20 @@ def test_the_plan_says_what_the_segments_use():
     assert unprobed[0].endswith(
         "not used: no site probe record (x.json), so nothing says the image can run it"
     )
+    # a record from before the question: the probe does not run again for it
+    _, source = mr.from_record(write_record(tmp_path, {"torch": "2.6"}))
+    old = mr.plan_lines({"a": "auto"}, None, source, True)
+    assert old[0].startswith(
+        "Megatron's straggler detector (--log-straggler): not used: the site probe's record"
+    )
+    assert "predates the question" in old[0] and "not known (the site probe's record" in old[1]
     assert mr.plan_lines({}, found, "", True) == []  # no megatron experiment: nothing
+
+
+def write_record(folder: Path, inside: dict) -> Path:
+    path = folder / "probe.json"
+    path.write_text(json.dumps({"job_id": "3", "date": "2026-11-28", "inside": inside}))
+    return path
 
 
 def megatron_experiment(**extra) -> dict:

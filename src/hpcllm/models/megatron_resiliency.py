@@ -114,16 +114,22 @@ class ImageResiliency:
         )
 
 
+NO_RECORD = "no site probe record"
+
+
 def from_record(path: str | Path) -> tuple[ImageResiliency | None, str]:
     """What the probe's record at ``path`` found, and where that comes from; None where
     there is no record (yet) or it is from a probe before this question."""
     try:
         record = json.loads(Path(path).read_text())
     except (OSError, ValueError):
-        return None, f"no site probe record ({path})"
+        return None, f"{NO_RECORD} ({path})"
     inside = record.get("inside") if isinstance(record, dict) else None
     if not isinstance(inside, dict) or "resiliency" not in inside:
-        return None, f"the site probe's record {path} predates the question"
+        return None, (
+            f"the site probe's record {path} predates the question (the probe asks it when "
+            "it runs again: a new image, changed site facts or modules)"
+        )
     source = f"the site probe, job {record.get('job_id') or '-'} of {record.get('date') or '-'}"
     return ImageResiliency.from_inside(inside), source
 
@@ -151,15 +157,17 @@ def plan_lines(
     experiments: dict[str, str], found: ImageResiliency | None, source: str, probed: bool
 ) -> list[str]:
     """The plan's lines on the engines' own features, for the megatron ``experiments``
-    (name -> resiliency setting); ``probed``: this run's probe runs before the first
-    segment. Nothing where no experiment runs Megatron-LM."""
+    (name -> resiliency setting), from what the probe's record ``found`` (None: no record,
+    or one before the question; ``source`` says which); ``probed``: this run's probe runs
+    before the first segment. Nothing where no experiment runs Megatron-LM."""
     if not experiments:
         return []
     off = sorted(name for name, setting in experiments.items() if setting == "off")
     if found is not None:
-        straggler = found.straggler_text() + f" ({source})"
+        used = "used, " if found.straggler_log else ""
+        straggler = f"{used}{found.straggler_text()} ({source})"
         inprocess = found.inprocess_text()
-    elif probed:
+    elif probed and source.startswith(NO_RECORD):
         straggler = (
             "used where the site probe, run before the first segment, finds it able to run "
             "(Megatron-LM's option and the GPU sensors' Python binding in the image)"
@@ -169,7 +177,7 @@ def plan_lines(
         )
     else:
         straggler = f"not used: {source}, so nothing says the image can run it"
-        inprocess = "not known (no site probe here); " + INPROCESS_NOT_ENABLED
+        inprocess = f"not known ({source}); " + INPROCESS_NOT_ENABLED
     if off:
         straggler += f"; off for {', '.join(off)} (resiliency: off)"
     return [
