@@ -15,14 +15,15 @@ from hpcllm.training.engines import megatron_stragglers
 utils = pytest.importorskip("megatron.core.utils")
 
 
-def megatron_report(ms_per_rank: dict[int, float], minmax_count: int) -> str:
+def megatron_report(ms_per_rank: dict[int, float], minmax_count: int, prefix: str = "") -> str:
     """The log lines rank 0 of Megatron-LM prints for ranks with these forward times per
     iteration (ms): its report() with the measured parts given (no GPU here: the CUDA
     events and the all-gather are what _min_max would collect), as its logger formats
-    them under torchrun's training.py logging."""
+    them (megatron/training/training.py's handler, which writes the message alone)."""
     out = io.StringIO()
+    # as megatron/training/log_handler.py's CustomHandler, which training.py logs
+    # through: a StreamHandler without a formatter, the message alone
     handler = logging.StreamHandler(out)
-    handler.setFormatter(logging.Formatter("%(levelname)s:%(name)s:%(message)s"))
     utils.logger.addHandler(handler)
     level = utils.logger.level
     utils.logger.setLevel(logging.INFO)
@@ -52,8 +53,8 @@ def megatron_report(ms_per_rank: dict[int, float], minmax_count: int) -> str:
     finally:
         utils.logger.removeHandler(handler)
         utils.logger.setLevel(level)
-    # torchrun's worker prefix where the launch labels its output
-    return "".join(f"[default0]:{line}\n" for line in out.getvalue().splitlines())
+    # ``prefix``: a label before each line (torchrun's --tee and srun --label add one)
+    return "".join(f"{prefix}{line}\n" for line in out.getvalue().splitlines())
 
 
 def test_the_slowest_of_eight_ranks_is_named_with_its_node_and_factor():
@@ -61,7 +62,7 @@ def test_the_slowest_of_eight_ranks_is_named_with_its_node_and_factor():
     (--straggler-minmax-count 4), the median exact, rank 6 on the second node by name."""
     times = {rank: 1000.0 + rank for rank in range(8)}
     times[6] = 1500.0
-    text = "iteration 10/ 100 | lm loss: 4.0\n" + megatron_report(times, 4)
+    text = "iteration 10/ 100 | lm loss: 4.0\n" + megatron_report(times, 4, "[default0]:")
     found = megatron_stragglers.assess(text, 1.2, 8, ["n7", "n2"], 4)
     median = sorted(times.values())[3:5]
     assert found["slowest"]["rank"] == 6
@@ -69,6 +70,7 @@ def test_the_slowest_of_eight_ranks_is_named_with_its_node_and_factor():
     assert found["slowest"]["compute_seconds"] == 1.5
     assert found["slowest"]["factor"] == pytest.approx(1500 / (sum(median) / 2), rel=2e-3)
     assert found["beyond"] and found["ranks"] == 8
+    assert "sorted by name" in found["host_from"]
     # the record's reader and status read it as the torch engine's
     assert "n7 (rank 6)" in stragglers.describe(found)
 

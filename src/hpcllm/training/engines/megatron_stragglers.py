@@ -35,6 +35,8 @@ _LIST = re.compile(r"\^\^\^\^ (?:Bottom|Top)\s+\d+ Ranks with (?:lowest|highest)
 _ENTRY = re.compile(r"([\d.]+)/(\d+)")
 
 SOURCE = "Megatron's straggler detector (--log-straggler): forward-pass time per iteration"
+# Megatron names ranks, not nodes: the node is inferred (rank_host), and the record says so.
+HOST_FROM = "rank // ranks per node, of the job's nodes sorted by name (torchrun's c10d order)"
 
 
 @dataclass
@@ -116,4 +118,5 @@ def assess(
         "beyond": ratio > factor,
         "ranks": ranks,
         "source": SOURCE,
+        "host_from": HOST_FROM,
     }
