@@ -204,3 +204,24 @@ def test_the_segment_runs_the_detector_where_the_probe_found_it(tmp_path, monkey
     record.write_text(json.dumps({"inside": {"torch": "2.6"}}))  # a probe before the question
     assert not straggler_log_on(exp, cluster, image)
     assert "predates the question" in caplog.text
+
+
+def test_the_job_nodes_are_slurms_expanded_node_list(tmp_path, monkeypatch):
+    """The nodes a Megatron rank is mapped onto: scontrol's expansion of the job's node
+    list; outside a Slurm job, this host."""
+    import socket
+
+    from hpcllm.training.campaign.segment import job_nodes
+
+    monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
+    assert job_nodes() == [socket.gethostname()]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(
+        '#!/bin/sh\n[ "$1 $2 $3" = "show hostnames jwb[0007,0012]" ] && printf "jwb0007\\njwb0012\\n"\n'
+    )
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "jwb[0007,0012]")
+    assert job_nodes() == ["jwb0007", "jwb0012"]

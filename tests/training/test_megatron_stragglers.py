@@ -98,3 +98,23 @@ def test_no_report_no_verdict():
     assert megatron_stragglers.assess("iteration 1/ 10 | lm loss: 3.0\n", 1.2, 4, ["a"], 4) is None
     # a rank beyond the job's nodes gets no name (no node excluded on a guess)
     assert megatron_stragglers.rank_host(9, ["a", "b"], 4) is None
+
+
+def test_only_this_attempts_reports_count(tmp_path):
+    """The engine log holds every attempt's output: an earlier attempt's straggler (on
+    nodes this job may not have) is not this attempt's."""
+    log = tmp_path / "seg2.engine.log"
+    log.write_text(megatron_report({0: 1000.0, 1: 3000.0}, 1))
+    offset = log.stat().st_size
+    with open(log, "a") as f:
+        f.write(megatron_report({0: 1000.0, 1: 1010.0}, 1))
+    whole = megatron_stragglers.assess_attempt(log, 0, 1.2, 2, ["a", "b"], 1)
+    mine = megatron_stragglers.assess_attempt(log, offset, 1.2, 2, ["a", "b"], 1)
+    assert whole["beyond"] is False  # the newest report of the file: the second attempt's
+    assert mine["slowest"]["factor"] < 1.01 and not mine["beyond"]
+    only_first = tmp_path / "seg3.engine.log"
+    only_first.write_text(megatron_report({0: 1000.0, 1: 3000.0}, 1))
+    size = only_first.stat().st_size
+    assert megatron_stragglers.assess_attempt(only_first, 0, 1.2, 2, ["a", "b"], 1)["beyond"]
+    assert megatron_stragglers.assess_attempt(only_first, size, 1.2, 2, ["a", "b"], 1) is None
+    assert megatron_stragglers.assess_attempt(tmp_path / "none.log", 0, 1.2, 2, ["a"], 1) is None

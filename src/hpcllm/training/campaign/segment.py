@@ -439,13 +439,13 @@ def _train_segment(
         if slow:
             record["stragglers"] = slow
     elif straggler_log:  # Megatron's own reports in this attempt's log
-        lay = experiment["layout"]
-        slow = megatron_stragglers.assess(
-            engine_log.read_bytes()[log_offset:].decode("utf-8", errors="replace"),
+        slow = megatron_stragglers.assess_attempt(
+            engine_log,
+            log_offset,
             cluster.watchdog.straggler_factor,
             layout.gpus,
             job_nodes(),
-            lay.get("procs_per_node", 1),
+            experiment["layout"].get("procs_per_node", 1),
         )
         if slow:
             record["stragglers"] = slow

@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 _REPORT = re.compile(
@@ -120,3 +121,22 @@ def assess(
         "source": SOURCE,
         "host_from": HOST_FROM,
     }
+
+
+def assess_attempt(
+    engine_log: str | Path,
+    offset: int,
+    factor: float,
+    world: int,
+    hosts: list[str],
+    procs_per_node: int,
+) -> dict[str, Any] | None:
+    """:func:`assess` on what this attempt wrote to ``engine_log`` (from byte ``offset``):
+    an earlier attempt's reports, on other nodes, are not this one's."""
+    try:
+        with open(engine_log, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    return assess(text, factor, world, hosts, procs_per_node)
