@@ -138,7 +138,7 @@ def _segment_cases(name, prepared, cluster, tokenizer_files, paths) -> list[dict
         argv = segment_command(
             exp, prepared.layout, prepared.blend, tokenizer_files, paths, segment,
             left and 50, transformer_impl=transformer_impl_for(cluster),
-            straggler_log=segment > 1,  # as where the probe found the image able to
+            straggler_log=segment > 1,  # as where the probe found the image can run it
         )  # fmt: skip
         cases.append({"name": f"{name} on {cluster.name} segment {segment}", "argv": argv[2:],
                       "world_size": prepared.layout.gpus, "env": MEGATRON_ENV})  # fmt: skip
