@@ -130,9 +130,13 @@ class HangRisk:
     worst_min: float | None = None  # in a start-up, or a save not measured yet
     reason: str = ""  # where the bound comes from
 
+    def gpu_hours(self, minutes: float, gpus_per_node: float) -> float:
+        """The GPU-hours a hang holds for ``minutes`` (never beyond the time limit)."""
+        return self.nodes * min(minutes, self.limit_min) / 60 * gpus_per_node
+
     def describe(self, gpus_per_node: float) -> str:
         def gpu_hours(minutes: float) -> str:
-            return f"{self.nodes * min(minutes, self.limit_min) / 60 * gpus_per_node:,.1f}"
+            return f"{self.gpu_hours(minutes, gpus_per_node):,.1f}"
 
         nodes = f"{self.nodes} node{'s' if self.nodes != 1 else ''}"
         without = (

@@ -175,3 +175,42 @@ def test_the_plan_prices_a_hang_with_and_without_the_watchdog(tmp_path):
     # a bound above the time limit holds the nodes no longer than the limit
     short = HangRisk("train_segment z", 2, 30, 60, 60, "the ceiling")
     assert "a hang costs 4.0 GPU-hours with the watchdog" in short.describe(4)
+
+
+def test_the_docs_quote_what_the_hang_cost_benchmark_prints_for_juwels(monkeypatch, capsys):
+    """docs/training.md's GPU-hours per hang for the 800M example and the 256-node segment
+    are benchmarks/hang_cost.py's output (the plan's own functions), not written by hand:
+    its table verbatim, and the figures the text names."""
+    import importlib.util
+    import sys
+
+    from support import REPO
+
+    spec = importlib.util.spec_from_file_location("hang_cost", REPO / "benchmarks" / "hang_cost.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "hang_cost", module)  # (its dataclass looks it up)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(sys, "argv", ["hang_cost.py", "--cluster", "juwels"])
+    module.main()
+    printed = capsys.readouterr().out
+    docs = (REPO / "docs" / "training.md").read_text()
+    assert printed in docs, printed
+    example, big = module.costs("juwels")[0]
+    # nodes x GPUs per node x (time limit - bound): the saving per event
+    for c in (example, big):
+        assert c.saved[1] == pytest.approx(
+            c.nodes * c.gpus_per_node * (c.limit_min - c.measured_min) / 60
+        )
+    assert (example.nodes, example.limit_min, big.nodes) == (4, 265, 256)
+    text = " ".join(docs.split())
+    assert (
+        f"a hang costs {example.without:,.1f} GPU-hours without the watchdog and "
+        f"{example.with_ceiling:,.1f} with it before anything is measured, "
+        f"{example.with_measured:,.1f} once segment 1 measured its iterations: "
+        f"{example.saved[0]:,.1f} to {example.saved[1]:,.1f} GPU-hours saved per event"
+    ) in text
+    assert (
+        f"a hang costs {big.without:,.1f} GPU-hours without the watchdog, "
+        f"{big.with_ceiling:,.1f} and {big.with_measured:,.1f} with it: "
+        f"{big.saved[0]:,.1f} to {big.saved[1]:,.1f} GPU-hours saved per event"
+    ) in text

@@ -193,6 +193,15 @@ def test_dry_run_per_profile(name, dry_runs):
     assert hang, out[out.find("What a hang") :][:2000]
     with_it, without = (float(g.replace(",", "")) for g in hang.groups())
     assert with_it == pytest.approx(without * min(60, min(runtimes)) / min(runtimes), rel=0.01)
+    # ... and which of Megatron-LM's own features the segments use: the site probe, run
+    # before the first segment, finds out (hpcllm.models.megatron_resiliency)
+    assert re.search(
+        r"\n  Megatron's straggler detector \(--log-straggler\): used where the site probe, "
+        r"run before the first segment, finds it able to run .*\n  Megatron's in-process "
+        r"restart \(--inprocess-restart\): the site probe, run before the first segment, "
+        r"finds out; not enabled either way: .*; the watchdog covers every engine\n",
+        out,
+    ), out[out.find("What a hang") :][:3000]
     # ... and when, from the plan's model rate (no segment ran; nothing measured a wait),
     # with its 80 % interval
     line = re.search(

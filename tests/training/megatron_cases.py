@@ -90,12 +90,16 @@ def training_cases(tmp: Path) -> list[dict]:
                     continue  # planning refuses it: never generated
             if layout is None:
                 continue
+            # the last segment with Megatron's straggler detector, as where the site
+            # probe found the image able to run it (hpcllm.models.megatron_resiliency)
             for segment, left in ((1, 3600.0), (exp["segments"], None)):
+                stragglers = segment > 1
                 argv = segment_command(
                     exp, layout, blend, tokenizer_files, paths, segment, left and 50,
-                    transformer_impl=transformer_impl_for(cluster),
+                    transformer_impl=transformer_impl_for(cluster), straggler_log=stragglers,
                 )  # fmt: skip
                 name = f"train {preset} on {cluster.name} segment {segment}"
+                name += " with --log-straggler" if stragglers else ""
                 # run_segment builds its launch with env=MEGATRON_ENV
                 cases.append(
                     {"name": name, "argv": argv[2:], "world_size": gpus, "env": MEGATRON_ENV}
@@ -134,6 +138,7 @@ def _segment_cases(name, prepared, cluster, tokenizer_files, paths) -> list[dict
         argv = segment_command(
             exp, prepared.layout, prepared.blend, tokenizer_files, paths, segment,
             left and 50, transformer_impl=transformer_impl_for(cluster),
+            straggler_log=segment > 1,  # as where the probe found the image can run it
         )  # fmt: skip
         cases.append({"name": f"{name} on {cluster.name} segment {segment}", "argv": argv[2:],
                       "world_size": prepared.layout.gpus, "env": MEGATRON_ENV})  # fmt: skip

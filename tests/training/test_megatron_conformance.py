@@ -134,6 +134,8 @@ def test_megatron_parses_every_generated_command_line(cases, checked):
     assert {n.split()[1] for n in names if n.startswith("train")} >= set(PRESETS)
     for kind in ("train opengptx_800m on", "canary train opengptx_800m", "bench", "canary bench"):
         assert any(n.startswith(kind) for n in names), kind
+    # the straggler detector's flags, as the segments add them where the image can run it
+    assert sum("--log-straggler" in c["argv"] for c in cases) >= len(PRESETS)
     results = [r for impl in checked.values() for r in impl]
     failed = [f"{r['name']}: {r['error']}" for r in results if not r["parsed"]]
     assert not failed, f"{len(failed)} of {len(results)} refused:\n" + "\n".join(failed[:20])

@@ -189,6 +189,30 @@ def hang_risks(dag):
     return risks
 
 
+def resiliency_lines(trained):
+    """With the hang lines: which of Megatron-LM's own resiliency features the segments of
+    the megatron experiments among ``trained`` use, as the site probe found the image
+    (hpcllm.models.megatron_resiliency; the segment reads the same record at its start).
+    """
+    from hpcllm.models import megatron_resiliency
+
+    settings = {
+        name: megatron_resiliency.setting_of(EXPERIMENTS[name].experiment)
+        for name in trained
+        if EXPERIMENTS[name].experiment["engine"] == "megatron"
+    }
+    found, source = megatron_resiliency.from_record(
+        _chain_site.probe_record_path(
+            CLUSTER, (container_image("train", check=False) or [None])[0]
+        )
+    )
+    probed = globals().get("PREFLIGHT", False)
+    return [
+        f"  {line}"
+        for line in megatron_resiliency.plan_lines(settings, found, source, probed)
+    ]
+
+
 def check_plan_cost(dag):
     """Print the cost of the jobs of ``dag`` that Snakemake will run and hold GPU nodes
     (exactly those: -F, -R, --forcerun, --until and targets included), and the time to
@@ -218,6 +242,8 @@ def check_plan_cost(dag):
     for line in describe_hang_risk(
         hang_risks(dag), CLUSTER.name, CLUSTER.billed_gpus_per_node
     ):
+        logger.info(line)
+    for line in resiliency_lines(sorted(experiments)):
         logger.info(line)
     for line in describe_training(
         training_estimates(sorted(experiments)), CLUSTER.name

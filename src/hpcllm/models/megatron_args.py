@@ -98,6 +98,8 @@ FLAGS: dict[str, dict[str, str]] = {
         "save_interval": "--save-interval",
         "log_interval": "--log-interval",
         "log_throughput": "--log-throughput",
+        "log_straggler": "--log-straggler",
+        "straggler_minmax_count": "--straggler-minmax-count",
         "tensorboard_dir": "--tensorboard-dir",
         "eval_interval": "--eval-interval",
         "eval_iters": "--eval-iters",
@@ -357,6 +359,7 @@ def pretrain_gpt_args(
     exit_minutes: int | None,
     transformer_impl: str = "transformer_engine",
     tokenizer_model: str | None = None,
+    straggler_log: bool = False,
     commit: str = MEGATRON_LM_COMMIT,
 ) -> list[str]:
     """The arguments after ``pretrain_gpt.py`` (the launch builder adds the rest).
@@ -369,6 +372,8 @@ def pretrain_gpt_args(
     it is ``AutoTokenizer.from_pretrained("gpt2", vocab_file=..., merges_file=...)``, which
     asks the hub at start-up (compute nodes have no internet) and takes a gpt2 snapshot in
     HF_HOME over the given files, another vocabulary than the data's.
+    ``straggler_log``: Megatron's straggler detector, every ``--log-interval`` iterations
+    (only where the image can run it: hpcllm.models.megatron_resiliency).
     """
     if commit not in FLAGS:
         raise MegatronArgsError(
@@ -490,6 +495,11 @@ def pretrain_gpt_args(
         add("save_interval", experiment["save_interval"])
     add("log_interval", experiment.get("log_interval", 1))
     add("log_throughput")
+    if straggler_log:  # its lines: hpcllm.training.engines.megatron_stragglers
+        from hpcllm.models.megatron_resiliency import straggler_minmax_count
+
+        add("log_straggler")
+        add("straggler_minmax_count", straggler_minmax_count(layout.gpus))
     add("tensorboard_dir", tensorboard_dir)
     add("eval_interval", experiment.get("eval_interval") or train_iters)
     add("eval_iters", experiment.get("eval_iters", 0))

@@ -533,6 +533,16 @@ def check_slurm_from_node(submit: dict[str, str] | None = None) -> dict[str, Any
     return {**check("slurm_from_compute_node", True, detail), "allowed": allowed}
 
 
+def check_resiliency(inside: dict | None) -> dict[str, Any]:
+    """Which of the engines' own resiliency features the image has (an answer, not a
+    failure: the segment watchdog covers every engine without them); the segments use
+    what it found (hpcllm.models.megatron_resiliency)."""
+    from hpcllm.models.megatron_resiliency import ImageResiliency
+
+    found = ImageResiliency.from_inside(inside)
+    return check("resiliency", True, found.describe())
+
+
 def run_probe(
     cluster,
     image: str,
@@ -560,6 +570,7 @@ def run_probe(
     checks.append(check_internet(cluster))
     slurm = check_slurm_from_node(submit)
     checks.append(slurm)
+    checks.append(check_resiliency(inside))
     record = {
         "cluster": cluster.name,
         "image": image,

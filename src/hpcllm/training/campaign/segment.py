@@ -29,14 +29,17 @@ from hpcllm.failures.classify import (
     oom_kill_count,
     slurm_step_state,
 )
+from hpcllm.models import megatron_resiliency
 from hpcllm.models.megatron_args import exit_duration_minutes, transformer_impl_for
 from hpcllm.progress import Progress
 from hpcllm.training.campaign import attempts, calendar, records, signal_lead, stragglers, watchdog
+from hpcllm.training.campaign.chain_site import probe_record_path
 from hpcllm.training.campaign.engine_process import Signals, run_launch, segment_launch
 from hpcllm.training.checkpoints import lease
 from hpcllm.training.checkpoints import tracker as checkpoints
 from hpcllm.training.checkpoints.checksums import check_checksums, record_checksums, record_fields
 from hpcllm.training.checkpoints.retention import retention
+from hpcllm.training.engines import megatron_stragglers
 from hpcllm.training.engines.command import engine_command
 from hpcllm.training.engines.heartbeat import read_heartbeats
 from hpcllm.training.engines.log_lines import parse_log_lines
@@ -297,6 +300,8 @@ def _train_segment(
     # when the campaign will finish, as this job sees it at its start (hpcllm.training
     # .campaign.calendar): kept in the record, history for the results page
     timing = calendar.job_timing(experiment, segment, start_iteration, paths, name)
+    # Megatron's straggler detector where the site probe found the image able to run it
+    straggler_log = straggler_log_on(experiment, cluster, container)
     if signals.received is None:
         command = engine_command(
             experiment,
@@ -310,6 +315,7 @@ def _train_segment(
             transformer_impl=transformer_impl_for(cluster),
             python=python_for(container),
             megatron_dir=cluster.megatron_dir or MEGATRON_IN_IMAGE,
+            straggler_log=straggler_log,
         )
         # the hang watchdog: its bound from the measured times, the ranks' heartbeats
         dog, heartbeats = watchdog.for_segment(
@@ -432,6 +438,17 @@ def _train_segment(
         )
         if slow:
             record["stragglers"] = slow
+    elif straggler_log:  # Megatron's own reports in this attempt's log
+        slow = megatron_stragglers.assess_attempt(
+            engine_log,
+            log_offset,
+            cluster.watchdog.straggler_factor,
+            layout.gpus,
+            job_nodes(),
+            experiment["layout"].get("procs_per_node", 1),
+        )
+        if slow:
+            record["stragglers"] = slow
     records.write_trained(record, paths)
     loss = record["lm_loss"]
     log.info(
@@ -445,6 +462,42 @@ def _train_segment(
         record["checkpoint"],
     )
     return record
+
+
+def straggler_log_on(experiment: dict[str, Any], cluster, container: str | None) -> bool:
+    """Whether this segment runs Megatron's straggler detector: a megatron experiment
+    with ``resiliency: auto`` whose image the site probe's record found able to run it
+    (hpcllm.models.megatron_resiliency); said in the job's log either way."""
+    if experiment["engine"] != "megatron":
+        return False
+    found, source = megatron_resiliency.from_record(probe_record_path(cluster, container))
+    setting = megatron_resiliency.setting_of(experiment)
+    on = megatron_resiliency.uses_straggler_log("megatron", setting, found)
+    log.info(
+        "Megatron's straggler detector: %s (resiliency: %s; %s)",
+        "on" if on else "off",
+        setting,
+        found.straggler_text() if found is not None else source,
+    )
+    return on
+
+
+def job_nodes() -> list[str]:
+    """The nodes of this Slurm job (its node list expanded), or this host outside one."""
+    import socket
+
+    nodelist = os.environ.get("SLURM_JOB_NODELIST")
+    if nodelist:
+        try:
+            done = subprocess.run(
+                ["scontrol", "show", "hostnames", nodelist],
+                capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+            if done.returncode == 0 and done.stdout.split():
+                return done.stdout.split()
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return [socket.gethostname()]
 
 
 def checkpoint_disk_full(save: str) -> str:

@@ -38,12 +38,14 @@ def engine_command(
     eod_token: str = "<|endoftext|>",
     transformer_impl: str = "transformer_engine",
     python: str = sys.executable,
+    straggler_log: bool = False,
 ) -> list[str]:
     """The argv of one engine process (the launcher runs it, with ``--no-python``);
     ``python`` runs either engine (the image's inside a container, this environment's
     outside one: a bare ``python`` there could be any Python on the PATH; a checkout's
     ``pretrain_gpt.py`` runs through hpcllm's Python 3.11 shim there:
-    ``megatron_args.pretrain_gpt_program``)."""
+    ``megatron_args.pretrain_gpt_program``). ``straggler_log``: Megatron's straggler
+    detector on (hpcllm.models.megatron_resiliency.uses_straggler_log)."""
     stop = target_iteration(experiment, segment)
     train_iters = total_iterations(experiment)
     split = experiment["data"]["split"]
@@ -63,6 +65,7 @@ def engine_command(
                 exit_minutes=None if exit_minutes is None else int(exit_minutes),
                 transformer_impl=transformer_impl,
                 tokenizer_model=megatron_tokenizer_model(tokenizer_files),
+                straggler_log=straggler_log,
             ),
         ]
     model, optim = experiment["model"], experiment["optim"]

@@ -130,6 +130,9 @@ CONFIG_EFFECT: dict[str, Any] = {
     "save_interval": None,
     "log_interval": None,
     "log_throughput": None,
+    # the straggler detector (no field of TransformerConfig or ModelParallelConfig at the pin)
+    "log_straggler": None,
+    "straggler_minmax_count": None,
     "tensorboard_dir": None,
     "eval_interval": None,
     "eval_iters": None,
