@@ -15,6 +15,7 @@ from hpcllm.vision.sample_data import write_sample_tree
 
 pytestmark = pytest.mark.workflow
 SAMPLES = {"imagenet_sample": "imagenet", "tinyimagenet_sample": "tinyimagenet"}
+USER_TREE = 'user\'s "images" `x` é'
 
 
 def targets(datasets, splits=("train", "val")) -> list[str]:
@@ -43,9 +44,10 @@ def test_local_config_packs_the_sample_trees(workdir):
 
 
 def user_tree(workdir: Path) -> Path:
-    """A user's ImageNet tree with one truncated image; returns that image."""
+    """A user's ImageNet tree with one truncated image, in a folder whose name the job's
+    shell command must quote; returns that image."""
     root = write_sample_tree(
-        workdir / "imagenet", "imagenet", classes=2, train_per_class=3, val_per_class=1
+        workdir / USER_TREE, "imagenet", classes=2, train_per_class=3, val_per_class=1
     )
     bad = next((root / "train").glob("*/*_1.JPEG"))
     bad.write_bytes(bad.read_bytes()[:300])
@@ -53,7 +55,7 @@ def user_tree(workdir: Path) -> Path:
 
 
 def pack_user_tree(workdir: Path, on_bad_image: str, check: bool):
-    mine = {"layout": "imagenet", "root": str(workdir / "imagenet"), "splits": ["train"]}
+    mine = {"layout": "imagenet", "root": str(workdir / USER_TREE), "splits": ["train"]}
     config = {"vision": {"on_bad_image": on_bad_image, "datasets": {"mine": mine}}}
     (workdir / "mine.yaml").write_text(yaml.safe_dump(config))
     target = "data/vision/mine/train.lmdb"  # before --configfile, which takes several values

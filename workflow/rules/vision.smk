@@ -43,5 +43,13 @@ rule pack_lmdb:
     params:
         dataset=image_dataset_config,
         vision={k: VISION[k] for k in ("on_bad_image", "check") if k in VISION},
-    script:
-        "../scripts/pack_lmdb.py"
+    # shell:, not script: Snakemake's script machinery cost each job ~0.18 CPU-s, as much
+    # as tar + sync of a small split (docs/measurements/vision.md). The checkout's src first
+    # on the path (as hpcllm_checkout does for scripts); the params go as their Python
+    # literals, the values Snakemake records, so splits packed by script: stay up to date.
+    shell:
+        "PYTHONPATH={HPCLLM_SRC:q}${{PYTHONPATH:+:$PYTHONPATH}} {VISION_JOB_PYTHON:q}"
+        " -m hpcllm.vision.pack_job --dataset {wildcards.dataset:q}"
+        " --dataset-config {params.dataset:q} --vision {params.vision:q}"
+        " --split {wildcards.split:q} --lmdb {output.lmdb:q} --report {output.report:q}"
+        " --log {log:q} --threads {threads}"
