@@ -131,17 +131,19 @@ def export_revision(ref: str, work: Path) -> Path:
     return folder
 
 
-def snakemake_job(case: Path, snakefile: Path, threads: int) -> None:
+def snakemake_job(case: Path, snakefile: Path, threads: int, dry: bool = False) -> None:
     """pack_lmdb as Snakemake's executors run one job (``--mode remote``, the job
-    process of a Slurm job): Snakemake starts, parses the Snakefile, runs the rule."""
-    shutil.rmtree(case / "data" / "vision" / DATASET, ignore_errors=True)
+    process of a Slurm job): Snakemake starts, parses the Snakefile, runs the rule;
+    ``dry``: the same with ``-n``, all but running the rule."""
+    if not dry:
+        shutil.rmtree(case / "data" / "vision" / DATASET, ignore_errors=True)
     cmd = [
         sys.executable, "-m", "snakemake", "--snakefile", str(snakefile),
         "--target-jobs", f"pack_lmdb:dataset={DATASET},split=train",
         "--allowed-rules", "pack_lmdb", "--cores", str(threads), "--attempt", "1",
         "--force-use-threads", "--force", "--nolock", "--no-hooks",
         "--target-files-omit-workdir-adjustment", "--max-inventory-time", "0",
-        "--ignore-incomplete", "--quiet", "all", "--mode", "remote",
+        "--ignore-incomplete", "--quiet", "all", "--mode", "remote", *(["-n"] if dry else []),
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=case, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -335,6 +337,7 @@ def main() -> None:
         for name, snakefile in snakefiles.items():
             snakemake_job(case, snakefile, args.threads)  # once untimed: bytecode, caches
             pack_s[name] = []
+    dry_s: dict[str, list[float]] = {}  # the Snakemake jobs with -n: no rule run
     tar_s, tar_sync_s = [], []
     for _ in range(args.repeats):  # alternating, so that load on the machine hits all alike
         for name, variant in variants.items():
@@ -355,6 +358,9 @@ def main() -> None:
             sync()
             pack_s[name].append(
                 timed_cpu(name, lambda: snakemake_job(case, snakefile, args.threads))  # noqa: B023
+            )
+            dry_s.setdefault(name, []).append(
+                timed_cpu(f"{name}, -n", lambda: snakemake_job(case, snakefile, 1, dry=True))  # noqa: B023
             )
         sync()
         tar_s.append(timed_cpu("tar -cf", lambda: tar(tree, out / "train.tar", durable=False)))
@@ -382,6 +388,15 @@ def main() -> None:
     print("CPU seconds (median): " + ", ".join(f"{n} {c:.2f}" for n, c in cpu.items()))
     for name in pack_s:
         print(f"CPU ratio {name}/(tar -cf + sync): {cpu[name] / cpu['tar -cf + sync']:.2f}")
+    for name, runs in dry_s.items():
+        # per round, so that both halves of a difference ran under the same load
+        wall = statistics.median(a - b for a, b in zip(pack_s[name], runs))
+        used = statistics.median(a - b for a, b in zip(CPU_S[name], CPU_S[f"{name}, -n"]))
+        print(
+            f"{name}, -n (no rule run): {statistics.median(runs):.2f} s, CPU "
+            f"{cpu[name + ', -n']:.2f} s; the rule's part (the job less its -n run, "
+            f"median of the rounds): {wall:.2f} s, CPU {used:.2f} s"
+        )
     print(f"load: {os.getloadavg()[0]:.1f} (1 min)")
     (out / "train.tar").unlink()
     if args.reads <= 0:

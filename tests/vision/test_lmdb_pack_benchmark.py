@@ -36,7 +36,7 @@ def test_lmdb_pack_benchmark_prints_the_ratio_to_tar_and_sync(tmp_path):
         ],  # fmt: skip
         capture_output=True,
         text=True,
-        timeout=hang_guard(60),  # ~40 s quiet (two Snakemake jobs: ~2 CPU-s each)
+        timeout=hang_guard(60),  # ~40 s quiet (three Snakemake jobs: ~2 CPU-s each)
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
@@ -50,6 +50,9 @@ def test_lmdb_pack_benchmark_prints_the_ratio_to_tar_and_sync(tmp_path):
                 rf"^{what} {re.escape(name)}/\(tar -cf \+ sync\): ([\d.]+)", out, re.M
             )
             assert ratio and float(ratio[1]) > 0, out
+    assert re.search(
+        r"^Snakemake job, -n .*the rule's part .*: -?[\d.]+ s, CPU -?[\d.]+ s$", out, re.M
+    )
     assert len(re.findall(r"workers=\d: LMDB +\d+ +folder +\d+", out)) == 4, out
     assert not list(tmp_path.glob("out/*.tar"))  # the archive is removed
     # the Snakemake job ran the workflow's pack_lmdb rule on the generated tree
