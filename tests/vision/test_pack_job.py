@@ -13,6 +13,8 @@ import pytest
 from support import REPO, hang_guard
 from vision_helpers import expected_labels
 
+from hpcllm.offline import OFFLINE_ENV
+from hpcllm.vision import pack_job
 from hpcllm.vision.lmdb_dataset import LMDBImageDataset
 from hpcllm.vision.pack_job import parse_args
 from hpcllm.vision.sample_data import write_sample_tree
@@ -125,3 +127,20 @@ def test_the_job_imports_only_what_it_uses():
     assert {"hpcllm", "lmdb", "PIL"} <= modules  # the imports ran
     unused = {"numpy", "subprocess", "yaml", "snakemake", "torch", "pandas", "jsonschema"}
     assert not unused & modules, unused & modules
+
+
+def test_the_job_goes_offline_before_it_packs(monkeypatch, tmp_path):
+    """A compute job (issue 21): the Hugging Face offline variables are set before the
+    pack (tests/workflow/test_job_scripts.py checks the script: rules)."""
+    for name in OFFLINE_ENV:
+        monkeypatch.delenv(name, raising=False)
+    seen = {}
+
+    def pack(*args, **kwargs):
+        seen.update({name: os.environ.get(name) for name in OFFLINE_ENV})
+
+    monkeypatch.setattr(pack_job, "pack_dataset_split", pack)
+    # not this process's logging and excepthook: the job's own
+    monkeypatch.setattr(pack_job.logs, "setup", lambda path: seen.update(log=path))
+    pack_job.main(job_args(tmp_path / "tree", tmp_path))
+    assert seen == {**OFFLINE_ENV, "log": str(tmp_path / "train.log")}

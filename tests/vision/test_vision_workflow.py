@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import run_snakemake
+from support import REPO, run_snakemake
 from vision_helpers import expected_labels
 
 from hpcllm.vision.lmdb_dataset import LMDBImageDataset
@@ -41,6 +41,12 @@ def test_local_config_packs_the_sample_trees(workdir):
     assert not list((workdir / "data").rglob("*.incomplete"))
     proc = run_snakemake(workdir, "--cores", "2", "-n", *targets(SAMPLES))
     assert "Nothing to be done" in proc.stdout + proc.stderr
+    # The job's Python and checkout are no recorded params: another venv or a moved
+    # checkout does not make the packed splits out of date.
+    records = [json.loads(p.read_text()) for p in (workdir / ".snakemake/metadata").iterdir()]
+    packs = [r for r in records if r["rule"] == "pack_lmdb"]
+    assert len(packs) == 8 and all(len(r["params"]) == 2 for r in packs), packs
+    assert not [p for r in packs for p in r["params"] if str(REPO) in p], packs
 
 
 def user_tree(workdir: Path) -> Path:

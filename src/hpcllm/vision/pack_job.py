@@ -1,13 +1,13 @@
 """The ``pack_lmdb`` rule's job: ``python -m hpcllm.vision.pack_job`` with its values on
 the command line.
 
-A ``shell:`` rule instead of ``script:``: Snakemake's script machinery cost each job about
-0.18 CPU-s (its notebook support imported in the job process, then a fresh Python that
-unpickles the job's ``snakemake`` object), as much as ``tar`` + ``sync`` of a small split
-(docs/measurements/vision.md). The dataset's config section and the ``vision`` policies
-come as Python literals (the rule passes its params' ``repr``, the values Snakemake records
-for them, so splits packed by the earlier ``script:`` rule are not packed again) or JSON;
-paths as single arguments (the rule quotes them), so odd paths pass intact.
+A ``shell:`` rule instead of ``script:``: Snakemake's script machinery cost each job
+0.04-0.13 CPU-s here (its notebook support imported in the job process, then a fresh Python
+that unpickles the job's ``snakemake`` object), like ``tar`` + ``sync``'s whole CPU on a
+small split (docs/measurements/vision.md). The dataset's config section and the ``vision``
+policies come as Python literals (the rule passes its params' ``repr``, the values Snakemake
+records for them, unchanged from the earlier ``script:`` rule) or JSON; paths as single
+arguments (the rule quotes them), so odd paths pass intact.
 """
 
 from __future__ import annotations
