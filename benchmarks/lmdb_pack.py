@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/lmdb_pack.py [--images 20000] [--work /tmp/hpcllm-lmdb-bench]
     .venv/bin/python benchmarks/lmdb_pack.py --images 2000 --size 400x300 --job --reads 0
+    .venv/bin/python benchmarks/lmdb_pack.py --images 2000 --size 400x300 --job \
+        --snakemake-job --compare main --reads 0 --repeats 5
 
 Generates (once) an ImageNet-style tree of real JPEGs of about 100 KB, then prints, as
 medians of --repeats runs:
@@ -11,11 +13,15 @@ medians of --repeats runs:
   ``sync`` (the durable equivalent of a pack, which ends with an fsync; the pack is
   timed with a ``sync`` after it too), and pack_lmdb's speed as a fraction of each,
   measured in the same run: the runs alternate pack, tar, tar + sync;
-- with --job, the pack as its job runs it, process start included (and with
-  --compare-sizes, the same with other transaction and read-ahead sizes): a fresh Python that
-  makes the pack_lmdb script's imports, then packs (pack_dataset_split) and syncs; for a
-  small split (--images 2000 --size 400x300: 2,000 JPEGs, ~130 MB) the start is a large
-  part of the job. (Snakemake's own job process around it is benchmarks/job_overhead.py's.)
+- with --job, the pack as its job's command runs it (the pack_lmdb rule's shell command,
+  ``python -m hpcllm.vision.pack_job``: a fresh Python, its imports, the pack, then sync;
+  with --compare-sizes, the same with other transaction and read-ahead sizes);
+- with --snakemake-job, the whole job as a cluster runs it: ``python -m snakemake --mode
+  remote`` for pack_lmdb (Snakemake's start, the Snakefile parsed, the rule's command),
+  then sync; with --compare REF also the same job of the workflow at git revision REF
+  (e.g. main, when pack_lmdb was a ``script:`` rule), in the same rounds.
+  For a small split (--images 2000 --size 400x300: 2,000 JPEGs, ~123 MB) the job's start
+  is a large part of the job.
 - random access (unless --reads 0), single process and with 2 DataLoader workers: images/s of the LMDB
   reader (bytes only, and with Pillow decode to RGB) against reading the same images
   from the folder.
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import random
 import resource
@@ -49,34 +56,98 @@ from hpcllm.vision.lmdb_pack import pack_lmdb  # noqa: E402
 from hpcllm.vision.sample_data import write_sample_tree  # noqa: E402
 from hpcllm.vision.trees import list_split  # noqa: E402
 
-# The pack_lmdb job's script from its imports on, timed from before the interpreter starts
-# (the scripts' folder after site-packages, as Snakemake puts it).
-JOB = """
+REPO = Path(__file__).resolve().parents[1]
+DATASET = "bench"  # the dataset's name in the Snakemake case's config
+
+
+def job_command(tree: Path, out: Path, threads: int) -> list[str]:
+    """The pack_lmdb rule's shell command (workflow/rules/vision.smk) for the tree, with
+    the params as the rule passes them (their Python literals)."""
+    cfg = {"layout": "imagenet", "root": str(tree), "splits": ["train"]}
+    return [
+        sys.executable, "-m", "hpcllm.vision.pack_job", "--dataset", DATASET,
+        "--dataset-config", repr(cfg), "--vision", "{}", "--split", "train",
+        "--lmdb", str(out / "job.lmdb"), "--report", str(out / "job.report.json"),
+        "--log", str(out / "job.log"), "--threads", str(threads),
+    ]  # fmt: skip
+
+
+# The job's module with other transaction and read-ahead sizes (MB), for --compare-sizes.
+SIZED = """
 import sys
-sys.path.append(sys.argv[1])
-import hpcllm_checkout
-from hpcllm.offline import go_offline
-go_offline()
-from hpcllm import logs
-from hpcllm.vision.datasets_config import pack_dataset_split
-logs.setup(sys.argv[4])
-cfg = {"root": sys.argv[2], "layout": "imagenet"}
-if len(sys.argv) > 6:  # other transaction and read-ahead sizes (MB), for --compare-sizes
-    from hpcllm.vision import lmdb_pack
-    lmdb_pack.pack_lmdb.__kwdefaults__["txn_bytes"] = int(sys.argv[6]) << 20
-    lmdb_pack.pack_lmdb.__kwdefaults__["read_ahead_bytes"] = int(sys.argv[7]) << 20
-pack_dataset_split("bench", cfg, {}, "train", sys.argv[3], sys.argv[3] + ".report.json",
-                   threads=int(sys.argv[5]))
+from hpcllm.vision import lmdb_pack, pack_job
+lmdb_pack.pack_lmdb.__kwdefaults__["txn_bytes"] = int(sys.argv[1]) << 20
+lmdb_pack.pack_lmdb.__kwdefaults__["read_ahead_bytes"] = int(sys.argv[2]) << 20
+pack_job.main(sys.argv[3:])
 """
-SCRIPTS = Path(__file__).resolve().parents[1] / "workflow" / "scripts"
 
 
 def job(tree: Path, out: Path, threads: int, sizes: tuple[int, int] | None = None) -> None:
-    """``sizes``: the transaction and read-ahead MB instead of the defaults."""
-    lmdb = out / "job.lmdb"
-    shutil.rmtree(lmdb, ignore_errors=True)
-    cmd = [sys.executable, "-c", JOB, str(SCRIPTS), str(tree), str(lmdb), str(out / "job.log")]
-    subprocess.run([*cmd, str(threads), *map(str, sizes or ())], check=True)
+    """The job's command in a fresh Python (``sizes``: the transaction and read-ahead MB
+    instead of the defaults), then sync."""
+    shutil.rmtree(out / "job.lmdb", ignore_errors=True)
+    cmd = job_command(tree, out, threads)
+    if sizes:
+        cmd = [sys.executable, "-c", SIZED, *map(str, sizes), *cmd[3:]]
+    subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    sync()
+
+
+def snakemake_case(work: Path, tree: Path) -> Path:
+    """A working folder whose config packs ``tree`` as the dataset ``bench`` (its train
+    split), for the real Snakemake job."""
+    import yaml
+
+    case = work / "snakemake-case"
+    (case / "config").mkdir(parents=True, exist_ok=True)
+    for name in ("resources", "profiles"):
+        if not (case / name).exists():
+            (case / name).symlink_to(REPO / name)
+    for item in (REPO / "config").iterdir():
+        if item.name != "config.yaml" and not (case / "config" / item.name).exists():
+            (case / "config" / item.name).symlink_to(item)
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config["vision"]["datasets"] = {
+        DATASET: {"layout": "imagenet", "root": str(tree), "splits": ["train"]}
+    }
+    (case / "config" / "config.yaml").write_text(json.dumps(config))
+    return case
+
+
+def export_revision(ref: str, work: Path) -> Path:
+    """The workflow's files at git revision ``ref`` (its Snakefile puts its own src first
+    on the path, so its package is the one its job imports)."""
+    commit = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", ref],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    folder = work / f"rev-{commit}"
+    if not folder.exists():
+        archive = subprocess.run(
+            ["git", "-C", str(REPO), "archive", commit], check=True, capture_output=True
+        ).stdout
+        folder.mkdir()
+        subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    return folder
+
+
+def snakemake_job(case: Path, snakefile: Path, threads: int, dry: bool = False) -> None:
+    """pack_lmdb as Snakemake's executors run one job (``--mode remote``, the job
+    process of a Slurm job): Snakemake starts, parses the Snakefile, runs the rule;
+    ``dry``: the same with ``-n``, all but running the rule."""
+    if not dry:
+        shutil.rmtree(case / "data" / "vision" / DATASET, ignore_errors=True)
+    cmd = [
+        sys.executable, "-m", "snakemake", "--snakefile", str(snakefile),
+        "--target-jobs", f"pack_lmdb:dataset={DATASET},split=train",
+        "--allowed-rules", "pack_lmdb", "--cores", str(threads), "--attempt", "1",
+        "--force-use-threads", "--force", "--nolock", "--no-hooks",
+        "--target-files-omit-workdir-adjustment", "--max-inventory-time", "0",
+        "--ignore-incomplete", "--quiet", "all", "--mode", "remote", *(["-n"] if dry else []),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=case, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"the Snakemake job of {snakefile} failed:\n{proc.stderr[-3000:]}")
     sync()
 
 
@@ -193,6 +264,19 @@ def main() -> None:
         "then written by the fsync at the end)",
     )
     parser.add_argument(
+        "--snakemake-job",
+        action="store_true",
+        help="also time pack_lmdb as Snakemake runs one job on a cluster (python -m "
+        "snakemake --mode remote: Snakemake's start, the Snakefile parsed, the rule run), "
+        "then sync",
+    )
+    parser.add_argument(
+        "--compare",
+        metavar="REF",
+        help="with --snakemake-job, also time the Snakemake job of the workflow at this git "
+        "revision (e.g. main) in the same rounds",
+    )
+    parser.add_argument(
         "--compare-sizes",
         metavar="TXN_MB/AHEAD_MB",
         help="with --job, also run the job with these transaction and read-ahead sizes "
@@ -243,6 +327,17 @@ def main() -> None:
     sized_job = f"job, {args.compare_sizes} MB"
     if args.job and sizes:
         pack_s[sized_job] = []
+    snakefiles = {}  # name -> the Snakefile of a Snakemake job
+    if args.snakemake_job:
+        case = snakemake_case(args.work, tree)
+        snakefiles["Snakemake job"] = REPO / "Snakefile"
+        if args.compare:
+            rev = export_revision(args.compare, args.work)
+            snakefiles[f"Snakemake job at {args.compare} ({rev.name[4:]})"] = rev / "Snakefile"
+        for name, snakefile in snakefiles.items():
+            snakemake_job(case, snakefile, args.threads)  # once untimed: bytecode, caches
+            pack_s[name] = []
+    dry_s: dict[str, list[float]] = {}  # the Snakemake jobs with -n: no rule run
     tar_s, tar_sync_s = [], []
     for _ in range(args.repeats):  # alternating, so that load on the machine hits all alike
         for name, variant in variants.items():
@@ -259,6 +354,14 @@ def main() -> None:
                 pack_s[sized_job].append(
                     timed_cpu(sized_job, lambda: job(tree, out, args.threads, sizes))
                 )
+        for name, snakefile in snakefiles.items():
+            sync()
+            pack_s[name].append(
+                timed_cpu(name, lambda: snakemake_job(case, snakefile, args.threads))  # noqa: B023
+            )
+            dry_s.setdefault(name, []).append(
+                timed_cpu(f"{name}, -n", lambda: snakemake_job(case, snakefile, 1, dry=True))  # noqa: B023
+            )
         sync()
         tar_s.append(timed_cpu("tar -cf", lambda: tar(tree, out / "train.tar", durable=False)))
         sync()
@@ -279,12 +382,21 @@ def main() -> None:
     )
     for name, runs in pack_s.items():
         p = statistics.median(runs)
-        print(f"ratio {name}/(tar -cf): {t / p:.2f}")
-        print(f"ratio {name}/(tar -cf + sync): {ts / p:.2f} (target >= 0.9)")
+        print(f"ratio {name}/(tar -cf): {_ratio(t / p)}")
+        print(f"ratio {name}/(tar -cf + sync): {_ratio(ts / p)} (target >= 0.9)")
     cpu = {name: statistics.median(runs) for name, runs in CPU_S.items()}
     print("CPU seconds (median): " + ", ".join(f"{n} {c:.2f}" for n, c in cpu.items()))
     for name in pack_s:
         print(f"CPU ratio {name}/(tar -cf + sync): {cpu[name] / cpu['tar -cf + sync']:.2f}")
+    for name, runs in dry_s.items():
+        # per round, so that both halves of a difference ran under the same load
+        wall = statistics.median(a - b for a, b in zip(pack_s[name], runs))
+        used = statistics.median(a - b for a, b in zip(CPU_S[name], CPU_S[f"{name}, -n"]))
+        print(
+            f"{name}, -n (no rule run): {statistics.median(runs):.2f} s, CPU "
+            f"{cpu[name + ', -n']:.2f} s; the rule's part (the job less its -n run, "
+            f"median of the rounds): {wall:.2f} s, CPU {used:.2f} s"
+        )
     print(f"load: {os.getloadavg()[0]:.1f} (1 min)")
     (out / "train.tar").unlink()
     if args.reads <= 0:
@@ -309,6 +421,11 @@ def main() -> None:
                 f"{rates['folder']:8.0f}  ratio {rates['lmdb'] / rates['folder']:.2f}"
             )
     close_environment(lmdb)
+
+
+def _ratio(x: float) -> str:
+    """Two decimals; two significant digits below 0.01 (a Snakemake job on tiny data)."""
+    return f"{x:.2f}" if x >= 0.01 else f"{x:.2g}"
 
 
 def _fmt(xs: list[float]) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import run_snakemake
+from support import REPO, run_snakemake
 from vision_helpers import expected_labels
 
 from hpcllm.vision.lmdb_dataset import LMDBImageDataset
@@ -15,6 +15,7 @@ from hpcllm.vision.sample_data import write_sample_tree
 
 pytestmark = pytest.mark.workflow
 SAMPLES = {"imagenet_sample": "imagenet", "tinyimagenet_sample": "tinyimagenet"}
+USER_TREE = 'user\'s "images" `x` é'
 
 
 def targets(datasets, splits=("train", "val")) -> list[str]:
@@ -40,12 +41,19 @@ def test_local_config_packs_the_sample_trees(workdir):
     assert not list((workdir / "data").rglob("*.incomplete"))
     proc = run_snakemake(workdir, "--cores", "2", "-n", *targets(SAMPLES))
     assert "Nothing to be done" in proc.stdout + proc.stderr
+    # The job's Python and checkout are no recorded params: another venv or a moved
+    # checkout does not make the packed splits out of date.
+    records = [json.loads(p.read_text()) for p in (workdir / ".snakemake/metadata").iterdir()]
+    packs = [r for r in records if r["rule"] == "pack_lmdb"]
+    assert len(packs) == 8 and all(len(r["params"]) == 2 for r in packs), packs
+    assert not [p for r in packs for p in r["params"] if str(REPO) in p], packs
 
 
 def user_tree(workdir: Path) -> Path:
-    """A user's ImageNet tree with one truncated image; returns that image."""
+    """A user's ImageNet tree with one truncated image, in a folder whose name the job's
+    shell command must quote; returns that image."""
     root = write_sample_tree(
-        workdir / "imagenet", "imagenet", classes=2, train_per_class=3, val_per_class=1
+        workdir / USER_TREE, "imagenet", classes=2, train_per_class=3, val_per_class=1
     )
     bad = next((root / "train").glob("*/*_1.JPEG"))
     bad.write_bytes(bad.read_bytes()[:300])
@@ -53,7 +61,7 @@ def user_tree(workdir: Path) -> Path:
 
 
 def pack_user_tree(workdir: Path, on_bad_image: str, check: bool):
-    mine = {"layout": "imagenet", "root": str(workdir / "imagenet"), "splits": ["train"]}
+    mine = {"layout": "imagenet", "root": str(workdir / USER_TREE), "splits": ["train"]}
     config = {"vision": {"on_bad_image": on_bad_image, "datasets": {"mine": mine}}}
     (workdir / "mine.yaml").write_text(yaml.safe_dump(config))
     target = "data/vision/mine/train.lmdb"  # before --configfile, which takes several values

@@ -39,10 +39,7 @@ def imported_by(script: str) -> set[str]:
         # yaml: hpcllm.text.hub_files reads a dataset card only on the login node
         ("tokenize.py", {"yaml"}),
         ("merge_tokenized.py", {"yaml"}),
-        # numpy only generates the sample images (hpcllm.vision.sample_data), no pack;
-        # subprocess came with ctypes.util, which ran ldconfig to find the C library;
-        # yaml with go_offline from hpcllm.launch (hpcllm.clusters): now hpcllm.offline
-        ("pack_lmdb.py", {"numpy", "subprocess", "yaml"}),
+        # pack_lmdb's job is a module now: tests/vision/test_pack_job.py
     ],
 )
 def test_a_job_script_imports_only_what_it_uses(script, also_unused):
