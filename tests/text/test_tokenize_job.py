@@ -77,4 +77,8 @@ def test_a_config_too_large_for_a_command_line_is_refused_naming_its_key():
     files = [f"part-{i:06d}.jsonl" for i in range(MAX_ARGUMENT_CHARS // 10)]
     with pytest.raises(JobArgumentError, match=r"text.sources.web is [\d,]+ characters"):
         job_argument({"type": "local", "files": files}, "text.sources.web")
-    assert json.loads(job_argument({"b": 1, "a": "it's"})) == {"a": "it's", "b": 1}
+    config = {"b": 1, "a": ["it's", None]}
+    argument = job_argument(config)
+    assert f"{argument}" == str(argument) == '{"a":["it\'s",null],"b":1}'
+    # Snakemake records a param by its repr to decide a rerun: the same as the plain dict's
+    assert repr(argument) == repr(config) and argument == config

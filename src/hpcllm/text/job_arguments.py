@@ -15,15 +15,26 @@ class JobArgumentError(ValueError):
     """A config too large to pass on a job's command line."""
 
 
-def job_argument(value: dict[str, Any], key: str = "") -> str:
-    """``value`` as one command-line argument: compact JSON, keys sorted so that the
-    rule's params (which Snakemake compares to decide a rerun) do not change with the
-    config files' key order."""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
-    if len(text) > MAX_ARGUMENT_CHARS:
+class JobArgument(dict):
+    """A config as a rule's param: the dict itself where Snakemake records params to
+    decide a rerun (its ``repr``: the same record as before the rule ran a module, so
+    existing outputs are not redone), compact JSON where the shell command formats it."""
+
+    def __format__(self, spec: str) -> str:
+        return format(json.dumps(self, sort_keys=True, separators=(",", ":")), spec)
+
+    def __str__(self) -> str:
+        return self.__format__("")
+
+
+def job_argument(value: dict[str, Any], key: str = "") -> JobArgument:
+    """``value`` as a param that a shell command passes as one JSON argument; refused,
+    naming ``key``, where it would not fit on a command line."""
+    argument = JobArgument(value)
+    if len(str(argument)) > MAX_ARGUMENT_CHARS:
         raise JobArgumentError(
-            f"{key or 'a config section'} is {len(text):,} characters as JSON, more than a "
-            f"job's command line takes ({MAX_ARGUMENT_CHARS:,}): name the files with "
+            f"{key or 'a config section'} is {len(str(argument)):,} characters as JSON, more "
+            f"than a job's command line takes ({MAX_ARGUMENT_CHARS:,}): name the files with "
             "globs instead of listing them one by one"
         )
-    return text
+    return argument
