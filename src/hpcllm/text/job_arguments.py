@@ -17,8 +17,8 @@ class JobArgumentError(ValueError):
 
 class JobArgument(dict):
     """A config as a rule's param: the dict itself where Snakemake records params to
-    decide a rerun (its ``repr``: the same record as before the rule ran a module, so
-    existing outputs are not redone), compact JSON where the shell command formats it."""
+    decide a rerun (its ``repr``: the record the ``script:`` rule wrote, so a param is
+    never a reason to redo a shard), compact JSON where the shell command formats it."""
 
     def __format__(self, spec: str) -> str:
         return format(json.dumps(self, sort_keys=True, separators=(",", ":")), spec)
