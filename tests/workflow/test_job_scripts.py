@@ -49,12 +49,17 @@ def rule_scripts() -> dict[str, tuple[str, bool]]:
     import re
 
     rules = {}
+    smk_text = "\n".join(p.read_text() for p in (REPO / "workflow" / "rules").glob("*.smk"))
     for smk in sorted((REPO / "workflow" / "rules").glob("*.smk")):
         for block in re.split(r"\n(?=rule \w+:)", smk.read_text()):
             head = re.match(r"rule (\w+):", block)
             script = re.search(r'script:\s*\n\s*"\.\./scripts/([\w.]+)"', block)
-            # a shell: rule running a package module (python -m hpcllm.text.tokenize_job)
-            module = re.search(r"shell:\s*\n(?:\s*\".*\"\n)*?.* -m (hpcllm[\w.]+)", block)
+            # a shell: rule running a package module: params module=NAME, where the rule
+            # files define NAME = PackageModule("hpcllm.text.tokenize_job", ...)
+            param = re.search(r"^\s+module=(\w+),$", block, re.M)
+            module = param and re.search(
+                rf'^{param.group(1)} = PackageModule\(\s*"(hpcllm[\w.]+)"', smk_text, re.M
+            )
             if head and (script or module):
                 local = re.search(r"^\s+localrule: (.*)$", block, re.M)
                 name = (

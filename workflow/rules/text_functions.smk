@@ -178,13 +178,16 @@ def tokenizer_inputs(wildcards):
 # checkout's package first on the path, and the Python Snakemake gives a script: job (the
 # environment's under --software-deployment-method conda, else this process's).
 from snakemake.settings.types import DeploymentMethod
-from hpcllm.text.job_arguments import job_argument
+from hpcllm.text.job_arguments import PackageModule, job_argument
 
-HPCLLM_SRC = os.path.join(HPCLLM_ROOT, "src")
-JOB_PYTHON = (
-    "python"
-    if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
-    else sys.executable
+TOKENIZE_JOB = PackageModule(
+    "hpcllm.text.tokenize_job",
+    os.path.join(HPCLLM_ROOT, "src"),
+    (
+        "python"
+        if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
+        else sys.executable
+    ),
 )
 
 

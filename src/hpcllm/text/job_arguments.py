@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any
 
 # Snakemake runs a shell: job as `bash -c "<command>"`: one argument, which Linux caps at
@@ -38,3 +39,21 @@ def job_argument(value: dict[str, Any], key: str = "") -> JobArgument:
             "globs instead of listing them one by one"
         )
     return argument
+
+
+class PackageModule:
+    """``python -m <module>`` of this checkout's package, as a shell: rule's param: the
+    checkout's ``src`` first on ``PYTHONPATH`` (an installed copy of the package would
+    come after it) and the given Python, both quoted. Not a builtin type, so Snakemake
+    does not record it among the params that decide a rerun: a new path of the virtual
+    environment or the checkout is no reason to redo a job."""
+
+    def __init__(self, module: str, src: str, python: str) -> None:
+        self.module, self.src, self.python = module, src, python
+
+    def __str__(self) -> str:
+        path = f"PYTHONPATH={shlex.quote(self.src)}${{PYTHONPATH:+:$PYTHONPATH}}"
+        return f"{path} {shlex.quote(self.python)} -m {self.module}"
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
