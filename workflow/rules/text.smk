@@ -97,7 +97,7 @@ rule tokenize:
     resources:
         mem_mb=4000,
         runtime=60,
-    # The package's module from shell: a script: job costs 0.18 CPU-s more (Snakemake's
+    # The package's module from shell: a script: job costs about 0.2 CPU-s more (Snakemake's
     # nbformat import, a second Python unpickling the job); the configs go as JSON.
     params:
         module=TOKENIZE_JOB,
