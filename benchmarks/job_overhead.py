@@ -9,13 +9,14 @@ measures the CPU time (user + system, the process and its children) of:
 
 - ``python -c pass``: the interpreter's own start;
 - the bare job: the same job command on a bare Snakefile with a rule ``tokenize`` of the
-  same outputs whose shell is ``true`` (Snakemake's own job start);
+  same outputs whose shell touches them (Snakemake's own job start);
 - the bare job with ``script:`` instead of ``shell:`` (a script that touches the outputs):
   what Snakemake's ``script:`` itself costs a job;
-- the workflow's job process without its script (the same command with ``-n``): Snakemake
+- the workflow's job process without its command (the same command with ``-n``): Snakemake
   plus parsing this workflow's Snakefile in a job;
-- the workflow's tokenize job as a whole (its script on a one-document shard);
-- each job script's imports alone (tokenize, merge_tokenized, pack_lmdb), in a fresh Python.
+- the workflow's tokenize job as a whole (``python -m hpcllm.text.tokenize_job`` from
+  ``shell:`` since issue 51 item 11, a ``script:`` before; on a one-document shard);
+- each job's imports alone (tokenize, merge_tokenized, pack_lmdb), in a fresh Python.
 
 Python writes the bytecode of the modules it compiles (``__pycache__``), as it does on a
 cluster by default: each command runs once before the rounds, and ``PYTHONDONTWRITEBYTECODE``
@@ -74,7 +75,8 @@ TOUCH_OUTPUTS = (
 # path after site-packages, as Snakemake puts it: workflow/scripts/tokenize.py must not
 # shadow the standard library's tokenize).
 IMPORTS = {
-    "tokenize": "from hpcllm.offline import go_offline\nfrom hpcllm import logs\n"
+    "tokenize": "import argparse, json\nfrom hpcllm.offline import go_offline\n"
+    "from hpcllm import logs\n"
     "from hpcllm.text.shards import source_policy, tokenize_source_shard\n"
     "from hpcllm.text.tokenizers_config import tokenizer_for",
     "merge_tokenized": "from hpcllm.offline import go_offline\nfrom hpcllm import logs\n"
@@ -196,7 +198,7 @@ def commands(compare: Path | None = None, ref: str = "") -> dict[str, list[str]]
     if compare is not None:
         cmds[COMPARED_WHOLE.format(ref=ref)] = job_command(str(compare / "Snakefile"), dry=False)
     for name, code in IMPORTS.items():
-        cmds[f"{name} script's imports"] = [sys.executable, "-c", SCRIPT_PATH + code]
+        cmds[f"{name} job's imports"] = [sys.executable, "-c", SCRIPT_PATH + code]
     return cmds
 
 
@@ -225,7 +227,7 @@ def run(work: Path, repeat: int, ref: str | None = None, bytecode: bool = True) 
     whole = medians["workflow tokenize job, whole"]
     parse = medians["workflow job process, no script (-n)"]
     print(f"Snakefile parse and checks in a job, over bare Snakemake: {parse - bare:.2f} s CPU")
-    print(f"script (fresh Python, imports, tokenizer, one document): {whole - parse:.2f} s CPU")
+    print(f"command (its Python, imports, tokenizer, one document): {whole - parse:.2f} s CPU")
     print(f"ratio workflow tokenize job / bare Snakemake job: {whole / bare:.2f}")
     script = medians["bare job, script: touching the outputs"]
     print(f"Snakemake's script: itself, over shell: {script - bare:.2f} s CPU")

@@ -99,3 +99,12 @@ def test_compressed_and_empty_files_are_still_counted(tmp_path):
         sizes = [len(b) for b in blocks]
         assert max(sizes) - min(sizes) <= 1  # blocks of records
         assert [i for b in blocks for i in b][-1] == (paths[-1], "empty_file") or len(paths) == 1
+
+
+@pytest.mark.parametrize("chunk", [7, 64, 1 << 24])
+def test_the_newlines_before_a_block_are_counted_in_the_mapped_file(tmp_path, chunk):
+    path = tmp_path / "one.jsonl"
+    write_lines(path, sample_lines(50, "n"))
+    data = path.read_bytes()
+    for pos in (1, 6, 7, 8, 63, 64, 65, len(data) // 2, len(data) - 1, len(data), len(data) + 9):
+        assert sources._newlines_before(str(path), pos, chunk) == data[:pos].count(b"\n"), pos

@@ -15,9 +15,11 @@ import pytest
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 from support import hang_guard
 
+from hpcllm.text import tokenization
 from hpcllm.text.sample_corpus import write_jsonl_zst
 from hpcllm.text.tokenization import (
     TokenizerError,
+    encode_each,
     gigatoken_encoder,
     hf_encoder,
     load_tokenizer,
@@ -39,12 +41,23 @@ def hf_ids(tok, text, special_tokens_in_text="text"):
 
 
 @pytest.mark.parametrize("special_tokens_in_text", ["text", "special"])
+@pytest.mark.parametrize("path", ["each document", "encode_batch"])
 def test_gigatoken_gives_hf_ids_on_many_scripts(
-    trained_tokenizer, edge_texts, sample_texts, special_tokens_in_text
+    trained_tokenizer, edge_texts, sample_texts, special_tokens_in_text, path, monkeypatch
 ):
+    """Both of gigatoken's paths: document by document (one thread, or a small batch) and
+    encode_batch on its pool (read back through awkward)."""
     tok = with_special_handling(load_tokenizer(trained_tokenizer), special_tokens_in_text)
     texts = edge_texts + sample_texts
-    flat, lengths = gigatoken_encoder(tok).encode(texts)
+    calls = []
+    monkeypatch.setattr(tokenization, "encode_each", lambda *a: calls.append(1) or encode_each(*a))
+    if path == "encode_batch":
+        monkeypatch.setattr(tokenization, "EACH_DOCUMENT_CHARS", 0)
+    flat, lengths = gigatoken_encoder(tok, threads=1 if path == "each document" else 2).encode(
+        texts
+    )
+    assert len(calls) == (path == "each document")
+    assert flat.dtype == np.uint32 and lengths.dtype == np.int64
     ref_flat, ref_lengths = hf_encoder(tok).encode(texts)
     np.testing.assert_array_equal(lengths, ref_lengths)
     np.testing.assert_array_equal(flat, ref_flat)
@@ -54,6 +67,31 @@ def test_gigatoken_gives_hf_ids_on_many_scripts(
         assert flat[offsets[i] : offsets[i + 1]].tolist() == hf_ids(
             tok, text, special_tokens_in_text
         )
+
+
+def test_one_document_at_a_time_beside_encode_batch_in_another_thread(
+    trained_tokenizer, sample_texts
+):
+    """The stage checks a window of batch n on its thread while batch n + 1 is encoded on
+    another: gigatoken's encode must not run during its encode_batch ("Already
+    borrowed"); the small call waits or takes encode_batch, with the same ids."""
+    import threading
+
+    enc = gigatoken_encoder(load_tokenizer(trained_tokenizer), threads=2)
+    big, small = sample_texts * 40, sample_texts[:3]
+    assert sum(map(len, big)) >= tokenization.EACH_DOCUMENT_CHARS > sum(map(len, small))
+    want_small = hf_encoder(load_tokenizer(trained_tokenizer)).encode(small)
+    results = {}
+    worker = threading.Thread(target=lambda: results.update(big=enc.encode(big)))
+    worker.start()
+    calls = 0
+    while worker.is_alive() or not calls:
+        got = enc.encode(small)
+        np.testing.assert_array_equal(got[0], want_small[0])
+        calls += 1
+    worker.join()
+    flat, lengths = results["big"]
+    assert len(lengths) == len(big) and int(lengths.sum()) == len(flat)
 
 
 def test_gpt2_style_files_give_the_same_ids_as_tokenizer_json(trained_tokenizer, edge_texts):

@@ -16,11 +16,20 @@ HEAVY = {"pandas", "torch", "matplotlib", "scipy", "transformers", "datasets", "
 
 
 def imported_by(script: str) -> set[str]:
-    """The top-level packages in sys.modules after the script's own import statements,
+    """The top-level packages in sys.modules after the script's own import statements
+    (a package module's: also those of its main(), where a shell: rule's job makes them),
     run in a fresh Python with the scripts' folder after site-packages (as Snakemake puts
     it)."""
-    tree = ast.parse((SCRIPTS / script).read_text())
-    imports = [ast.unparse(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    path = REPO / "src" / script if script.startswith("hpcllm/") else SCRIPTS / script
+    tree = ast.parse(path.read_text())
+    mains = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"]
+    body = tree.body + [s for m in mains for s in m.body]
+    imports = [
+        ast.unparse(n)
+        for n in body
+        if isinstance(n, (ast.Import, ast.ImportFrom))
+        and getattr(n, "module", None) != "__future__"
+    ]
     code = "\n".join(
         [
             f"import sys; sys.path.append({str(SCRIPTS)!r})",
@@ -37,7 +46,7 @@ def imported_by(script: str) -> set[str]:
     "script, also_unused",
     [
         # yaml: hpcllm.text.hub_files reads a dataset card only on the login node
-        ("tokenize.py", {"yaml"}),
+        ("hpcllm/text/tokenize_job.py", {"yaml"}),
         ("merge_tokenized.py", {"yaml"}),
         # pack_lmdb's job is a module now: tests/vision/test_pack_job.py
     ],

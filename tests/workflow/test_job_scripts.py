@@ -49,23 +49,37 @@ def rule_scripts() -> dict[str, tuple[str, bool]]:
     import re
 
     rules = {}
+    smk_text = "\n".join(p.read_text() for p in (REPO / "workflow" / "rules").glob("*.smk"))
     for smk in sorted((REPO / "workflow" / "rules").glob("*.smk")):
         for block in re.split(r"\n(?=rule \w+:)", smk.read_text()):
             head = re.match(r"rule (\w+):", block)
             script = re.search(r'script:\s*\n\s*"\.\./scripts/([\w.]+)"', block)
-            if head and script:
+            # a shell: rule running a package module: params module=NAME, where the rule
+            # files define NAME = PackageModule("hpcllm.text.tokenize_job", ...)
+            param = re.search(r"^\s+module=(\w+),$", block, re.M)
+            module = param and re.search(
+                rf'^{param.group(1)} = PackageModule\(\s*"(hpcllm[\w.]+)"', smk_text, re.M
+            )
+            if head and (script or module):
                 local = re.search(r"^\s+localrule: (.*)$", block, re.M)
-                rules[head.group(1)] = (script.group(1), local is not None and local.group(1))
+                name = (
+                    script.group(1)
+                    if script
+                    else str(REPO / "src" / (module.group(1).replace(".", "/") + ".py"))
+                )
+                rules[head.group(1)] = (name, local is not None and local.group(1))
     return rules
 
 
 def calls_go_offline(path) -> bool:
+    """go_offline() at the top of a script, or in a module's main()."""
     tree = ast.parse(path.read_text())
+    mains = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"]
     return any(
         isinstance(n, ast.Expr)
         and isinstance(n.value, ast.Call)
         and getattr(n.value.func, "id", None) == "go_offline"
-        for n in tree.body
+        for n in tree.body + [s for m in mains for s in m.body]
     )
 
 

@@ -83,9 +83,9 @@ rule tokenize:
     output:
         multiext(
             "data/tokenized/{tok}/{source}/{shard}_text_document",
-            ".bin",
-            ".idx",
-            ".manifest.json",
+            bin=".bin",
+            idx=".idx",
+            manifest=".manifest.json",
         ),
     log:
         "logs/tokenize/{tok}/{source}/{shard}.log",
@@ -97,15 +97,23 @@ rule tokenize:
     resources:
         mem_mb=4000,
         runtime=60,
+    # The package's module from shell: a script: job costs about 0.2 CPU-s more (Snakemake's
+    # nbformat import, a second Python unpickling the job); the configs go as JSON.
     params:
-        source=source_read_config,
+        module=TOKENIZE_JOB,
+        source=source_read_argument,
         num_shards=source_num_shards,
-        defaults=TEXT_DEFAULTS,
-        tokenizer=tokenizer_use,
-        tokenize=TOKENIZE_SETTINGS,
-        prefix=subpath(output[0], strip_suffix=".bin"),
-    script:
-        "../scripts/tokenize.py"
+        defaults=job_argument(TEXT_DEFAULTS),
+        tokenizer=tokenizer_use_argument,
+        tokenize=job_argument(TOKENIZE_SETTINGS),
+        prefix=subpath(output.bin, strip_suffix=".bin"),
+    shell:
+        "{params.module} --source {wildcards.source:q}"
+        " --shard {wildcards.shard} --num-shards {params.num_shards}"
+        " --source-config {params.source:q} --defaults {params.defaults:q}"
+        " --tokenizer-config {params.tokenizer:q} --tokenizer-files {input.tokenizer:q}"
+        " --settings {params.tokenize:q} --prefix {params.prefix:q}"
+        " --manifest {output.manifest:q} --threads {threads} --log {log:q}"
 
 
 # Many shards in one job, side by side (text.tokenize.shards_per_job > 1: GPU sites where

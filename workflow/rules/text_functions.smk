@@ -174,6 +174,33 @@ def tokenizer_inputs(wildcards):
     return tokenizer_files(wildcards.tok, TOKENIZERS[wildcards.tok])
 
 
+# Jobs that run a package module from shell: (python -m hpcllm.text.tokenize_job): the
+# checkout's package first on the path, and the Python Snakemake gives a script: job (the
+# environment's under --software-deployment-method conda, else this process's).
+from snakemake.settings.types import DeploymentMethod
+from hpcllm.text.job_arguments import PackageModule, job_argument
+
+TOKENIZE_JOB = PackageModule(
+    "hpcllm.text.tokenize_job",
+    os.path.join(HPCLLM_ROOT, "src"),
+    (
+        "python"
+        if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
+        else sys.executable
+    ),
+)
+
+
+def source_read_argument(wildcards):
+    return job_argument(
+        read_config(wildcards.source), f"text.sources.{wildcards.source}"
+    )
+
+
+def tokenizer_use_argument(wildcards):
+    return job_argument(tokenizer_use(wildcards), f"text.tokenizers.{wildcards.tok}")
+
+
 # Given (type: files) tokenizers: rule tokenizer_folder's (a tokenizer.json, or GPT-2 files).
 GIVEN_TOKENIZERS = (
     "|".join(n for n, t in TOKENIZERS.items() if t["type"] == "files") or "NONE"

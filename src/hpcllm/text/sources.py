@@ -16,6 +16,7 @@ shard's block from its start.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import itertools
 import os
@@ -234,16 +235,33 @@ def _jsonl_byte_range(
             yield _jsonl_line(line, path, name, lineno, text_field, id_field)
 
 
-def _newlines_before(path: str, pos: int) -> int:
+def _newlines_before(path: str, pos: int, chunk: int = 1 << 24) -> int:
+    """The newlines in the first ``pos`` bytes of ``path``, counted in the file's pages
+    mapped (numpy over a 16 MiB window at a time): 0.14 CPU-s for 750 MB of text against
+    0.26 reading it into chunks and counting there (copying out of the page cache), the
+    share of a shard's CPU that grows with the file (issue 51 item 10)."""
+    import mmap
+
+    import numpy as np
+
     with open(path, "rb") as raw:
-        count, left = 0, pos
-        while left:
-            chunk = raw.read(min(left, 1 << 22))
-            if not chunk:
-                break
-            count += chunk.count(b"\n")
-            left -= len(chunk)
+        size = min(pos, os.fstat(raw.fileno()).st_size)
+        if size <= 0:
+            return 0
+        mapped = mmap.mmap(raw.fileno(), size, prot=mmap.PROT_READ)
+    try:
+        data = np.frombuffer(mapped, np.uint8, count=size)
+        hits = np.empty(min(chunk, size), bool)
+        count = 0
+        for start in range(0, size, chunk):
+            window = data[start : start + chunk]
+            np.equal(window, 10, out=hits[: len(window)])  # 10: b"\n"
+            count += int(np.count_nonzero(hits[: len(window)]))
+        del data, window  # views of the mapping: released before it is closed
         return count
+    finally:
+        with contextlib.suppress(BufferError):  # a view still held by an error's frame
+            mapped.close()
 
 
 def _jsonl_line(
