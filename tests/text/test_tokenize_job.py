@@ -13,7 +13,7 @@ import yaml
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 from support import REPO, run_snakemake
 
-from hpcllm.text.job_arguments import MAX_ARGUMENT_CHARS, JobArgumentError, job_argument
+from hpcllm.job_arguments import MAX_ARGUMENT_CHARS, JobArgumentError, job_argument
 from hpcllm.text.tokenization import load_tokenizer, with_special_handling
 
 EOD = "<|endoftext|>"

@@ -55,10 +55,10 @@ def rule_scripts() -> dict[str, tuple[str, bool]]:
             head = re.match(r"rule (\w+):", block)
             script = re.search(r'script:\s*\n\s*"\.\./scripts/([\w.]+)"', block)
             # a shell: rule running a package module: params module=NAME, where the rule
-            # files define NAME = PackageModule("hpcllm.text.tokenize_job", ...)
+            # files define NAME = package_module("hpcllm.text.tokenize_job")
             param = re.search(r"^\s+module=(\w+),$", block, re.M)
             module = param and re.search(
-                rf'^{param.group(1)} = PackageModule\(\s*"(hpcllm[\w.]+)"', smk_text, re.M
+                rf'^{param.group(1)} = package_module\(\s*"(hpcllm[\w.]+)"', smk_text, re.M
             )
             if head and (script or module):
                 local = re.search(r"^\s+localrule: (.*)$", block, re.M)

@@ -151,6 +151,22 @@ if _plan_errors:
     )
 
 
+def package_module(name):
+    """A shell: rule's ``python -m <name>`` (hpcllm.job_arguments.PackageModule): the
+    checkout's package first on the path, and the Python Snakemake gives a script: job
+    (the environment's under --software-deployment-method conda, else this process's).
+    A job that runs a module instead of a script: spares Snakemake's script machinery
+    (about 0.2 CPU-s a job: docs/measurements/text.md)."""
+    from snakemake.settings.types import DeploymentMethod
+
+    from hpcllm.job_arguments import PackageModule
+
+    in_conda = DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
+    return PackageModule(
+        name, os.path.join(HPCLLM_ROOT, "src"), "python" if in_conda else sys.executable
+    )
+
+
 wildcard_constraints:
     source="|".join(SOURCES) or "NONE",
     tok="|".join(TOKENIZERS) or "NONE",

@@ -174,21 +174,9 @@ def tokenizer_inputs(wildcards):
     return tokenizer_files(wildcards.tok, TOKENIZERS[wildcards.tok])
 
 
-# Jobs that run a package module from shell: (python -m hpcllm.text.tokenize_job): the
-# checkout's package first on the path, and the Python Snakemake gives a script: job (the
-# environment's under --software-deployment-method conda, else this process's).
-from snakemake.settings.types import DeploymentMethod
-from hpcllm.text.job_arguments import PackageModule, job_argument
+from hpcllm.job_arguments import job_argument
 
-TOKENIZE_JOB = PackageModule(
-    "hpcllm.text.tokenize_job",
-    os.path.join(HPCLLM_ROOT, "src"),
-    (
-        "python"
-        if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
-        else sys.executable
-    ),
-)
+TOKENIZE_JOB = package_module("hpcllm.text.tokenize_job")
 
 
 def source_read_argument(wildcards):

@@ -43,15 +43,12 @@ rule pack_lmdb:
     params:
         dataset=image_dataset_config,
         vision={k: VISION[k] for k in ("on_bad_image", "check") if k in VISION},
-        src=VISION_JOB_SRC,
-        python=VISION_JOB_PYTHON,
+        module=PACK_JOB,
     # shell:, not script: Snakemake's script machinery cost each job 0.04-0.13 CPU-s here,
-    # like tar + sync's whole CPU on a small split (docs/measurements/vision.md). The checkout's
-    # src first on the path (as hpcllm_checkout does for scripts); the dicts go as their
-    # Python literals, the values Snakemake records for them, unchanged from script:.
+    # like tar + sync's whole CPU on a small split (docs/measurements/vision.md). The dicts
+    # go as their Python literals, the values Snakemake records for them, as with script:.
     shell:
-        "PYTHONPATH={params.src:q}${{PYTHONPATH:+:$PYTHONPATH}} {params.python:q}"
-        " -m hpcllm.vision.pack_job --dataset {wildcards.dataset:q}"
+        "{params.module} --dataset {wildcards.dataset:q}"
         " --dataset-config {params.dataset:q} --vision {params.vision:q}"
         " --split {wildcards.split:q} --lmdb {output.lmdb:q} --report {output.report:q}"
         " --log {log:q} --threads {threads}"

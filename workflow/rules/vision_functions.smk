@@ -2,23 +2,11 @@
 # vision.smk, which includes this file first).
 from pathlib import Path
 
-from snakemake.settings.types import DeploymentMethod
-
 from hpcllm.vision.datasets_config import check_dataset, dataset_root, is_configured
 
 VISION = config["vision"]
 IMAGE_DATASETS = VISION["datasets"]
-# pack_lmdb's checkout and Python, as Paths: Snakemake records no Path among a job's params
-# (only plain values), so another venv or a moved checkout does not make packed splits out
-# of date. The Python is the one script: would use: the conda environment's where
-# Snakemake deploys it (--software-deployment-method conda), else the Python running
-# Snakemake (the project's venv, which need not be activated).
-VISION_JOB_SRC = Path(HPCLLM_ROOT, "src")
-VISION_JOB_PYTHON = Path(
-    "python"
-    if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
-    else sys.executable
-)
+PACK_JOB = package_module("hpcllm.vision.pack_job")
 
 # A missing tree or labels file is reported here, at plan time (dry run included).
 for _name, _dataset in IMAGE_DATASETS.items():
