@@ -83,7 +83,8 @@ IMPORTS = {
     "from hpcllm.text.indexed_dataset import merge_datasets\n"
     "from hpcllm.text.shard_pool import check_batch_outputs\n"
     "from hpcllm.text.shards import check_source_size",
-    "pack_lmdb": "from hpcllm.offline import go_offline\nfrom hpcllm import logs\n"
+    "pack_lmdb": "import argparse, ast, json\nfrom hpcllm.offline import go_offline\n"
+    "from hpcllm import logs\n"
     "from hpcllm.vision.datasets_config import pack_dataset_split",
 }
 SCRIPT_PATH = (
