@@ -11,9 +11,11 @@ Segment 1 is trained once for both hang scenarios (their faults come in segment 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -26,9 +28,12 @@ from test_training import (
     CONFIG,
     EXPERIMENT,
     FINAL,
+    SAVE,
     SEG1,
     WATCHDOG,
+    chain_campaign,
     final_weights,
+    index_cache,
     training_workdir,
     with_watchdog_facts,
 )
@@ -230,4 +235,44 @@ def test_a_straggler_is_named_in_status_and_the_next_segment_avoids_its_node(
             f"\nstraggler: job {first['job_id']} ran {seconds(slowed['RunTime'])} s of its "
             f"{seconds(slowed['TimeLimit'])} s limit ({share:.1%}); {FAULTY} at {factor:.2f} x "
             f"the median, excluded by job {second['job_id']}"
+        )
+
+
+def test_a_chain_job_keeps_its_successor_off_the_straggler_node(
+    cluster3, text_data, tmp_path, monkeypatch, capsys
+):
+    """The campaign as a chain of our own jobs (training.chain), no Snakemake: segment
+    1's rank on n2 slowed. Job 1 submitted its successor before it trained; once its
+    record named n2 beyond the factor, it has Slurm keep the successor off n2 (scontrol
+    update: the successor's ExcNodeList), which runs on n1 and n3 and records that."""
+    from hpcllm.training.campaign import chain
+
+    work = training_workdir(text_data, tmp_path / "work")
+    index_cache(work)
+    campaign = chain_campaign(work, cluster3, monkeypatch)
+    facts = dataclasses.replace(campaign.cluster.watchdog, straggler_factor=STRAGGLER_FACTOR)
+    campaign.cluster = dataclasses.replace(campaign.cluster, watchdog=facts)
+    campaign.environment[FAULT_ENV] = f"slow:{FAULTY}:0:0.3"
+    state, _ = chain.ensure(campaign)
+    assert state == "submitted"
+    deadline = time.monotonic() + hang_guard(150)  # 2 segments of 40 iterations
+    while chain.next_segment(campaign) is not None or chain.chain_jobs(campaign.job_name()):
+        assert time.monotonic() < deadline, cluster3.jobs()
+        time.sleep(0.5)
+    first, second, *_ = chain.submitted_jobs(work / SAVE)
+    assert second["after"] == first["job"]
+    found = json.loads((work / SEG1).read_text())["stragglers"]
+    assert found["slowest"]["host"] == FAULTY and found["beyond"], found
+    slowed, following = (job_fields(cluster3, j["job"]) for j in (first, second))
+    assert FAULTY in nodes_of(cluster3, slowed), slowed
+    assert following["ExcNodeList"] == FAULTY, following
+    assert FAULTY not in nodes_of(cluster3, following), following
+    (entry,) = json.loads((work / LOGS / "seg2.attempts.json").read_text())
+    assert (entry["job_id"], entry["failure"], entry["excluded"]) == (second["job"], None, [FAULTY])
+    assert chain.stopped(work / SAVE) is None
+    with capsys.disabled():
+        print(
+            f"\nchain: job {first['job']} ran segment 1 on {slowed['NodeList']} ({FAULTY} at "
+            f"{found['slowest']['factor']:.2f} x the median); job {second['job']} kept off "
+            f"{following['ExcNodeList']}, ran on {following['NodeList']}"
         )
