@@ -5,8 +5,10 @@ to move to), with the engine's test-only fault hook bound to node n2
 as a faulty node's would). The frozen rank (SIGSTOP) is test_training.py's.
 
 The experiment is test_training.py's ``tiny_2n`` (2 segments of 40 iterations on 2
-nodes); its uninterrupted run is the reference the hung campaigns reproduce bit for bit.
-Segment 1 is trained once for both hang scenarios (their faults come in segment 2). The
+nodes). Segment 1 is trained once for both hang scenarios (their faults come in segment
+2); segment 2 trained after it without a fault is the reference the faulted campaigns
+reproduce bit for bit (test_training.py's uninterrupted run would cost a whole campaign
+on another cluster more). The
 last test runs the straggler through a chain of our own jobs (training.chain).
 """
 
@@ -44,9 +46,8 @@ from hpcllm.training.engines.fault_injection import FAULT_ENV
 
 pytestmark = pytest.mark.slurm
 
-# test_training.py's fixtures: its text data, its uninterrupted run (the reference)
+# test_training.py's tokenized text (made with the local profile: seconds once cached)
 text_data = test_training.text_data
-uninterrupted = test_training.uninterrupted
 
 FAULTY = "n2"  # Slurm gives a 2-node job the first idle nodes: n1 and n2
 LOGS = f"logs/train_segment/{EXPERIMENT}"
@@ -97,6 +98,17 @@ def segment_one(three_nodes, text_data, tmp_path_factory) -> Path:
     return work
 
 
+@pytest.fixture(scope="module")
+def reference(segment_one, three_nodes, tmp_path_factory) -> dict[str, torch.Tensor]:
+    """The final weights of tiny_2n trained without a fault: segment_one's segment 1,
+    then segment 2."""
+    three_nodes.restore()
+    work = training_workdir(segment_one, tmp_path_factory.mktemp("slurm-reference") / "work")
+    slurmruns.run(work, three_nodes, "--configfile", str(CONFIG), str(retries(work)), "--",
+                  FINAL, timeout=hang_guard(150))  # fmt: skip
+    return final_weights(work)
+
+
 def finish(work: Path, cluster, *args: str, fault: str, timeout: float) -> None:
     """Snakemake run to its end with the test fault ``fault`` in its jobs' environment
     (sbatch exports it); fails with its output."""
@@ -144,7 +156,7 @@ def ended_within_a_quarter(job: dict[str, str]) -> float:
     ids=["stuck_save", "stuck_data_loader"],
 )
 def test_a_rank_stuck_in_its_save_or_data_ends_as_a_hang_and_the_retry_avoids_its_node(
-    kind, phase, iteration, segment_one, cluster3, uninterrupted, tmp_path, capsys
+    kind, phase, iteration, segment_one, reference, cluster3, tmp_path, capsys
 ):
     """Segment 2's ranks on n2 block forever in their save (at iteration 50, the first
     past 42) or their data loading (iteration 43); their heartbeat threads write on, so
@@ -183,7 +195,7 @@ def test_a_rank_stuck_in_its_save_or_data_ends_as_a_hang_and_the_retry_avoids_it
         f"{FAULTY} (hang in segment 2, rank {suspect['rank']} in '{phase}' at iteration "
         f"{iteration})" in shown
     ), shown
-    resumed, reference = final_weights(work), final_weights(uninterrupted[0])
+    resumed = final_weights(work)
     assert all(torch.equal(resumed[k], reference[k]) for k in reference)
     with capsys.disabled():
         print(
@@ -194,7 +206,7 @@ def test_a_rank_stuck_in_its_save_or_data_ends_as_a_hang_and_the_retry_avoids_it
 
 
 def test_a_straggler_is_named_in_status_and_the_next_segment_avoids_its_node(
-    cluster3, text_data, uninterrupted, tmp_path, capsys
+    reference, cluster3, text_data, tmp_path, capsys
 ):
     """Segment 1's rank on n2 sleeps 0.3 s in every step's compute: its record names n2
     as the slowest node beyond the cluster's factor, status names it with its factor, and
@@ -229,7 +241,7 @@ def test_a_straggler_is_named_in_status_and_the_next_segment_avoids_its_node(
     share = ended_within_a_quarter(slowed)
     shown = campaign_status(work, [str(EXAMPLES), str(CONFIG)], "profiles/testcluster")
     assert f"{FAULTY} (straggler in segment 1, {factor:.2f} x the median)" in shown, shown
-    resumed, reference = final_weights(work), final_weights(uninterrupted[0])
+    resumed = final_weights(work)
     assert all(torch.equal(resumed[k], reference[k]) for k in reference)
     with capsys.disabled():
         print(
