@@ -407,6 +407,41 @@ def test_a_retry_avoids_the_node_that_stopped_reporting_first(tmp_path):
     assert attempts.load(path)[0].excluded == ["n2"]
 
 
+def test_where_every_rank_was_alive_the_one_that_made_no_progress_first_is_suspect(tmp_path):
+    """A rank stuck in its save or data loading keeps writing its heartbeat (alive), the
+    others wait for it: the watchdog names it first among the waiting, the retry avoids
+    its node, and status says what it was doing."""
+    from test_status import attempts as write_attempts
+    from test_status import campaign
+
+    from hpcllm.training.campaign import status
+
+    hang = {"quiet_seconds": 20.0, "bound_seconds": 15, "phase": "save", "stopped": [],
+            "waiting": [{"rank": 1, "host": "n2", "pid": 7, "phase": "save", "iteration": 50},
+                        {"rank": 0, "host": "n1", "pid": 8, "phase": "step",
+                         "iteration": 51}]}  # fmt: skip
+    entry = attempts.Attempt(1, "79", "n1", 40, 1.0, 40, "hang", hang=hang)
+    assert attempts.suspect(hang) == {**hang["waiting"][0], "stopped": False}
+    assert attempts.suspect_nodes([entry], 2) == ["n2"]
+    # one that stopped reporting outranks the waiting ones
+    frozen = {**hang, "stopped": [{"rank": 0, "host": "n1", "pid": 8, "phase": "step",
+                                   "iteration": 51, "silent_seconds": 9.0}]}  # fmt: skip
+    assert attempts.suspect_nodes([attempts.Attempt(1, "79", "n1", 40, 1.0, 40, "hang",
+                                                    hang=frozen)], 2) == ["n1"]  # fmt: skip
+    campaign(tmp_path, reached=12, segments_done=1)
+    now = time.time()
+    write_attempts(tmp_path, [
+        {"attempt": 1, "job_id": "79", "host": "n1", "start_iteration": 10,
+         "started": now - 3600, "reached_iteration": 12, "failure": "hang",
+         "ended": now - 1800, "hang": hang},
+    ])  # fmt: skip
+    out = status.campaign_status(tmp_path, profile="profiles/local", jobs=[])
+    assert (
+        "last failure: hang (job 79): rank 1 on n2 made no progress first, in 'save' at "
+        "iteration 50 (every rank alive, the others waiting for it)" in out
+    ), out
+
+
 def test_of_ranks_seen_progressing_in_one_poll_the_one_behind_is_named_first(tmp_path):
     """Rank 1 blocks in its save before the barrier; rank 0 reaches the barrier (one more
     phase change) within the same poll: both alive, rank 1 named first, not by its number."""
@@ -463,3 +498,22 @@ def test_the_test_fault_hook_is_inert_unless_set_and_refuses_a_bad_value():
     assert time.monotonic() - started >= 1.0
     with pytest.raises(ValueError, match=f"{FAULT_ENV}='hang:1': expected save:<rank>"):
         Fault.from_environment({FAULT_ENV: "hang:1"})
+
+
+def test_a_test_fault_bound_to_a_node_hits_every_rank_there_and_none_elsewhere():
+    """As a faulty node: the ranks on it meet the fault whatever their number, and the
+    next job that excludes the node meets none (tests/slurm/test_hangs.py)."""
+    from hpcllm.training.engines.fault_injection import FAULT_ENV, Fault, inject
+
+    on_n2 = Fault.from_environment({FAULT_ENV: "slow:n2:3:1.0", "SLURMD_NODENAME": "n2"})
+    assert (on_n2.rank, on_n2.node, on_n2.here) == (None, "n2", "n2")
+    assert on_n2.hits(0) and on_n2.hits(1)
+    elsewhere = Fault.from_environment({FAULT_ENV: "slow:n2:3:1.0", "SLURMD_NODENAME": "n3"})
+    assert not elsewhere.hits(0) and not elsewhere.hits(1)
+    outside_slurm = Fault.from_environment({FAULT_ENV: "save:n2:3"})
+    assert not outside_slurm.hits(0)
+    started = time.monotonic()
+    inject(elsewhere, "slow", 1, 9)
+    assert time.monotonic() - started < 0.5
+    inject(on_n2, "slow", 0, 4)
+    assert time.monotonic() - started >= 1.0

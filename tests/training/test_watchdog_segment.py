@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -221,8 +222,22 @@ def test_a_slowed_rank_is_named_as_the_straggler(setup, tmp_path, monkeypatch):
         data_cache=str(cache),
         tensorboard=str(tmp_path / "tb"),
     )
+    # an earlier run's attempt at segment 1 hung with its stuck rank on this host: with
+    # the straggler, this host is suspect twice (hpcllm.training.campaign.suspects)
+    host = socket.gethostname()
+    stuck = {"rank": 0, "host": host, "pid": 1, "phase": "data", "iteration": 3}
+    earlier = attempts.attempts_path(paths.engine_log)
+    earlier.parent.mkdir(parents=True)
+    earlier.write_text(json.dumps([{
+        "attempt": 1, "job_id": "41", "host": host, "start_iteration": 0, "started": 1.0,
+        "reached_iteration": 0, "failure": "hang", "ended": 2.0,
+        "hang": {"stopped": [], "waiting": [stuck], "phase": "data", "bound_seconds": 8}}]))  # fmt: skip
     record = run_segment(NAME, prepared, 1, paths, cluster)
     found = record["stragglers"]
+    assert record["report_to_admins"] == [
+        f"node {host} was excluded twice (hang in segment 1, straggler in segment 1): "
+        "report it to the site's admins"
+    ], record
     print(f"straggler: {stragglers.describe(found)}")
     assert found["ranks"] == 2 and found["slowest"]["rank"] == 1, found
     assert found["slowest"]["compute_seconds"] >= 0.3  # the sleep is compute

@@ -222,7 +222,8 @@ def segment_slurm_extra(wildcards, attempt):
     """Slurm signals the job steps (srun -> torchrun -> the engine) before the time limit:
     SIGUSR2, which torchrun ignores and the engines save on, early enough for the save
     measured so far (hpcllm.training.campaign.signal_lead; the plan says which lead).
-    A retry after a hang avoids the node whose rank stopped reporting first (--exclude;
+    A retry after a hang avoids the node of its suspect rank, the one that stopped
+    reporting first or, every rank alive, made no progress first (--exclude;
     hpcllm.training.campaign.attempts.suspect_nodes); a segment after one whose record
     names a straggler beyond the cluster's factor avoids that node
     (hpcllm.training.campaign.stragglers)."""

@@ -63,17 +63,31 @@ class Attempt:
     excluded: list | None = None
 
 
+def suspect(hang: dict | None) -> dict | None:
+    """The rank a hang's record holds responsible: the one that stopped reporting first
+    (frozen, dead, its node gone), or where every rank was alive, the one that made no
+    progress first (stuck in its save or its data loading, the others waiting for it in
+    a barrier or the gradient all-reduce: hpcllm.training.campaign.watchdog orders them).
+    None where the engine names no rank (Megatron-LM writes no heartbeats)."""
+    if not hang:
+        return None
+    for kind in ("stopped", "waiting"):
+        ranks = hang.get(kind) or []
+        if ranks:
+            return {**ranks[0], "stopped": kind == "stopped"}
+    return None
+
+
 def suspect_nodes(attempts: list[Attempt], attempt: int) -> list[str]:
     """The nodes attempt ``attempt`` should avoid: for each attempt before it in this run
-    (:func:`current_chain`) that the watchdog ended as hung, the node of the rank that
-    stopped reporting first (Slurm's node name, from its heartbeat). Where every rank
-    was alive, or the engine names no rank, no node is suspect."""
+    (:func:`current_chain`) that the watchdog ended as hung, the node of its suspect rank
+    (:func:`suspect`; Slurm's node name, from its heartbeat). Where the engine names no
+    rank, no node is suspect."""
     found: list[str] = []
     for a in current_chain(attempts):
-        if a.attempt >= attempt or a.failure != "hang" or not a.hang:
+        if a.attempt >= attempt or a.failure != "hang":
             continue
-        stopped = a.hang.get("stopped") or []
-        host = stopped[0].get("host") if stopped else None
+        host = (suspect(a.hang) or {}).get("host")
         if host and host not in found:
             found.append(host)
     return found
@@ -86,20 +100,26 @@ def excluded_nodes(slurm_extra: str) -> list[str]:
 
 
 def hang_summary(entry: Attempt) -> str:
-    """For an attempt the segment's watchdog ended, the rank that stopped reporting first
-    and what it was doing (``: rank 1 on n3 stopped reporting first, in 'step' at
-    iteration 13``), for ``hpcllm status``; "" for any other attempt."""
+    """For an attempt the segment's watchdog ended, its suspect rank and what it was
+    doing (``: rank 1 on n3 stopped reporting first, in 'step' at iteration 13``; ``: rank
+    1 on n2 made no progress first, in 'save' at iteration 50 (every rank alive)``), for
+    ``hpcllm status``; "" for any other attempt."""
     if not entry.hang:
         return ""
-    stopped = entry.hang.get("stopped") or []
-    if not stopped:
-        return ": no rank named (the engine writes no heartbeats, or every rank still wrote)"
-    first = stopped[0]
+    first = suspect(entry.hang)
+    if first is None:
+        return ": no rank named (the engine writes no heartbeats)"
     if first.get("phase") is None:
         return f": rank {first['rank']} never reported"
+    where = (
+        f"in '{first['phase']}'{' (' + first['doing'] + ')' if first.get('doing') else ''} "
+        f"at iteration {first['iteration']}"
+    )
+    if first["stopped"]:
+        return f": rank {first['rank']} on {first['host']} stopped reporting first, {where}"
     return (
-        f": rank {first['rank']} on {first['host']} stopped reporting first, in "
-        f"'{first['phase']}' at iteration {first['iteration']}"
+        f": rank {first['rank']} on {first['host']} made no progress first, {where} "
+        "(every rank alive, the others waiting for it)"
     )
 
 

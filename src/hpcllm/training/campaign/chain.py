@@ -56,6 +56,7 @@ import json
 import logging
 import os
 import pickle
+import re
 import shlex
 import subprocess
 import sys
@@ -610,6 +611,7 @@ def step(campaign_file: str | os.PathLike, environ: Mapping[str, str] = os.envir
             campaign.cluster,
             container=campaign.container,
             attempt=attempt,
+            excluded=own_exclusion(me),
         )
     except SegmentRefused as e:
         last = attempts.current_chain(attempts.load(record_file))
@@ -650,6 +652,8 @@ def step(campaign_file: str | os.PathLike, environ: Mapping[str, str] = os.envir
     if next_segment(campaign) is None:
         log.info("%s: the campaign is complete", campaign.name)
         cancel([successor] if successor else [])
+    else:  # the next job avoids what this one found (a hung rank's node, a straggler)
+        exclude_in_successor(campaign, successor or _up_front_successor(campaign, me))
     if successor_error:
         raise ChainError(
             f"the chain of {campaign.name} ends with job {me}: its successor could not be "
@@ -682,6 +686,82 @@ def _successor(campaign: Campaign, me: str, environ: Mapping[str, str]) -> str:
     successor = submit(campaign, after=me)
     log.info("successor submitted: job %s (after job %s ends)", successor, me)
     return successor
+
+
+# ---- suspect nodes: kept off the next job (as the train_segment rule's slurm_extra does)
+
+
+def nodes_to_avoid(campaign: Campaign, segment: int) -> list[str]:
+    """The nodes the job that trains ``segment`` next should avoid: the campaign's own
+    ``--exclude`` (the plugin's ``exclude_failed_nodes``), the straggler the record of
+    the segment before names beyond the cluster's factor, and the node of each hang of
+    this chain's attempts at ``segment`` (:func:`attempts.suspect_nodes`)."""
+    from hpcllm.training.campaign import stragglers
+
+    nodes = attempts.excluded_nodes(" ".join(campaign.sbatch))
+    workdir = Path(campaign.workdir)
+    if segment > 1:
+        nodes += stragglers.nodes_to_exclude(workdir / campaign.paths(segment - 1).record)
+    path = attempts.attempts_path(workdir / campaign.paths(segment).engine_log)
+    mine = [a for a in attempts.load(path) if a.started >= campaign.started]
+    nodes += attempts.suspect_nodes(mine, len(mine) + 1)
+    return list(dict.fromkeys(nodes))
+
+
+def exclude_in_successor(campaign: Campaign, successor: str | None) -> list[str]:
+    """Once this job's segment ended, its successor (pending: submitted before the segment
+    ran, or up front) is told to avoid the suspect nodes for the segment it will train
+    (``scontrol update ExcNodeList``, which replaces the list: the campaign's own
+    exclusions are in it). The nodes it was told; none where nothing new is suspect. A
+    refusal (a site that lets no compute node change a job) is logged, not fatal: the
+    successor then runs where Slurm puts it, as before."""
+    segment = next_segment(campaign)
+    if not successor or segment is None:
+        return []
+    nodes = nodes_to_avoid(campaign, segment)
+    if nodes == attempts.excluded_nodes(" ".join(campaign.sbatch)):
+        return []
+    argv = ["scontrol", "update", f"JobId={successor}", f"ExcNodeList={','.join(nodes)}"]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        refused = (proc.stderr.strip() or proc.stdout.strip()) if proc.returncode else None
+    except (OSError, subprocess.TimeoutExpired) as e:
+        refused = str(e)
+    if refused is not None:
+        log.warning(
+            "job %s (segment %d) could not be kept off %s: `%s` failed (%s); it runs where "
+            "Slurm puts it", successor, segment, ", ".join(nodes), shlex.join(argv), refused,
+        )  # fmt: skip
+        return []
+    log.info("job %s (segment %d) excludes %s", successor, segment, ", ".join(nodes))
+    return nodes
+
+
+def own_exclusion(job_id: str | None) -> list[str] | None:
+    """The nodes Slurm was told to keep this job off (its ExcNodeList, as ``scontrol
+    show job`` has it), for the attempt's record; None outside Slurm or unknown."""
+    if not job_id:
+        return None
+    try:
+        proc = subprocess.run(["scontrol", "-o", "show", "job", job_id],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = re.search(r"(?:^|\s)ExcNodeList=(\S+)", proc.stdout) if proc.returncode == 0 else None
+    if not found or found.group(1) == "(null)":
+        return None
+    listed = subprocess.run(["scontrol", "show", "hostnames", found.group(1)],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    return (listed.stdout.split() or None) if listed.returncode == 0 else None
+
+
+def _up_front_successor(campaign: Campaign, me: str | None) -> str | None:
+    """In a chain submitted up front, the job submitted after this one."""
+    if not me or not campaign.up_front:
+        return None
+    after = [e["job"] for e in submitted_jobs(Path(campaign.workdir) / campaign.save)
+             if e.get("after") == me and e.get("chain") == campaign.chain_id]  # fmt: skip
+    return after[-1] if after else None
 
 
 def _lease_held(

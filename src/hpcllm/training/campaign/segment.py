@@ -32,7 +32,15 @@ from hpcllm.failures.classify import (
 from hpcllm.models import megatron_resiliency
 from hpcllm.models.megatron_args import exit_duration_minutes, transformer_impl_for
 from hpcllm.progress import Progress
-from hpcllm.training.campaign import attempts, calendar, records, signal_lead, stragglers, watchdog
+from hpcllm.training.campaign import (
+    attempts,
+    calendar,
+    records,
+    signal_lead,
+    stragglers,
+    suspects,
+    watchdog,
+)
 from hpcllm.training.campaign.chain_site import probe_record_path
 from hpcllm.training.campaign.engine_process import Signals, run_launch, segment_launch
 from hpcllm.training.checkpoints import lease
@@ -449,6 +457,11 @@ def _train_segment(
         )
         if slow:
             record["stragglers"] = slow
+    # a node suspected twice (hangs, stragglers) is for the site's admins, not our retries
+    found = suspects.events(Path(paths.record).parent, engine_log.parent, current=record)
+    for line in suspects.admin_reports(found):
+        record.setdefault("report_to_admins", []).append(line)
+        log.warning("%s", line)
     records.write_trained(record, paths)
     loss = record["lm_loss"]
     log.info(

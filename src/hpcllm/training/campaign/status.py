@@ -66,6 +66,9 @@ class ExperimentStatus:
     calendar: str | None = None
     # the newest segment's slowest node against the median (campaign.stragglers)
     straggler: str | None = None
+    # the nodes excluded after a hang or a straggler, and those excluded twice, for the
+    # site's admins (campaign.suspects)
+    suspect_nodes: tuple[str, ...] = ()
 
     @property
     def finished(self) -> bool:
@@ -514,7 +517,19 @@ def experiment_status(
         wh_per_million_tokens=wh_per_million_tokens(*energy) if energy else None,
         calendar=finish,
         straggler=newest_straggler(workdir / "results" / "train" / name),
+        suspect_nodes=suspect_node_lines(workdir, name),
     )
+
+
+def suspect_node_lines(workdir: Path, name: str) -> tuple[str, ...]:
+    """The suspect nodes' line, then one line per node excluded twice (campaign.suspects)."""
+    from hpcllm.training.campaign import suspects
+
+    found = suspects.events(
+        workdir / "results" / "train" / name, workdir / "logs" / "train_segment" / name
+    )
+    line = suspects.suspects_line(found)
+    return (line, *suspects.admin_reports(found)) if line else ()
 
 
 def newest_straggler(records: Path) -> str | None:
@@ -850,6 +865,7 @@ def format_status(
             lines.append(f"    {e.calendar}")
         if e.straggler:
             lines.append(f"    {e.straggler}")
+        lines += [f"    {x}" for x in e.suspect_nodes]
         if e.log_age_s is not None and not e.finished:
             lines.append(f"    newest engine log line: {_duration(e.log_age_s)} ago")
     if sweeps:

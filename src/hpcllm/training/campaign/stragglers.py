@@ -6,7 +6,9 @@ for the slowest at each gradient all-reduce, so one slow node sets the whole job
 A node whose rank is slower than the median by more than the cluster's
 ``watchdog.straggler_factor`` is named in the segment's record (``stragglers``), in
 ``hpcllm status``, and kept off the next segment's job (``--exclude``; the
-``train_segment`` rule's slurm_extra).
+``train_segment`` rule's slurm_extra; in a chain of jobs, the pending successor's
+ExcNodeList: hpcllm.training.campaign.chain.exclude_in_successor). A node suspected twice
+is reported for the site's admins (hpcllm.training.campaign.suspects).
 """
 
 from __future__ import annotations
