@@ -464,6 +464,13 @@ def experiment_view(
     }
     if s.wh_per_million_tokens is not None:  # where the GPUs have energy counters
         status["energy (Wh per million tokens)"] = f"{s.wh_per_million_tokens:,.1f}"
+    if s.straggler:  # the newest segment's slowest node against the median
+        status["slowest node"] = s.straggler
+    if s.suspect_nodes:  # excluded after a hang or a straggler; twice: for the admins
+        status["suspect nodes"] = s.suspect_nodes[0].removeprefix("suspect nodes, ")
+        status.update(
+            {f"for the site's admins ({i})": line for i, line in enumerate(s.suspect_nodes[1:], 1)}
+        )
     notes = [f"Last failure: {s.last_failure}."] if s.last_failure else []
     scores, stale = experiment_scores(workdir, name, s.total_iterations)
     notes += [stale] if stale else []
