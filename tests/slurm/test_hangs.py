@@ -2,7 +2,7 @@
 data loading, and a slowed rank, on a test cluster of three nodes (two for the job, one
 to move to), with the engine's test-only fault hook bound to node n2
 (hpcllm.training.engines.fault_injection: the fault stays behind when a job excludes n2,
-as a faulty node's would). The frozen rank (SIGSTOP) is test_training.py's.
+as a faulty node's would), and a rank frozen by SIGSTOP.
 
 The experiment is test_training.py's ``tiny_2n`` (2 segments of 40 iterations on 2
 nodes). Segment 1 is trained once for both hang scenarios (their faults come in segment
@@ -14,9 +14,12 @@ last test runs the straggler through a chain of our own jobs (training.chain).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
 import re
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -38,13 +41,15 @@ from test_training import (
     final_weights,
     index_cache,
     training_workdir,
+    wait_for_engine,
     with_watchdog_facts,
 )
 
 from hpcllm.training.campaign import attempts
 from hpcllm.training.engines.fault_injection import FAULT_ENV
 
-pytestmark = pytest.mark.slurm
+# one worker for the module: its cluster, segment 1 and the reference are made once
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("hangs")]
 
 # test_training.py's tokenized text (made with the local profile: seconds once cached)
 text_data = test_training.text_data
@@ -202,6 +207,63 @@ def test_a_rank_stuck_in_its_save_or_data_ends_as_a_hang_and_the_retry_avoids_it
             f"\nstuck {kind}: job {first['job_id']} ended after {seconds(hung['RunTime'])} s "
             f"of its {seconds(hung['TimeLimit'])} s limit ({share:.1%}); quiet "
             f"{hang['quiet_seconds']} s against the bound {hang['bound_seconds']} s"
+        )
+
+
+def test_a_frozen_rank_ends_its_segment_as_a_hang_and_the_retry_avoids_its_node(
+    segment_one, reference, cluster3, tmp_path, capsys
+):
+    """Rank 1 of segment 2 SIGSTOPped once it trains (through real sbatch, srun and
+    torchrun on two of the three nodes): the segment's watchdog ends the launch at its
+    bound (segment 1 measured the iterations: the floor), the job fails as ``hang`` naming
+    rank 1 and its node, Snakemake's second attempt runs with ``--exclude`` of that node
+    (recorded in its attempt), resumes, and the campaign ends bitwise equal to the
+    uninterrupted one."""
+    work = training_workdir(segment_one, tmp_path / "work")
+    hearts = work / f"{LOGS}/seg2.heartbeats"
+    frozen: dict = {}
+    proc = slurmruns.start(work, cluster3, "--configfile", str(CONFIG), str(retries(work)),
+                           "--", FINAL, log=work / "snakemake.out")  # fmt: skip
+    try:
+        job_id = wait_for_engine(cluster3, proc, work, segment=2, timeout=hang_guard(180))
+        deadline = time.monotonic() + hang_guard(30)
+        while not frozen:
+            assert time.monotonic() < deadline, list(hearts.glob("*"))
+            with contextlib.suppress(OSError, ValueError):
+                beat = json.loads((hearts / "rank1.json").read_text())
+                if beat["phase"] in ("data", "step", "sync") and beat["iteration"] > 42:
+                    os.kill(beat["pid"], signal.SIGSTOP)
+                    frozen = {**beat, "at": time.monotonic()}
+            time.sleep(0.05)
+        # the bound (15 s), a check (5 s), SIGTERM to SIGKILL (10 s); then the retry
+        returncode = proc.wait(timeout=hang_guard(120))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(frozen["pid"], signal.SIGKILL)
+    assert returncode == 0, (work / "snakemake.out").read_text()[-5000:]
+    first, second = json.loads((work / LOGS / "seg2.attempts.json").read_text())
+    # the retry: asked to avoid the frozen rank's node, and Slurm ran it on the others
+    hung, retry = job_fields(cluster3, job_id), job_fields(cluster3, second["job_id"])
+    assert second["failure"] is None and second["excluded"] == [frozen["host"]], second
+    assert frozen["host"] in nodes_of(cluster3, hung), hung
+    assert retry["ExcNodeList"] == frozen["host"], retry
+    assert frozen["host"] not in nodes_of(cluster3, retry), retry
+    assert (first["job_id"], first["failure"]) == (job_id, "hang"), first
+    stopped = first["hang"]["stopped"][0]
+    assert (stopped["rank"], stopped["host"], stopped["pid"]) == (1, frozen["host"], frozen["pid"])
+    assert frozen["host"] in ("n1", "n2", "n3")  # Slurm's node name, not the shared host's
+    assert first["hang"]["bound_seconds"] == 15
+    assert f"rank 1 on {frozen['host']}" in first["message"]
+    share = ended_within_a_quarter(hung)
+    resumed = final_weights(work)
+    assert all(torch.equal(resumed[k], reference[k]) for k in reference)
+    with capsys.disabled():
+        print(
+            f"\nfrozen rank: job {job_id} ended after {seconds(hung['RunTime'])} s of its "
+            f"{seconds(hung['TimeLimit'])} s limit ({share:.1%})"
         )
 
 

@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import signal
-import tempfile
 import time
 from pathlib import Path
 
@@ -1204,72 +1203,3 @@ def with_watchdog_facts(work: Path) -> None:
     text = facts.read_text()
     assert OWN_WATCHDOG in text, f"{facts}: its watchdog line changed; update this test"
     facts.write_text(text.replace(OWN_WATCHDOG, WATCHDOG))
-
-
-@pytest.mark.xdist_group("tiny_2n")
-def test_a_frozen_rank_ends_its_segment_as_a_hang_and_the_retry_avoids_its_node(
-    uninterrupted, text_data, tmp_path
-):
-    """On a test cluster of three nodes, rank 1 of segment 2 SIGSTOPped once it trains
-    (through real sbatch, srun and torchrun on two of them): the segment's watchdog ends
-    the launch at its bound (segment 1 measured the iterations: the floor), the job fails
-    as ``hang`` naming rank 1 and its node, Snakemake's second attempt runs with
-    ``--exclude`` of that node (recorded in its attempt), resumes, and the campaign ends
-    bitwise equal to the uninterrupted one."""
-    work = training_workdir(text_data, tmp_path / "work")
-    with_watchdog_facts(work)
-    retries = work / "retries.yaml"
-    retries.write_text("training: {max_attempts: 2}\n")
-    hearts = work / f"logs/train_segment/{EXPERIMENT}/seg2.heartbeats"
-    frozen: dict = {}
-    # A short folder for slurmstepd's sockets (see test_rehearsal_hold.py).
-    with (
-        tempfile.TemporaryDirectory(prefix="hpcllm-tc-") as root,
-        testcluster.running(Path(root), nodes=testcluster.node_names(3)) as three,
-    ):
-        proc = slurmruns.start(
-            work, three, "--configfile", str(CONFIG), str(retries), "--", FINAL,
-            log=work / "snakemake.out",
-        )  # fmt: skip
-        try:
-            job_id = wait_for_engine(three, proc, work, segment=2, timeout=hang_guard(180))
-            deadline = time.monotonic() + hang_guard(30)
-            while not frozen:
-                assert time.monotonic() < deadline, list(hearts.glob("*"))
-                with contextlib.suppress(OSError, ValueError):
-                    beat = json.loads((hearts / "rank1.json").read_text())
-                    if beat["phase"] in ("data", "step", "sync") and beat["iteration"] > 42:
-                        os.kill(beat["pid"], signal.SIGSTOP)
-                        frozen = {**beat, "at": time.monotonic()}
-                time.sleep(0.05)
-            # the bound (15 s), a check (5 s), SIGTERM to SIGKILL (10 s); then the retry
-            returncode = proc.wait(timeout=hang_guard(120))
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            if frozen:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(frozen["pid"], signal.SIGKILL)
-        assert returncode == 0, (work / "snakemake.out").read_text()[-5000:]
-        jobs = {j["id"]: j for j in three.jobs()}
-
-        def nodes_of(job: str) -> list[str]:
-            return three.run("scontrol", "show", "hostnames", jobs[job]["nodes"]).split()
-
-        first, second = json.loads(
-            (work / f"logs/train_segment/{EXPERIMENT}/seg2.attempts.json").read_text()
-        )
-        # the retry: asked to avoid the frozen rank's node, and Slurm ran it on the others
-        assert second["failure"] is None and second["excluded"] == [frozen["host"]], second
-        assert frozen["host"] in nodes_of(job_id)
-        assert frozen["host"] not in nodes_of(second["job_id"])
-    assert (first["job_id"], first["failure"]) == (job_id, "hang"), first
-    stopped = first["hang"]["stopped"][0]
-    assert (stopped["rank"], stopped["host"], stopped["pid"]) == (1, frozen["host"], frozen["pid"])
-    assert frozen["host"] in ("n1", "n2", "n3")  # Slurm's node name, not the shared host's
-    assert first["hang"]["bound_seconds"] == 15
-    assert f"rank 1 on {frozen['host']}" in first["message"]
-    assert first["ended"] - first["started"] < hang_guard(120)  # not the job's time limit
-    resumed = final_weights(work)
-    reference = final_weights(uninterrupted[0])
-    assert all(torch.equal(resumed[k], reference[k]) for k in reference)
