@@ -15,11 +15,16 @@ a high end (taken together for the interval):
   start-up (save assumed as long), else the canary's segments (a tiny model: a real one
   loads and saves longer), else :data:`DEFAULT_OVERHEAD_S`;
 - each job's own queue wait: a pending job's ``squeue --start`` time (the high end: it
-  counts other jobs' whole limits; the low end: at once), else the campaign's own measured
-  waits (the running job's included; median, range shortest to longest) from when the job
+  counts other jobs' whole limits; the low end: at once); the next job without one from
+  the partition's queue now (:mod:`queue_state`: other users' jobs, their sizes and
+  limits); the later ones the campaign's own measured waits (the running job's included;
+  median, range shortest to longest) with the queue now as one more, from when the job
   could start, so that a forecast moves only when something but the clock does; else
   unknown: not included, and said so;
 - the iterations left: the running job's by its own progress, then one job per segment.
+
+The interval is then widened where the campaign's own earlier predictions missed by more
+(:func:`calibrate`: split-conformal, on each side).
 
 Each segment's job writes the prediction it makes at its start into its record
 (``timing.prediction``, and a line in ``checkpoints/<exp>/chain/predictions.jsonl``,
