@@ -366,33 +366,45 @@ def test_the_campaigns_own_past_errors_widen_the_interval():
     predicted(old[0], T0 + 30, [T0 + 250])
     old[0]["timing"]["prediction"].pop("segment_ends")
     assert calendar.past_errors(old) == pytest.approx([20 / 240])
-    # a forecast whose interval is narrower than that: widened, said so
+    # a forecast whose interval is narrower than the first two errors: widened, said so
     rate = calendar.Rate(2.0, 2.0, 2.0, "2 s/iteration over 2 segments")
     narrow = calendar.forecast(
         T0 + 540, [100, 100], rate, calendar.Overhead(40, "measured"),
         calendar.Wait(0, 0, 0, "measured over 2 jobs", 2),
     )  # fmt: skip
     assert narrow.low == narrow.finish == narrow.high
-    f = calendar.calibrate(narrow, errors)
     left = narrow.finish - narrow.now
-    # with 3 errors the conformal 90 % quantile is the largest of them
+    f = calendar.calibrate(narrow, errors[:2])
+    # with 2 errors the conformal 90 % quantile is the larger; too few to move the date
     assert f.high == pytest.approx(narrow.finish + 20 / 240 * left)
     assert f.low == narrow.low  # no prediction was early
     assert f.finish == narrow.finish
-    assert "interval widened to this campaign's own errors (3 earlier predictions of segment " \
-        "ends: up to 8% late, 0% early of the time left)" in calendar.describe(f)  # fmt: skip
+    assert (
+        "interval widened to their spread (up to 8% late, 0% early of the time left): this "
+        "campaign's own errors (2 earlier predictions of segment ends)"
+    ) in calendar.describe(f)
     # one wide enough already is kept, and said to hold them
     wide = calendar.forecast(
         T0 + 540, [100, 100], calendar.Rate(2.0, 1.5, 3.0, "x"), calendar.Overhead(40, "m"),
         calendar.Wait(0, 0, 0, "measured over 2 jobs", 2),
     )  # fmt: skip
-    g = calendar.calibrate(wide, errors)
-    assert (g.low, g.high) == (wide.low, wide.high)
-    assert g.calibration == "interval holds this campaign's own errors (3 earlier " \
-        "predictions of segment ends)"  # fmt: skip
+    g = calendar.calibrate(wide, errors[:2])
+    assert (g.low, g.high, g.finish) == (wide.low, wide.high, wide.finish)
+    assert g.calibration == (
+        "interval holds their spread: this campaign's own errors (2 earlier predictions of "
+        "segment ends)"
+    )
+    # from 3 errors on the date moves by their median (late: 20/240 of the time left); the
+    # interval holds the errors' spread around it; the segments' ends stay the model's
+    h = calendar.calibrate(narrow, errors)
+    assert h.finish == pytest.approx(narrow.finish + 20 / 240 * left)
+    assert h.high == pytest.approx(h.finish)
+    assert h.low == pytest.approx(narrow.finish)  # the model's date stays inside
+    assert h.segment_ends == narrow.segment_ends
+    assert h.calibration.startswith("date moved 8% of the time left later; interval holds")
     # through campaign_forecast: the records' errors count
-    h = calendar.campaign_forecast(EXP, recs, 200, T0 + 540, pending_since=T0 + 541)
-    assert h.calibration is not None and h.high >= h.finish + 20 / 240 * (h.finish - h.now)
+    k = calendar.campaign_forecast(EXP, recs, 200, T0 + 540, pending_since=T0 + 541)
+    assert k.calibration is not None and k.finish > k.segment_ends[-1]
 
 
 def test_the_conformal_quantile_takes_the_largest_of_few_errors():

@@ -141,7 +141,10 @@ def test_the_next_job_waits_by_the_queue_and_later_ones_by_it_and_the_measured_w
 def test_the_measured_waits_and_the_queue_now_make_the_later_jobs_wait():
     measured = calendar.Wait(0.0, 0.0, 10.0, "measured over 3 jobs", 3)
     w = calendar.with_queue(measured, {"low": 4.0, "central": 40.0, "high": 80.0})
-    assert (w.seconds, w.low, w.high) == (10.0, 0.0, 80.0)
+    # the longer of the queue's and the measured median; the range from both
+    assert (w.seconds, w.low, w.high) == (40.0, 0.0, 80.0)
+    busy = calendar.Wait(60.0, 30.0, 90.0, "measured over 3 jobs", 3)
+    assert calendar.with_queue(busy, {"low": 0.0, "central": 0.0, "high": 0.0}).seconds == 60
     assert w.source == "measured over 3 jobs and the queue now"
     unknown = calendar.Wait(None, None, None, "unknown, not included")
     assert calendar.with_queue(unknown, {"low": 4.0, "central": 40.0, "high": 80.0}) == (

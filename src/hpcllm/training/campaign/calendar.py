@@ -75,6 +75,9 @@ PREDICTIONS = "predictions.jsonl"
 # Each side of the interval holds this share of the campaign's own past errors on its
 # side (late, early): two tails of 10 % leave the 80 % between them.
 CALIBRATION_TAIL = 0.9
+# From this many of its own past errors on, the date moves by their median: fewer say
+# little (one segment's start-up; a controller's outage).
+BIAS_AFTER = 3
 
 
 @dataclass(frozen=True)
@@ -126,7 +129,9 @@ class Forecast:
     finish: float
     low: float
     high: float
-    segment_ends: tuple[float, ...]  # the central end of each segment left, in order
+    # the central end of each segment left, in order: the model's (calibrate moves only
+    # the finish)
+    segment_ends: tuple[float, ...]
     rate: Rate
     overhead: Overhead
     wait: Wait
@@ -349,16 +354,16 @@ def wait_of(segments: Sequence[Measured]) -> Wait:
 
 
 def with_queue(wait: Wait, sample: Mapping[str, float] | None) -> Wait:
-    """The wait of jobs after the next: the measured waits and, as one more of them, what
-    the partition's queue now would make a job wait (``sample``: by side, in seconds), as
-    the queue then is unknown and may look like it does now."""
+    """The wait of jobs after the next: what the partition's queue now would make a job
+    wait (``sample``: by side, in seconds) or the measured waits' median, whichever is
+    longer (the queue now does not hold the jobs that arrive later, the measured waits
+    miss a queue that filled since: on the test cluster both were early, never late);
+    the range from both."""
     if sample is None:
         return wait
     if wait.seconds is None:
         return Wait(sample["central"], sample["low"], sample["high"], "from the queue now", 1)
-    # weighted by the jobs the measured wait stands for; a mean, as the finish adds waits
-    n = max(1, wait.jobs)
-    central = (wait.seconds * n + sample["central"]) / (n + 1)
+    central = max(wait.seconds, sample["central"])
     return Wait(
         central,
         min(wait.low if wait.low is not None else central, sample["low"]),
@@ -399,27 +404,39 @@ def _conformal(values: Sequence[float], share: float) -> float:
 
 
 def calibrate(f: Forecast, errors: Sequence[float]) -> Forecast:
-    """``f`` with its interval widened where the campaign's own past errors
-    (:func:`past_errors`) were larger: each side reaches at least the late (high) and
-    early (low) errors' :data:`CALIBRATION_TAIL` quantile, times the time left, so that the
-    interval holds :data:`INTERVAL` of them; said so in the line."""
+    """``f`` against the campaign's own past errors (:func:`past_errors`): from
+    :data:`BIAS_AFTER` of them on, the date moves by their median (a share of the time
+    left: segments that ran late keep running late on a loaded machine); the interval is
+    widened where the errors around that were larger: each side reaches at least the late
+    (high) and early (low) errors' :data:`CALIBRATION_TAIL` quantile, times the time left,
+    so that the interval holds :data:`INTERVAL` of them. Said so in the line."""
     if not errors:
         return f
     left = max(0.0, f.finish - f.now)
-    late = _conformal([max(0.0, e) for e in errors], CALIBRATION_TAIL)
-    early = _conformal([max(0.0, -e) for e in errors], CALIBRATION_TAIL)
-    high = max(f.high, f.finish + late * left)
-    low = max(f.now, min(f.low, f.finish - early * left))
+    bias = statistics.median(errors) if len(errors) >= BIAS_AFTER else 0.0
+    finish = max(f.now, f.finish + bias * left)
+    rest = [e - bias for e in errors]
+    late = _conformal([max(0.0, e) for e in rest], CALIBRATION_TAIL)
+    early = _conformal([max(0.0, -e) for e in rest], CALIBRATION_TAIL)
+    base_low, base_high = min(f.low, finish), max(f.high, finish)
+    high = max(base_high, finish + late * left)
+    low = max(f.now, min(base_low, finish - early * left))
     n = len(errors)
     compared = f"{n} earlier prediction{'s' * (n != 1)} of segment ends"
-    if high > f.high + 0.5 or low < f.low - 0.5:
-        note = (
-            f"interval widened to this campaign's own errors ({compared}: up to "
-            f"{late:.0%} late, {early:.0%} early of the time left)"
+    moved = ""
+    if bias:
+        moved = f"date moved {abs(bias):.0%} of the time left {'later' if bias > 0 else 'earlier'}"
+    if high > base_high + 0.5 or low < base_low - 0.5:
+        widened = (
+            f"interval widened to their spread (up to {late:.0%} late, {early:.0%} early of "
+            "the time left)"
         )
     else:
-        note = f"interval holds this campaign's own errors ({compared})"
-    return replace(f, low=low, high=high, calibration=note)
+        widened = "interval holds their spread"
+    note = f"{'; '.join(x for x in (moved, widened) if x)}: this campaign's own errors ({compared})"
+    # segment_ends stay the model's: later errors are measured against them, not against
+    # a date this median already moved
+    return replace(f, finish=finish, low=low, high=high, calibration=note)
 
 
 # ---- the forecast
