@@ -151,3 +151,24 @@ def test_the_measured_waits_and_the_queue_now_make_the_later_jobs_wait():
         calendar.Wait(40.0, 4.0, 80.0, "from the queue now", 1)
     )
     assert calendar.with_queue(measured, None) is measured
+
+
+def test_pending_jobs_of_lower_priority_than_our_next_job_are_behind_it():
+    """priority/basic (the test cluster's): by submission. Our next job (71, pending for
+    its dependency since our running job 70 started) was submitted before job 80: once
+    70 ends it goes first; job 65, submitted before it, goes before it."""
+    rows = "70|RUNNING|2|10:00|1:00|4294901690\n71|PENDING|2|10:00|0:00|4294901689\n"
+    later = rows + "80|PENDING|2|1:00|0:00|4294901680\n"
+    earlier = rows + "65|PENDING|2|1:00|0:00|4294901695\n"
+    for text, wait in ((later, 0), (earlier, 60)):
+        state = QueueState(T0, 2, tuple(queue_state.parse_jobs(text)), "batch")
+        starts = queue_state.start_range(state, ["70", "71"], 2, T0 + 540)
+        assert starts["high"] == T0 + 540 + wait
+    state = QueueState(T0, 2, tuple(queue_state.parse_jobs(later)), "batch")
+    assert "(0 running, 1 pending, 1 of them behind ours;" in queue_state.describe(
+        state, ["70", "71"]
+    )
+    # without our job pending (not submitted yet) every pending job is ahead
+    alone = "70|RUNNING|2|10:00|1:00|4294901690\n80|PENDING|2|1:00|0:00|4294901680\n"
+    state = QueueState(T0, 2, tuple(queue_state.parse_jobs(alone)), "batch")
+    assert queue_state.start_range(state, ["70"], 2, T0 + 540)["high"] == T0 + 600

@@ -34,18 +34,19 @@ TIMEOUT_S = 30
 EARLY_END_SHARE = 0.5
 EARLY_END_SHARE_LOW = 0.1
 SHARES = {"low": EARLY_END_SHARE_LOW, "central": EARLY_END_SHARE, "high": 1.0}
-SQUEUE_FORMAT = "%i|%T|%D|%l|%M"
+SQUEUE_FORMAT = "%i|%T|%D|%l|%M|%Q"
 
 
 @dataclass(frozen=True)
 class QueueJob:
-    """One job on the partition, as ``squeue -o %i|%T|%D|%l|%M`` prints it."""
+    """One job on the partition, as ``squeue -o %i|%T|%D|%l|%M|%Q`` prints it."""
 
     id: str
     state: str  # RUNNING, PENDING, ...
     nodes: int
     limit_s: float | None  # None: no limit (UNLIMITED, NOT_SET)
     elapsed_s: float
+    priority: float | None = None  # Slurm's: pending jobs start in its order
 
 
 @dataclass(frozen=True)
@@ -70,12 +71,19 @@ def slurm_duration(text: str) -> float | None:
 
 
 def parse_jobs(text: str) -> list[QueueJob]:
-    """Lines of ``squeue -h -o %i|%T|%D|%l|%M`` (other lines are skipped)."""
+    """Lines of ``squeue -h -o %i|%T|%D|%l|%M|%Q`` (without ``%Q``: no priority; other
+    lines are skipped)."""
     out = []
     for line in text.splitlines():
         parts = line.strip().split("|")
-        if len(parts) != 5 or not parts[2].strip().isdigit():
+        if len(parts) == 5:
+            parts.append("")
+        if len(parts) != 6 or not parts[2].strip().isdigit():
             continue
+        try:
+            priority = float(parts[5])
+        except ValueError:
+            priority = None
         out.append(
             QueueJob(
                 id=parts[0].strip(),
@@ -83,6 +91,7 @@ def parse_jobs(text: str) -> list[QueueJob]:
                 nodes=int(parts[2]),
                 limit_s=slurm_duration(parts[3]),
                 elapsed_s=slurm_duration(parts[4]) or 0.0,
+                priority=priority,
             )
         )
     return out
@@ -152,10 +161,13 @@ def start_range(
     """When our next job starts (epoch seconds) by side (low, central, high), if it is
     eligible (its dependency met) at ``eligible_at`` (from now on at the earliest), with
     the partition as ``state`` read it; the jobs of ``mine`` (this campaign's) are ours:
-    the running one holds its nodes until then, a pending one is the job itself. None
-    where it never fits."""
+    the running one holds its nodes until then, a pending one is the job itself: the other
+    pending jobs of lower priority than it are behind it (Slurm starts pending jobs in
+    priority order; by submission under priority/basic: a chain's next job, submitted when
+    its predecessor started, goes before the jobs submitted after it). None where it
+    never fits."""
     ours = set(mine)
-    others = [j for j in state.jobs if j.id not in ours]
+    others = [j for j in state.jobs if j.id not in ours and _ahead(j, state.jobs, ours)]
     ours_running = sum(j.nodes for j in state.jobs if j.id in ours and j.state == "RUNNING")
     eligible_in = max(0.0, eligible_at - state.at)
     out = {}
@@ -167,16 +179,30 @@ def start_range(
     return out
 
 
+def _ahead(job: QueueJob, jobs: Sequence[QueueJob], ours: set[str]) -> bool:
+    """A running job, or a pending one our next job (our pending job of highest
+    priority; none pending: every pending job is ahead) does not go before."""
+    if job.state != "PENDING":
+        return True
+    mine = [j.priority for j in jobs if j.id in ours and j.state == "PENDING"]
+    if not mine or None in mine or job.priority is None:
+        return True
+    return job.priority > max(p for p in mine if p is not None)
+
+
 def describe(state: QueueState, mine: Sequence[str]) -> str:
     """``the queue now: 3 other jobs on batch's 2 nodes (2 running, 1 pending)``."""
-    others = [j for j in state.jobs if j.id not in set(mine)]
+    ours = set(mine)
+    others = [j for j in state.jobs if j.id not in ours]
     running = sum(1 for j in others if j.state == "RUNNING")
-    pending = sum(1 for j in others if j.state == "PENDING")
+    pending = [j for j in others if j.state == "PENDING"]
+    ahead = sum(1 for j in pending if _ahead(j, state.jobs, ours))
+    behind = f", {len(pending) - ahead} of them behind ours" if ahead < len(pending) else ""
     return (
         f"the queue now: {len(others)} other job{'s' * (len(others) != 1)} on "
         f"{state.partition}'s {state.nodes} node{'s' * (state.nodes != 1)} ({running} "
-        f"running, {pending} pending; assumed to end at {EARLY_END_SHARE:.0%} of their "
-        f"limits, {EARLY_END_SHARE_LOW:.0%} to all)"
+        f"running, {len(pending)} pending{behind}; assumed to end at {EARLY_END_SHARE:.0%} "
+        f"of their limits, {EARLY_END_SHARE_LOW:.0%} to all)"
     )
 
 
