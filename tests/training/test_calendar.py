@@ -425,3 +425,15 @@ def test_a_segment_job_records_every_segment_end_it_predicts(tmp_path):
     p = timing["prediction"]
     assert len(p["segment_ends"]) == 2 and p["segment_ends"][0] == p["segment_end"]
     assert p["segment_ends"][-1] == p["campaign_end"]
+
+
+def test_controller_downtime_is_no_error_of_a_prediction():
+    """Segment 2's job was submitted 100 s after segment 1 ended (its controller was
+    stopped): segment 1's prediction of segment 2's end is judged without those 100 s."""
+    one = predicted(record(1, 2.0, T0 + 30, T0 + 270, submitted=T0), T0 + 30,
+                    [T0 + 270, T0 + 540])  # fmt: skip
+    two = record(2, 2.0, T0 + 400, T0 + 640, submitted=T0 + 370)
+    assert calendar.past_errors([one, two]) == pytest.approx([0.0, 0.0])
+    # a chain's successor, submitted while segment 1 ran: its wait is an error
+    three = record(2, 2.0, T0 + 400, T0 + 640, submitted=T0 + 30)
+    assert calendar.past_errors([one, three]) == pytest.approx([0.0, 100 / 610])

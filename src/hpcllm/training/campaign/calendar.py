@@ -376,23 +376,34 @@ def past_errors(records: Sequence[Mapping[str, Any]]) -> list[float]:
     """The campaign's own predictions against the segments that have ended since: per
     prediction a segment's record holds (made at its job's start) and per segment it
     predicted whose record holds its end, ``(actual - predicted) / (actual - made_at)``:
-    positive where it ended later than predicted, as a share of the time that was left."""
-    ends = {}
-    for rec in records:
-        ended = (rec.get("timing") or {}).get("ended")
+    positive where it ended later than predicted, as a share of the time that was left.
+    Time no job of the campaign was queued (a segment's job submitted after the one before
+    ended: its controller was stopped) is left out of ``actual``: controller downtime is
+    not what the calendar predicts, nor a rate or a queue to correct it by."""
+    ends, gaps = {}, {}
+    for rec in sorted(records, key=lambda r: r.get("segment", 0)):
+        timing = rec.get("timing") or {}
+        k, ended = rec.get("segment"), timing.get("ended")
+        submitted = (timing.get("job") or {}).get("submitted")
+        before = ends.get(k - 1) if isinstance(k, int) else None
+        if before is not None and isinstance(submitted, (int, float)):
+            gaps[k] = max(0.0, submitted - before)
         if isinstance(ended, (int, float)):
-            ends[rec.get("segment")] = ended
+            ends[k] = ended
     out = []
     for rec in records:
         p = (rec.get("timing") or {}).get("prediction")
-        if not isinstance(p, Mapping) or not isinstance(rec.get("segment"), int):
+        j = rec.get("segment")
+        if not isinstance(p, Mapping) or not isinstance(j, int):
             continue
         predicted = p.get("segment_ends") or [p.get("segment_end")]
         for i, pred in enumerate(predicted):
-            actual = ends.get(rec["segment"] + i)
-            if actual is None or pred is None or actual - p["made_at"] <= 0:
+            actual = ends.get(j + i)
+            if actual is None or pred is None:
                 continue
-            out.append((actual - pred) / (actual - p["made_at"]))
+            actual -= sum(gaps.get(m, 0.0) for m in range(j + 1, j + i + 1))
+            if actual - p["made_at"] > 0:
+                out.append((actual - pred) / (actual - p["made_at"]))
     return out
 
 
