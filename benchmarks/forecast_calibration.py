@@ -19,7 +19,8 @@ Scenarios:
 
 Prints, per scenario and over all: predictions, the share of actual ends inside the
 stated 80 % interval, the median and 90th percentile of the absolute error as a share of
-the time left, before any segment's record and once one has run, and by segments done;
+the time left (and the signed median, + where the end came later than predicted, and the
+interval's median width, both as shares of the time left), before any segment's record and once one has run, and by segments done;
 and how many polls showed a date while the campaign was stalled (must be 0).
 ``--report FILE``: the same from a saved ``--out`` file. ``--short``: the ``load``
 scenario with 3 segments (the suite's version: tests/slurm/test_training.py).
