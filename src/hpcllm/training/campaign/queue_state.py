@@ -12,10 +12,9 @@ nodes (``sinfo -p <partition> -o %F``), by placing them first come, first served
   it, a pending one runs that share of its limit;
 - low: :data:`EARLY_END_SHARE_LOW` of them.
 
-Users' jobs end well before their limits (Slurm's own backfill documentation asks users
-for limits near their run times because they are not; the test cluster's background
+Users' jobs end before their limits (the issue's premise; the test cluster's background
 jobs of benchmarks/forecast_calibration.py end at 8-75 % of theirs). The shares are
-assumptions, said so in the forecast line, not measurements of a site's users.
+assumptions, said so in the forecast line: nothing here measured a site's users.
 
 Jobs that arrive later are not in the queue now: the measured waits count them
 (hpcllm.training.campaign.calendar combines both). The parsers are pure; the readers
