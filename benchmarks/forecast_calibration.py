@@ -19,7 +19,8 @@ Scenarios:
 
 Prints, per scenario and over all: predictions, the share of actual ends inside the
 stated 80 % interval, the median and 90th percentile of the absolute error as a share of
-the time left, before any segment's record and once one has run, and by segments done;
+the time left (and the signed median, + where the end came later than predicted, and the
+interval's median width, both as shares of the time left), before any segment's record and once one has run, and by segments done;
 and how many polls showed a date while the campaign was stalled (must be 0).
 ``--report FILE``: the same from a saved ``--out`` file. ``--short``: the ``load``
 scenario with 3 segments (the suite's version: tests/slurm/test_training.py).
@@ -210,6 +211,9 @@ def summary(runs: list[dict]) -> dict:
                 {
                     "inside": low - 1 <= r["actual_end"] <= high + 1,  # whole seconds shown
                     "error": abs(finish - r["actual_end"]) / left,
+                    # signed: positive where the end came later than predicted
+                    "late": (r["actual_end"] - finish) / left,
+                    "width": (high - low) / left,
                     "done": done,
                 }
             )
@@ -223,6 +227,8 @@ def summary(runs: list[dict]) -> dict:
             "coverage": sum(x["inside"] for x in subset) / len(subset),
             "median_error": statistics.median(errors),
             "p90_error": errors[min(len(errors) - 1, int(0.9 * len(errors)))],
+            "median_late": statistics.median(x["late"] for x in subset),
+            "median_width": statistics.median(x["width"] for x in subset),
         }
 
     return {
@@ -244,6 +250,12 @@ def show(name: str, s: dict) -> str:
         return (
             f"{f['predictions']} predictions, {f['coverage']:.0%} inside the 80 % interval, "
             f"error median {f['median_error']:.1%} / p90 {f['p90_error']:.1%} of the time left"
+            + (
+                f" (signed median {f['median_late']:+.1%}: + late; interval width median "
+                f"{f['median_width']:.0%})"
+                if "median_width" in f
+                else ""
+            )
         )
 
     lines = [

@@ -341,3 +341,99 @@ def test_segment_one_is_rated_by_its_own_iterations_once_it_logged_some():
     # before it logged any: the plan's model rate, said so
     f = calendar.campaign_forecast(EXP, [], 0, T0 + 5, model_seconds=3.0, running_since=T0)
     assert "from the plan's model estimate" in f.rate.source
+
+
+def predicted(rec, made_at, ends):
+    """``rec`` with the prediction its job made at ``made_at``: segment ends ``ends``."""
+    rec["timing"]["prediction"] = {
+        "made_at": made_at, "segment_end": ends[0], "segment_ends": list(ends),
+        "campaign_end": ends[-1], "campaign_low": ends[-1], "campaign_high": ends[-1],
+    }  # fmt: skip
+    return rec
+
+
+def test_the_campaigns_own_past_errors_widen_the_interval():
+    """Segment 1's job predicted segment 1 at T0 + 250 and 2 at T0 + 500 (made at T0 +
+    30); they ended at T0 + 270 and T0 + 540. Segment 2's job predicted its end at T0 +
+    520. Errors, late, as a share of the time left: 20/240, 40/510, 20/240."""
+    recs = two_done()
+    predicted(recs[0], T0 + 30, [T0 + 250, T0 + 500, T0 + 750, T0 + 1000])
+    predicted(recs[1], T0 + 300, [T0 + 520, T0 + 760, T0 + 1000])
+    errors = calendar.past_errors(recs)
+    assert errors == pytest.approx([20 / 240, 40 / 510, 20 / 240])
+    # old records: their own segment's end only
+    old = two_done()
+    predicted(old[0], T0 + 30, [T0 + 250])
+    old[0]["timing"]["prediction"].pop("segment_ends")
+    assert calendar.past_errors(old) == pytest.approx([20 / 240])
+    # a forecast whose interval is narrower than the first two errors: widened, said so
+    rate = calendar.Rate(2.0, 2.0, 2.0, "2 s/iteration over 2 segments")
+    narrow = calendar.forecast(
+        T0 + 540, [100, 100], rate, calendar.Overhead(40, "measured"),
+        calendar.Wait(0, 0, 0, "measured over 2 jobs", 2),
+    )  # fmt: skip
+    assert narrow.low == narrow.finish == narrow.high
+    left = narrow.finish - narrow.now
+    f = calendar.calibrate(narrow, errors[:2])
+    # with 2 errors the conformal 90 % quantile is the larger; too few to move the date
+    assert f.high == pytest.approx(narrow.finish + 20 / 240 * left)
+    assert f.low == narrow.low  # no prediction was early
+    assert f.finish == narrow.finish
+    assert (
+        "interval widened to their spread (up to 8% late, 0% early of the time left): this "
+        "campaign's own errors (2 earlier predictions of segment ends)"
+    ) in calendar.describe(f)
+    # one wide enough already is kept, and said to hold them
+    wide = calendar.forecast(
+        T0 + 540, [100, 100], calendar.Rate(2.0, 1.5, 3.0, "x"), calendar.Overhead(40, "m"),
+        calendar.Wait(0, 0, 0, "measured over 2 jobs", 2),
+    )  # fmt: skip
+    g = calendar.calibrate(wide, errors[:2])
+    assert (g.low, g.high, g.finish) == (wide.low, wide.high, wide.finish)
+    assert g.calibration == (
+        "interval holds their spread: this campaign's own errors (2 earlier predictions of "
+        "segment ends)"
+    )
+    # from 3 errors on the date moves by their median (late: 20/240 of the time left); the
+    # interval holds the errors' spread around it; the segments' ends stay the model's
+    h = calendar.calibrate(narrow, errors)
+    assert h.finish == pytest.approx(narrow.finish + 20 / 240 * left)
+    assert h.high == pytest.approx(h.finish)
+    assert h.low == pytest.approx(narrow.finish)  # the model's date stays inside
+    assert h.segment_ends == narrow.segment_ends
+    assert h.calibration.startswith("date moved 8% of the time left later; interval holds")
+    # through campaign_forecast: the records' errors count
+    k = calendar.campaign_forecast(EXP, recs, 200, T0 + 540, pending_since=T0 + 541)
+    assert k.calibration is not None and k.finish > k.segment_ends[-1]
+
+
+def test_the_conformal_quantile_takes_the_largest_of_few_errors():
+    assert calendar._conformal([0.1, 0.3, 0.2], 0.9) == 0.3
+    values = [i / 100 for i in range(1, 21)]  # 20 values: the 19th (ceil(21 * 0.9) = 19)
+    assert calendar._conformal(values, 0.9) == 0.19
+
+
+def test_a_segment_job_records_every_segment_end_it_predicts(tmp_path):
+    folder = tmp_path / "chain"
+    folder.mkdir()
+    for rec in two_done():
+        (folder / f"seg{rec['segment']}.json").write_text(json.dumps(rec))
+    timing = calendar.segment_start(
+        EXP, 3, 200, [folder], tmp_path / "save", "3",
+        {"submitted": T0 + 300, "eligible": T0 + 540, "started": T0 + 570}, now=T0 + 575,
+    )  # fmt: skip
+    p = timing["prediction"]
+    assert len(p["segment_ends"]) == 2 and p["segment_ends"][0] == p["segment_end"]
+    assert p["segment_ends"][-1] == p["campaign_end"]
+
+
+def test_controller_downtime_is_no_error_of_a_prediction():
+    """Segment 2's job was submitted 100 s after segment 1 ended (its controller was
+    stopped): segment 1's prediction of segment 2's end is judged without those 100 s."""
+    one = predicted(record(1, 2.0, T0 + 30, T0 + 270, submitted=T0), T0 + 30,
+                    [T0 + 270, T0 + 540])  # fmt: skip
+    two = record(2, 2.0, T0 + 400, T0 + 640, submitted=T0 + 370)
+    assert calendar.past_errors([one, two]) == pytest.approx([0.0, 0.0])
+    # a chain's successor, submitted while segment 1 ran: its wait is an error
+    three = record(2, 2.0, T0 + 400, T0 + 640, submitted=T0 + 30)
+    assert calendar.past_errors([one, three]) == pytest.approx([0.0, 100 / 610])

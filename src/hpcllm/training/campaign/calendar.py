@@ -15,11 +15,16 @@ a high end (taken together for the interval):
   start-up (save assumed as long), else the canary's segments (a tiny model: a real one
   loads and saves longer), else :data:`DEFAULT_OVERHEAD_S`;
 - each job's own queue wait: a pending job's ``squeue --start`` time (the high end: it
-  counts other jobs' whole limits; the low end: at once), else the campaign's own measured
-  waits (the running job's included; median, range shortest to longest) from when the job
+  counts other jobs' whole limits; the low end: at once); the next job without one from
+  the partition's queue now (:mod:`queue_state`: other users' jobs, their sizes and
+  limits); the later ones the campaign's own measured waits (the running job's included;
+  median, range shortest to longest) with the queue now as one more, from when the job
   could start, so that a forecast moves only when something but the clock does; else
   unknown: not included, and said so;
 - the iterations left: the running job's by its own progress, then one job per segment.
+
+The interval is then widened where the campaign's own earlier predictions missed by more
+(:func:`calibrate`: split-conformal, on each side).
 
 Each segment's job writes the prediction it makes at its start into its record
 (``timing.prediction``, and a line in ``checkpoints/<exp>/chain/predictions.jsonl``,
@@ -35,13 +40,17 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import statistics
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hpcllm.training.campaign.queue_state import QueueState
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +72,12 @@ MEASURED_OVERHEAD_SPREAD = 0.5
 LAYOUT_RATE_SPREAD = 0.10
 MODEL_RATE_SPREAD = 0.25
 PREDICTIONS = "predictions.jsonl"
+# Each side of the interval holds this share of the campaign's own past errors on its
+# side (late, early): two tails of 10 % leave the 80 % between them.
+CALIBRATION_TAIL = 0.9
+# From this many of its own past errors on, the date moves by their median: fewer say
+# little (one segment's start-up; a controller's outage).
+BIAS_AFTER = 3
 
 
 @dataclass(frozen=True)
@@ -91,6 +106,7 @@ class Wait:
     low: float | None
     high: float | None
     source: str
+    jobs: int = 0  # how many measured waits it stands for
 
 
 @dataclass(frozen=True)
@@ -113,7 +129,9 @@ class Forecast:
     finish: float
     low: float
     high: float
-    segment_ends: tuple[float, ...]  # the central end of each segment left, in order
+    # the central end of each segment left, in order: the model's (calibrate moves only
+    # the finish)
+    segment_ends: tuple[float, ...]
     rate: Rate
     overhead: Overhead
     wait: Wait
@@ -121,6 +139,11 @@ class Forecast:
     segments_left: int
     squeue_starts: int = 0  # of the jobs still to start, those squeue --start gave a time
     running: bool = False  # the first segment left is being trained
+    # the next job's start from the partition's queue now (queue_state): its wait, central,
+    # low, high (from when it can start), and what the queue held
+    queue_wait: tuple[float, float, float] | None = None
+    queue: str | None = None
+    calibration: str | None = None  # how the campaign's past errors widened the interval
 
 
 # ---- measuring (in the segment's job)
@@ -325,8 +348,106 @@ def wait_of(segments: Sequence[Measured]) -> Wait:
             min(waits),
             max(waits),
             f"measured over {n} job{'s' * (n != 1)}",
+            n,
         )
     return Wait(None, None, None, "unknown, not included")
+
+
+def with_queue(wait: Wait, sample: Mapping[str, float] | None) -> Wait:
+    """The wait of jobs after the next: what the partition's queue now would make a job
+    wait (``sample``: by side, in seconds) or the measured waits' median, whichever is
+    longer (the queue now does not hold the jobs that arrive later, the measured waits
+    miss a queue that filled since: on the test cluster both were early, never late);
+    the range from both."""
+    if sample is None:
+        return wait
+    if wait.seconds is None:
+        return Wait(sample["central"], sample["low"], sample["high"], "from the queue now", 1)
+    central = max(wait.seconds, sample["central"])
+    return Wait(
+        central,
+        min(wait.low if wait.low is not None else central, sample["low"]),
+        max(wait.high if wait.high is not None else central, sample["high"]),
+        f"{wait.source} and the queue now",
+    )
+
+
+def past_errors(records: Sequence[Mapping[str, Any]]) -> list[float]:
+    """The campaign's own predictions against the segments that have ended since: per
+    prediction a segment's record holds (made at its job's start) and per segment it
+    predicted whose record holds its end, ``(actual - predicted) / (actual - made_at)``:
+    positive where it ended later than predicted, as a share of the time that was left.
+    Time no job of the campaign was queued (a segment's job submitted after the one before
+    ended: its controller was stopped) is left out of ``actual``: controller downtime is
+    not what the calendar predicts, nor a rate or a queue to correct it by."""
+    ends, gaps = {}, {}
+    for rec in sorted(records, key=lambda r: r.get("segment", 0)):
+        timing = rec.get("timing") or {}
+        k, ended = rec.get("segment"), timing.get("ended")
+        submitted = (timing.get("job") or {}).get("submitted")
+        before = ends.get(k - 1) if isinstance(k, int) else None
+        if before is not None and isinstance(submitted, (int, float)):
+            gaps[k] = max(0.0, submitted - before)
+        if isinstance(ended, (int, float)):
+            ends[k] = ended
+    out = []
+    for rec in records:
+        p = (rec.get("timing") or {}).get("prediction")
+        j = rec.get("segment")
+        if not isinstance(p, Mapping) or not isinstance(j, int):
+            continue
+        predicted = p.get("segment_ends") or [p.get("segment_end")]
+        for i, pred in enumerate(predicted):
+            actual = ends.get(j + i)
+            if actual is None or pred is None:
+                continue
+            actual -= sum(gaps.get(m, 0.0) for m in range(j + 1, j + i + 1))
+            if actual - p["made_at"] > 0:
+                out.append((actual - pred) / (actual - p["made_at"]))
+    return out
+
+
+def _conformal(values: Sequence[float], share: float) -> float:
+    """The value at least ``share`` of ``values`` (and of the next one, as in split
+    conformal prediction) lie at or below: with few values, the largest."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered), math.ceil((len(ordered) + 1) * share)) - 1]
+
+
+def calibrate(f: Forecast, errors: Sequence[float]) -> Forecast:
+    """``f`` against the campaign's own past errors (:func:`past_errors`): from
+    :data:`BIAS_AFTER` of them on, the date moves by their median (a share of the time
+    left: segments that ran late keep running late on a loaded machine); the interval is
+    widened where the errors around that were larger: each side reaches at least the late
+    (high) and early (low) errors' :data:`CALIBRATION_TAIL` quantile, times the time left,
+    so that the interval holds :data:`INTERVAL` of them. Said so in the line."""
+    if not errors:
+        return f
+    left = max(0.0, f.finish - f.now)
+    bias = statistics.median(errors) if len(errors) >= BIAS_AFTER else 0.0
+    finish = max(f.now, f.finish + bias * left)
+    rest = [e - bias for e in errors]
+    late = _conformal([max(0.0, e) for e in rest], CALIBRATION_TAIL)
+    early = _conformal([max(0.0, -e) for e in rest], CALIBRATION_TAIL)
+    base_low, base_high = min(f.low, finish), max(f.high, finish)
+    high = max(base_high, finish + late * left)
+    low = max(f.now, min(base_low, finish - early * left))
+    n = len(errors)
+    compared = f"{n} earlier prediction{'s' * (n != 1)} of segment ends"
+    moved = ""
+    if bias:
+        moved = f"date moved {abs(bias):.0%} of the time left {'later' if bias > 0 else 'earlier'}"
+    if high > base_high + 0.5 or low < base_low - 0.5:
+        widened = (
+            f"interval widened to their spread (up to {late:.0%} late, {early:.0%} early of "
+            "the time left)"
+        )
+    else:
+        widened = "interval holds their spread"
+    note = f"{'; '.join(x for x in (moved, widened) if x)}: this campaign's own errors ({compared})"
+    # segment_ends stay the model's: later errors are measured against them, not against
+    # a date this median already moved
+    return replace(f, finish=finish, low=low, high=high, calibration=note)
 
 
 # ---- the forecast
@@ -351,6 +472,8 @@ def forecast(
     expected_starts: Sequence[float | None] = (),
     waiting_since: float | None = None,
     running_iterations: int | None = None,
+    next_start: Callable[[float], Mapping[str, float] | None] | None = None,
+    queue: str | None = None,
 ) -> Forecast:
     """Lay out the segments left (their iterations each, in order) from ``now``.
 
@@ -364,8 +487,13 @@ def forecast(
     waits the measured wait (its own: never another job's squeue time), counted for the
     first of them from ``waiting_since`` (when it could start: its predecessor's end, or
     its submission), so that a forecast moves only when something but the clock does.
+    ``next_start``: when the first job still to start without a squeue time starts, by
+    side, if it can start at the time given (queue_state.start_range: the partition's
+    queue now); its central and low, and its high where the measured waits' is not later.
+    ``queue``: what that queue held, for the line.
     """
     starts = list(expected_starts)
+    from_queue: dict[str, float] = {}  # the next job's wait from the queue, by side
 
     def lay_out(b: _Bound) -> list[float]:
         t, ends, job = now, [], 0
@@ -385,6 +513,13 @@ def forecast(
                     # (from when it could start: the middle stays put as the clock moves)
                     middle = since + max(0.0, expected - since) / 2
                     start = {"low": t, "central": max(t, middle), "high": max(t, expected)}[b.side]
+                elif job == 1 and next_start is not None and (q := next_start(since)):
+                    # the queue now: other jobs' limits and sizes (high), ending early
+                    start = max(t, q[b.side])
+                    if b.side == "high" and b.wait is not None:
+                        # jobs not in the queue yet: the measured waits count them
+                        start = max(start, since + b.wait)
+                    from_queue[b.side] = start - max(since, now)
                 elif b.wait is not None:
                     start = max(t, since + b.wait)
                 else:
@@ -414,6 +549,12 @@ def forecast(
         segments_left=len(segments_left),
         squeue_starts=sum(1 for s in starts[:jobs_left] if s is not None),
         running=running,
+        queue_wait=(
+            tuple(from_queue[k] for k in ("central", "low", "high"))  # type: ignore[arg-type]
+            if len(from_queue) == 3
+            else None
+        ),
+        queue=queue if len(from_queue) == 3 else None,
     )
 
 
@@ -476,6 +617,14 @@ def describe(f: Forecast) -> str:
         each = "unknown, not included"
     if f.jobs_left == 0:
         wait = "no job left to start"
+    elif f.queue_wait is not None and not f.squeue_starts:
+        central, low, high = f.queue_wait
+        wait = (
+            f"queue: the next job waits {_duration(central)} ({_duration(low)} to "
+            f"{_duration(high)}) by {f.queue}"
+        )
+        if f.jobs_left > 1:
+            wait += f", the others {each}"
     elif f.squeue_starts:
         # squeue --start counts other jobs' time limits: late where they end before them
         named = "the next job" if f.squeue_starts == 1 else f"{f.squeue_starts} jobs"
@@ -491,6 +640,7 @@ def describe(f: Forecast) -> str:
         f"expected to finish: {when(f.finish, fine)} {zone}{between}, from: {f.rate.source}, "
         f"{f.segments_left} segment{'s' * (f.segments_left != 1)} and {jobs}, start-up and "
         f"save {_duration(f.overhead.seconds)} per segment ({f.overhead.source}), {wait}"
+        + (f"; {f.calibration}" if f.calibration else "")
     )
 
 
@@ -556,9 +706,12 @@ def segment_start(
         wait_of(history),
         running_since=job.get("started") or now,
     )
+    f = calibrate(f, past_errors(read_records(records_folders, segment - 1)))
     prediction = {
         "made_at": now,
         "segment_end": f.segment_ends[0],
+        # every segment's predicted end from this one on: later jobs' errors against them
+        "segment_ends": list(f.segment_ends),
         "campaign_end": f.finish,
         "campaign_low": f.low,
         "campaign_high": f.high,
@@ -646,6 +799,9 @@ def campaign_forecast(
     running_rate: Mapping[str, float] | None = None,
     pending_since: float | None = None,
     model_source: str = "the plan's model estimate",
+    queue: QueueState | None = None,
+    mine: Sequence[str] = (),
+    nodes: int = 1,
 ) -> Forecast | None:
     """The campaign's forecast from checkpoint ``iteration`` (None: nothing to rate it
     with, or nothing left).
@@ -658,7 +814,11 @@ def campaign_forecast(
     counts among the measured ones. ``running_rate``: :func:`iteration_times` of its
     iterations so far (the rate before any record measured one). ``expected_starts``:
     ``squeue --start``'s time per pending job, in order; ``pending_since``: when the first
-    pending job was submitted (its wait counts from then or from the last segment's end)."""
+    pending job was submitted (its wait counts from then or from the last segment's end).
+    ``queue``: the partition's jobs now (queue_state.read), ``mine`` this campaign's job
+    ids in it, ``nodes`` a segment job's: the next job's start from it, and the later
+    jobs' waits widened by it (None: the measured waits alone). The interval is widened
+    by the campaign's own past errors (:func:`calibrate`)."""
     per, segments = experiment["iterations_per_segment"], experiment["segments"]
     left = segments_left(experiment, iteration)
     running_left = running_total = None
@@ -705,18 +865,32 @@ def campaign_forecast(
                 2 * seen, "start-up measured by the running job, save assumed as long",
                 seen, 3 * seen,
             )  # fmt: skip
-    return forecast(
+    wait, next_start, queue_note = wait_of(history), None, None
+    if queue is not None:
+        from hpcllm.training.campaign import queue_state
+
+        def next_start(eligible_at: float) -> dict[str, float] | None:
+            return queue_state.start_range(queue, mine, nodes, eligible_at)
+
+        now_start = next_start(now)
+        if now_start is not None:
+            wait = with_queue(wait, {k: v - now for k, v in now_start.items()})
+        queue_note = queue_state.describe(queue, mine)
+    f = forecast(
         now,
         left,
         rate,
         overhead,
-        wait_of(history),
+        wait,
         running_since=running_since,
         running_left=running_left,
         expected_starts=list(expected_starts),
         waiting_since=waiting_since,
         running_iterations=running_total,
+        next_start=next_start,
+        queue=queue_note,
     )
+    return calibrate(f, past_errors(records))
 
 
 # ---- for the results page

@@ -189,10 +189,10 @@ def slurm_error(stderr: str) -> str:
 
 def slurm_jobs() -> list[dict[str, str]]:
     """Queued and running jobs of this user: id, state, job name, dependency, submit time,
-    comment (the plugin's rule tag)."""
+    reason, partition, comment (the plugin's rule tag)."""
     try:
         out = subprocess.run(
-            ["squeue", "--me", "-h", "-o", "%i|%T|%j|%E|%V|%r|%k"],
+            ["squeue", "--me", "-h", "-o", "%i|%T|%j|%E|%V|%r|%P|%k"],
             capture_output=True,
             text=True,
             timeout=30,
@@ -206,8 +206,10 @@ def slurm_jobs() -> list[dict[str, str]]:
         )
     jobs = []
     for line in out.stdout.splitlines():
-        parts = line.split("|", 6)
-        if len(parts) == 7:
+        parts = line.split("|", 7)
+        if len(parts) == 7:  # without the partition (an older format's output)
+            parts.insert(6, "")
+        if len(parts) == 8:
             jobs.append(
                 {
                     "id": parts[0],
@@ -216,10 +218,25 @@ def slurm_jobs() -> list[dict[str, str]]:
                     "dependency": parts[3],
                     "submitted": parts[4],
                     "reason": parts[5],
-                    "comment": parts[6],
+                    "partition": parts[6],
+                    "comment": parts[7],
                 }
             )
     return jobs
+
+
+def _partition_queue(jobs: list[dict[str, str]], cluster):
+    """The partition's queue (hpcllm.training.campaign.queue_state.read: one squeue, one
+    sinfo) where this user's jobs run (the first that names one), else the cluster's GPU
+    partition; and why it is None."""
+    from hpcllm.training.campaign import queue_state
+
+    partition = next((j["partition"] for j in jobs if j.get("partition")), None)
+    partition = partition or cluster.partitions.gpu
+    if not partition:
+        return None, "no partition known"
+    state = queue_state.read(partition, time.time())
+    return state, None if state else f"squeue or sinfo -p {partition} could not be asked"
 
 
 def stuck_note(job: dict[str, str]) -> str:
@@ -285,6 +302,8 @@ def experiment_status(
     jobs_known: bool = True,
     continue_with: str | None = None,
     model: tuple[float, str] | None = None,
+    queue=None,
+    queue_unread: str | None = None,
 ) -> ExperimentStatus:
     """``cluster``: the run's (Megatron's --transformer-impl is a weight-determining
     setting); without it that one key is not compared. ``expected_starts``: ``squeue
@@ -293,7 +312,9 @@ def experiment_status(
     ``jobs`` is what Slurm said (else whether the campaign has stalled is not judged).
     ``continue_with``: the command that continues the campaign, for a stalled one.
     ``model``: the plan's rate (hpcllm.training.campaign.calendar.model_rate), the finish's
-    before anything of the campaign measured one."""
+    before anything of the campaign measured one. ``queue``: the partition's jobs of all
+    users (hpcllm.training.campaign.queue_state.read), for the next job's wait;
+    ``queue_unread``: why it is None where Slurm was asked."""
     now = time.time() if now is None else now
     exp, layout = prepared.experiment, prepared.layout
     seq = exp["model"]["seq_length"]
@@ -483,7 +504,7 @@ def experiment_status(
                 rate_rows = parse_log_lines(logs[-1].read_text(errors="replace"))
             finish = _finish(workdir, name, exp, iteration or 0, now, jobs, chain_name,
                              running_since, logged, expected_starts, running, job_times,
-                             rate_rows, model)  # fmt: skip
+                             rate_rows, model, queue, queue_unread)  # fmt: skip
     if stop:
         earlier_failure = None
         last_failure = (
@@ -607,10 +628,11 @@ def _stalled(workdir: Path, continue_with: str | None, name: str, stop) -> str |
 
 def _finish(workdir, name, exp, iteration, now, jobs, chain_name, running_since, logged,
             expected_starts, running=None, job_times=None, rate_rows=None,
-            model=None) -> str:  # fmt: skip
+            model=None, queue=None, queue_unread=None) -> str:  # fmt: skip
     """The calendar's line: from the campaign's segment records, the running attempt (its
-    segment, start iteration, Slurm times, its iterations so far) and ``squeue
-    --start``'s times for its pending jobs (in job id order)."""
+    segment, start iteration, Slurm times, its iterations so far), ``squeue --start``'s
+    times for its pending jobs (in job id order) and the partition's ``queue`` (the next
+    job's wait; where it is not read, ``queue_unread`` says why in the line)."""
     from hpcllm.training.campaign import calendar
     from hpcllm.training.campaign.queue_times import slurm_timestamp
 
@@ -618,15 +640,17 @@ def _finish(workdir, name, exp, iteration, now, jobs, chain_name, running_since,
         [workdir / "checkpoints" / name / "chain", workdir / "results" / "train" / name],
         exp["segments"],
     )
-    pending = [
+    ours = [
         j
         for j in sorted(jobs, key=lambda j: int(re.sub(r"\D.*", "", j["id"]) or 0))
-        if j["state"] == "PENDING"
-        and (
-            j.get("name") == chain_name
-            or j["comment"].startswith(f"rule_train_segment_wildcards_{name}_")
-        )
+        if j.get("name") == chain_name
+        or j["comment"].startswith(f"rule_train_segment_wildcards_{name}_")
     ]
+    pending = [j for j in ours if j["state"] == "PENDING"]
+    if queue is not None and any(j.get("partition") not in (None, "", queue.partition)
+                                 for j in ours):  # fmt: skip
+        queue_unread = f"its jobs run outside partition {queue.partition}"
+        queue = None
     segment, attempt = running or (None, None)
     running_rate = None
     if rate_rows is not None and attempt is not None:
@@ -650,10 +674,16 @@ def _finish(workdir, name, exp, iteration, now, jobs, chain_name, running_since,
         running_job=job_times(attempt.job_id) if job_times and attempt and attempt.job_id else None,
         running_rate=running_rate,
         pending_since=slurm_timestamp(pending[0].get("submitted")) if pending else None,
+        queue=queue,
+        mine=[j["id"] for j in ours],
+        nodes=int(exp["layout"].get("nodes") or 1),
     )
     if f is None:
         return "expected to finish: not known yet (no segment of it has been measured)"
-    return calendar.describe(f)
+    line = calendar.describe(f)
+    if queue is None and queue_unread and f.jobs_left > f.squeue_starts:
+        line += f"; the partition's queue not read ({queue_unread}): measured waits only"
+    return line
 
 
 def _segments_done(
@@ -908,6 +938,7 @@ def campaign_status(
     from hpcllm.training.campaign import calendar, queue_times
 
     queue_error, starts, job_times = None, starts or {}, None
+    queue, queue_unread = None, None
     if jobs is None:
         jobs = []
         if cluster.uses_slurm:
@@ -918,6 +949,8 @@ def campaign_status(
                 queue_error = str(e)
             if any(j["state"] == "PENDING" for j in jobs):
                 starts = queue_times.expected_starts()
+            if queue_error is None:
+                queue, queue_unread = _partition_queue(jobs, cluster)
     training = config["training"]
     names = training.get("run") or list(training["experiments"])
     command = " ".join(
@@ -941,6 +974,8 @@ def campaign_status(
                 job_times=job_times,
                 jobs_known=queue_error is None,
                 continue_with=command,
+                queue=queue,
+                queue_unread=queue_unread,
                 model=calendar.model_rate(
                     prepared, cluster, vocab_size(prepared, config["text"]), workdir
                 ),
