@@ -34,7 +34,7 @@ def chain_slurm(tmp_path, monkeypatch, excluded: str = "(null)", refuse: bool = 
         scancel=f'echo scancel "$@" >> {calls}',
         scontrol=(
             'case "$*" in\n'
-            f'  "-o show job 61") echo "JobId=61 JobName=x ExcNodeList={excluded} NodeList=n1";;\n'
+            f'  "show job 61") echo "JobId=61 JobName=x ExcNodeList={excluded} NodeList=n1";;\n'
             '  "show hostnames n[2-3]") printf "n2\\nn3\\n";;\n'
             f"  update*) {update};;\n"
             "esac"
