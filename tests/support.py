@@ -158,3 +158,19 @@ def megatron_checkout(tree: Path, version: str = "0.19.1") -> Path:
     )
     (datasets / f"helpers_cpp{sysconfig.get_config_var('EXT_SUFFIX')}").write_bytes(b"")
     return tree
+
+
+def tiny_local_prepared(workdir: Path, clusters: Path | None = None):
+    """tiny_local of the laptop examples prepared as `hpcllm status` prepares it in
+    ``workdir`` (its cluster file from ``clusters``, default the workdir's)."""
+    from hpcllm.clusters import load_cluster
+    from hpcllm.training.campaign.status import load_config
+    from hpcllm.training.plan.experiment import prepare_experiment
+
+    config = load_config(workdir, [str(EXAMPLES)], "profiles/local")
+    return prepare_experiment(
+        "tiny_local",
+        config["training"]["experiments"]["tiny_local"],
+        config["text"],
+        load_cluster("local", clusters or workdir / "config" / "clusters"),
+    )

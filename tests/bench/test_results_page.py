@@ -106,20 +106,11 @@ def test_runs_without_gpus_say_what_a_node_is_and_tflops_keep_their_digits(tmp_p
 def test_the_experiment_view_knows_whether_it_trained(workdir):
     """What puts training first: the status `hpcllm status` computes, from the files a
     campaign leaves (tiny_local of the laptop examples, one of 3 segments done)."""
-    from support import EXAMPLES
+    from support import tiny_local_prepared
 
-    from hpcllm.clusters import load_cluster
     from hpcllm.results_page import experiment_view
-    from hpcllm.training.campaign.status import load_config
-    from hpcllm.training.plan.experiment import prepare_experiment
 
-    config = load_config(workdir, [str(EXAMPLES)], "profiles/local")
-    prepared = prepare_experiment(
-        "tiny_local",
-        config["training"]["experiments"]["tiny_local"],
-        config["text"],
-        load_cluster("local", workdir / "config" / "clusters"),
-    )
+    prepared = tiny_local_prepared(workdir)
     assert not experiment_view(workdir, "tiny_local", prepared, None).trained
     (workdir / "checkpoints" / "tiny_local" / "iter_0000010").mkdir(parents=True)
     (workdir / "checkpoints" / "tiny_local" / "latest_checkpointed_iteration.txt").write_text("10")
@@ -166,20 +157,11 @@ def test_a_stalled_campaign_s_forecast_plot_presents_no_date(workdir, tmp_path):
     import json
     from datetime import datetime
 
-    from support import EXAMPLES
+    from support import tiny_local_prepared
 
-    from hpcllm.clusters import load_cluster
     from hpcllm.results_page import experiment_view
-    from hpcllm.training.campaign.status import load_config
-    from hpcllm.training.plan.experiment import prepare_experiment
 
-    config = load_config(workdir, [str(EXAMPLES)], "profiles/local")
-    prepared = prepare_experiment(
-        "tiny_local",
-        config["training"]["experiments"]["tiny_local"],
-        config["text"],
-        load_cluster("local", workdir / "config" / "clusters"),
-    )
+    prepared = tiny_local_prepared(workdir)
     (workdir / "checkpoints" / "tiny_local" / "iter_0000020").mkdir(parents=True)
     (workdir / "checkpoints" / "tiny_local" / "latest_checkpointed_iteration.txt").write_text("20")
     t0 = datetime(2026, 11, 20, 12, 0, 0).timestamp()

@@ -103,25 +103,16 @@ def test_the_record_being_written_replaces_its_segments_older_file(tmp_path):
 def test_the_results_page_shows_the_slowest_node_and_the_node_for_the_admins(tmp_path):
     """The page's status table says what `hpcllm status` says of stragglers and suspect
     nodes (issue 50: "Status and the results page show the slowest node")."""
-    from support import EXAMPLES, REPO
+    from support import REPO, tiny_local_prepared
 
-    from hpcllm.clusters import load_cluster
     from hpcllm.results_page import experiment_section, experiment_view
-    from hpcllm.training.campaign.status import load_config
-    from hpcllm.training.plan.experiment import prepare_experiment
 
     write_campaign(
         tmp_path,
         stragglers={1: straggler("n2", 1.93)},
         hangs={2: [hang_attempt(1, "81", "n2", "save", 50, alive=True)]},
     )
-    config = load_config(tmp_path, [str(EXAMPLES)], "profiles/local")
-    prepared = prepare_experiment(
-        "tiny_local",
-        config["training"]["experiments"]["tiny_local"],
-        config["text"],
-        load_cluster("local", REPO / "config" / "clusters"),
-    )
+    prepared = tiny_local_prepared(tmp_path, REPO / "config" / "clusters")
     view = experiment_view(tmp_path, "tiny_local", prepared, None)
     assert view.status["slowest node"].startswith("segment 1: slowest node: n2 (rank 3)")
     assert view.status["suspect nodes"] == (

@@ -358,23 +358,29 @@ def _state(pid: int) -> str:
         return "Z"
 
 
-def test_status_names_the_rank_that_stopped_first(tmp_path):
+def status_after_hang(work: Path, hang: dict) -> str:
+    """`hpcllm status` of tiny_local (1 of 3 segments done) whose segment 2 attempt ended
+    as ``hang``."""
     from test_status import attempts as write_attempts
     from test_status import campaign
 
     from hpcllm.training.campaign import status
 
-    campaign(tmp_path, reached=12, segments_done=1)
+    campaign(work, reached=12, segments_done=1)
     now = time.time()
-    hang = {"quiet_seconds": 930.0, "bound_seconds": 900, "phase": "step", "waiting": [],
-            "stopped": [{"rank": 5, "host": "n3", "pid": 4242, "phase": "save",
-                         "iteration": 12, "silent_seconds": 931.0}]}  # fmt: skip
-    write_attempts(tmp_path, [
+    write_attempts(work, [
         {"attempt": 1, "job_id": "79", "host": "n1", "start_iteration": 10,
          "started": now - 3600, "reached_iteration": 12, "failure": "hang",
          "ended": now - 1800, "hang": hang},
     ])  # fmt: skip
-    out = status.campaign_status(tmp_path, profile="profiles/local", jobs=[])
+    return status.campaign_status(work, profile="profiles/local", jobs=[])
+
+
+def test_status_names_the_rank_that_stopped_first(tmp_path):
+    hang = {"quiet_seconds": 930.0, "bound_seconds": 900, "phase": "step", "waiting": [],
+            "stopped": [{"rank": 5, "host": "n3", "pid": 4242, "phase": "save",
+                         "iteration": 12, "silent_seconds": 931.0}]}  # fmt: skip
+    out = status_after_hang(tmp_path, hang)
     assert (
         "last failure: hang (job 79): rank 5 on n3 stopped reporting first, in 'save' at "
         "iteration 12" in out
@@ -411,11 +417,6 @@ def test_where_every_rank_was_alive_the_one_that_made_no_progress_first_is_suspe
     """A rank stuck in its save or data loading keeps writing its heartbeat (alive), the
     others wait for it: the watchdog names it first among the waiting, the retry avoids
     its node, and status says what it was doing."""
-    from test_status import attempts as write_attempts
-    from test_status import campaign
-
-    from hpcllm.training.campaign import status
-
     hang = {"quiet_seconds": 20.0, "bound_seconds": 15, "phase": "save", "stopped": [],
             "waiting": [{"rank": 1, "host": "n2", "pid": 7, "phase": "save", "iteration": 50},
                         {"rank": 0, "host": "n1", "pid": 8, "phase": "step",
@@ -428,14 +429,7 @@ def test_where_every_rank_was_alive_the_one_that_made_no_progress_first_is_suspe
                                    "iteration": 51, "silent_seconds": 9.0}]}  # fmt: skip
     assert attempts.suspect_nodes([attempts.Attempt(1, "79", "n1", 40, 1.0, 40, "hang",
                                                     hang=frozen)], 2) == ["n1"]  # fmt: skip
-    campaign(tmp_path, reached=12, segments_done=1)
-    now = time.time()
-    write_attempts(tmp_path, [
-        {"attempt": 1, "job_id": "79", "host": "n1", "start_iteration": 10,
-         "started": now - 3600, "reached_iteration": 12, "failure": "hang",
-         "ended": now - 1800, "hang": hang},
-    ])  # fmt: skip
-    out = status.campaign_status(tmp_path, profile="profiles/local", jobs=[])
+    out = status_after_hang(tmp_path, hang)
     assert (
         "last failure: hang (job 79): rank 1 on n2 made no progress first, in 'save' at "
         "iteration 50 (every rank alive, the others waiting for it)" in out

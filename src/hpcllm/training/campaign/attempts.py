@@ -35,7 +35,7 @@ from hpcllm.atomic import atomic_path
 from hpcllm.failures.classify import classify_text, is_transient
 from hpcllm.training.checkpoints import lease
 from hpcllm.training.checkpoints.lease import squeue_job
-from hpcllm.training.engines.log_lines import parse_log_lines
+from hpcllm.training.engines.log_lines import log_text_from, parse_log_lines
 
 
 @dataclass
@@ -195,11 +195,8 @@ def _same(a: Attempt, b: Attempt) -> bool:
 
 def logged_iteration(engine_log: str | os.PathLike, offset: int = 0) -> int | None:
     """The last iteration the engine logged in ``engine_log`` from byte ``offset`` on."""
-    try:
-        with open(engine_log, "rb") as f:
-            f.seek(offset)
-            text = f.read().decode("utf-8", errors="replace")
-    except OSError:
+    text = log_text_from(engine_log, offset)
+    if text is None:
         return None
     rows = parse_log_lines(text)
     return max(r["iteration"] for r in rows) if rows else None

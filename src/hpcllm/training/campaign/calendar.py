@@ -767,14 +767,9 @@ def job_timing_end(
     engine log (from byte ``offset``); {} without a timing."""
     if timing is None:
         return {}
-    from hpcllm.training.engines.log_lines import parse_log_lines
+    from hpcllm.training.engines.log_lines import log_text_from, parse_log_lines
 
-    try:
-        with open(engine_log, "rb") as f:
-            f.seek(offset)
-            text = f.read().decode("utf-8", errors="replace")
-    except OSError:
-        text = ""
+    text = log_text_from(engine_log, offset) or ""
     rows = [r for r in parse_log_lines(text) if r["iteration"] <= stop]
     return {"timing": segment_end(timing, rows)}
 

@@ -24,11 +24,11 @@ return None where Slurm cannot be asked.
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-TIMEOUT_S = 30
+from hpcllm.training.campaign.queue_times import slurm_output
+
 # share of their time limit that other users' jobs run (see the module's docstring)
 EARLY_END_SHARE = 0.5
 EARLY_END_SHARE_LOW = 0.1
@@ -205,21 +205,13 @@ def describe(state: QueueState, mine: Sequence[str]) -> str:
     )
 
 
-def _run(argv: list[str]) -> str | None:
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return proc.stdout if proc.returncode == 0 else None
-
-
 def read(partition: str, now: float) -> QueueState | None:
     """The partition's jobs of all users (one squeue call) and usable nodes (one sinfo
     call); None where either cannot be read."""
-    jobs = _run(["squeue", "-h", "-p", partition, "-o", SQUEUE_FORMAT])
+    jobs = slurm_output(["squeue", "-h", "-p", partition, "-o", SQUEUE_FORMAT])
     if jobs is None:
         return None
-    nodes = parse_usable_nodes(_run(["sinfo", "-h", "-p", partition, "-o", "%F"]) or "")
+    nodes = parse_usable_nodes(slurm_output(["sinfo", "-h", "-p", partition, "-o", "%F"]) or "")
     if not nodes:
         return None
     return QueueState(at=now, nodes=nodes, jobs=tuple(parse_jobs(jobs)), partition=partition)

@@ -49,7 +49,8 @@ def parse_expected_starts(text: str) -> dict[str, float]:
     return starts
 
 
-def _run(argv: list[str]) -> str | None:
+def slurm_output(argv: list[str]) -> str | None:
+    """A Slurm command's stdout; None where it failed or could not run."""
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired):
@@ -59,11 +60,11 @@ def _run(argv: list[str]) -> str | None:
 
 def job_times(job_id: str | None) -> dict[str, float | None]:
     """Slurm's submit, eligible and start time of ``job_id`` (all None outside Slurm)."""
-    out = _run(["scontrol", "show", "job", "-o", job_id]) if job_id else None
+    out = slurm_output(["scontrol", "show", "job", "-o", job_id]) if job_id else None
     return parse_job_times(out or "")
 
 
 def expected_starts() -> dict[str, float]:
     """This user's pending jobs that the scheduler expects to start at a known time."""
-    out = _run(["squeue", "--me", "--start", "-h", "-o", "%i|%S"])
+    out = slurm_output(["squeue", "--me", "--start", "-h", "-o", "%i|%S"])
     return parse_expected_starts(out or "")

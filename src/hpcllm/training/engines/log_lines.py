@@ -7,10 +7,22 @@ curves.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
 _LOG_LINE = re.compile(r"iteration\s+(\d+)/\s*(\d+)\s*\|(.*)$")
+
+
+def log_text_from(path: str | os.PathLike, offset: int = 0) -> str | None:
+    """An engine log's text from byte ``offset`` on (one attempt's part of a log that
+    every attempt appends to); None where it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
 
 
 def parse_log_lines(text: str) -> list[dict[str, Any]]:

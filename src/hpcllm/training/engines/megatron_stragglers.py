@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpcllm.training.engines.log_lines import log_text_from
+
 _REPORT = re.compile(
     r"\| MnRtt/Rnk: (?P<min_ms>[\d.]+)ms/(?P<min_rank>\d+) \| "
     r"MxRtt/Rnk: (?P<max_ms>[\d.]+)ms/(?P<max_rank>\d+) \|.*"
@@ -133,10 +135,5 @@ def assess_attempt(
 ) -> dict[str, Any] | None:
     """:func:`assess` on what this attempt wrote to ``engine_log`` (from byte ``offset``):
     an earlier attempt's reports, on other nodes, are not this one's."""
-    try:
-        with open(engine_log, "rb") as f:
-            f.seek(offset)
-            text = f.read().decode("utf-8", errors="replace")
-    except OSError:
-        return None
-    return assess(text, factor, world, hosts, procs_per_node)
+    text = log_text_from(engine_log, offset)
+    return None if text is None else assess(text, factor, world, hosts, procs_per_node)
