@@ -1,6 +1,7 @@
 """The results page: tables first, then the figures, then each experiment; self-contained."""
 
 import base64
+import json
 import re
 
 from test_summary_plots import DATA, point, put_run, scaled_log
@@ -103,6 +104,25 @@ def test_runs_without_gpus_say_what_a_node_is_and_tflops_keep_their_digits(tmp_p
     assert cluster_without_gpus("local", tmp_path) and not cluster_without_gpus("juwels")
 
 
+def two_segment_records(workdir, t0: float) -> None:
+    """tiny_local's records of segments 1 and 2 (of 3), segment 2's with the prediction it
+    made at its start (t0 + 600 s): its own end at t0 + 840 s (it ended at t0 + 850 s: 10 s
+    late of the 250 s left) and the campaign's at t0 + 1500 s (80 % interval: t0 + 1400 s
+    to t0 + 1800 s)."""
+    results = workdir / "results" / "train" / "tiny_local"
+    results.mkdir(parents=True)
+    for k in (1, 2):
+        timing = {"job": {"started": t0 + 300 * k}, "ended": t0 + 300 * k + 250}
+        if k == 2:
+            timing["prediction"] = {
+                "made_at": t0 + 600, "segment_end": t0 + 840, "campaign_end": t0 + 1500,
+                "campaign_low": t0 + 1400, "campaign_high": t0 + 1800, "line": "",
+            }  # fmt: skip
+        (results / f"seg{k}.json").write_text(
+            json.dumps({"segment": k, "segments": 3, "last_iteration": 10 * k, "timing": timing})
+        )
+
+
 def test_the_experiment_view_knows_whether_it_trained(workdir):
     """What puts training first: the status `hpcllm status` computes, from the files a
     campaign leaves (tiny_local of the laptop examples, one of 3 segments done)."""
@@ -123,22 +143,10 @@ def test_the_experiment_view_knows_whether_it_trained(workdir):
 
     # segment 2 predicted its end and the campaign's at its start; both records, against
     # the limit of the config
-    import json
     from datetime import datetime
 
     t0 = datetime(2026, 11, 20, 12, 0, 0).timestamp()
-    results = workdir / "results" / "train" / "tiny_local"
-    results.mkdir(parents=True)
-    for k in (1, 2):
-        timing = {"job": {"started": t0 + 300 * k}, "ended": t0 + 300 * k + 250}
-        if k == 2:
-            timing["prediction"] = {
-                "made_at": t0 + 600, "segment_end": t0 + 840, "campaign_end": t0 + 1500,
-                "campaign_low": t0 + 1400, "campaign_high": t0 + 1800, "line": "",
-            }  # fmt: skip
-        (results / f"seg{k}.json").write_text(
-            json.dumps({"segment": k, "segments": 3, "last_iteration": 10 * k, "timing": timing})
-        )
+    two_segment_records(workdir, t0)
     view = experiment_view(workdir, "tiny_local", prepared, None, max_gpu_hours=500)
     assert view.status["GPU-hours"] == "0.00 of max_gpu_hours 500"
     page = render_page("t", None, {}, [view])
@@ -154,7 +162,6 @@ def test_a_stalled_campaign_s_forecast_plot_presents_no_date(workdir, tmp_path):
     """Issue 48: a stalled campaign shows no date; its plot's caption neither (and the plot
     draws no latest prediction), while the past predictions and the segment that ended
     since predicting its own end are still shown and judged."""
-    import json
     from datetime import datetime
 
     from support import tiny_local_prepared
@@ -165,18 +172,7 @@ def test_a_stalled_campaign_s_forecast_plot_presents_no_date(workdir, tmp_path):
     (workdir / "checkpoints" / "tiny_local" / "iter_0000020").mkdir(parents=True)
     (workdir / "checkpoints" / "tiny_local" / "latest_checkpointed_iteration.txt").write_text("20")
     t0 = datetime(2026, 11, 20, 12, 0, 0).timestamp()
-    results = workdir / "results" / "train" / "tiny_local"
-    results.mkdir(parents=True)
-    for k in (1, 2):
-        timing = {"job": {"started": t0 + 300 * k}, "ended": t0 + 300 * k + 250}
-        if k == 2:  # predicted 12:14:00, ended 12:14:10: 10 s late of the 250 s left
-            timing["prediction"] = {
-                "made_at": t0 + 600, "segment_end": t0 + 840, "campaign_end": t0 + 1500,
-                "campaign_low": t0 + 1400, "campaign_high": t0 + 1800, "line": "",
-            }  # fmt: skip
-        (results / f"seg{k}.json").write_text(
-            json.dumps({"segment": k, "segments": 3, "last_iteration": 10 * k, "timing": timing})
-        )
+    two_segment_records(workdir, t0)
     png = tmp_path / "forecast.png"
     view = experiment_view(workdir, "tiny_local", prepared, None, forecast_png=png)
     assert view.stalled and view.status["state"].startswith("stalled (no date): ")
