@@ -4,6 +4,7 @@ measured rates, start-up and save, queue waits; Slurm's times read from its own 
 from __future__ import annotations
 
 import json
+import math
 import time
 from datetime import datetime
 
@@ -67,8 +68,10 @@ def test_waits_count_from_the_previous_segments_end_or_a_new_runs_submission():
     m = m[:3]
     assert [x.job_seconds for x in m] == [260, 280, 300]
     rate = calendar.rate_of(m)
-    assert (rate.seconds, rate.low, rate.high) == pytest.approx((2.2, 1.98, 2.42))  # ±10 %
-    assert rate.source == "2.2 s/iteration over 3 segments"
+    # weighed newest first: 2.0 / 4 + 2.2 / 4 + 2.4 / 2; the range: slowest to fastest,
+    # at least ±10 %
+    assert (rate.seconds, rate.low, rate.high) == pytest.approx((2.25, 2.0, 2.475))
+    assert rate.source == "2.25 s/iteration over 3 segments, the newest weighted most"
     # start-up and save: job time less iterations x rate: 60, 60, 60 (range: at least ±50 %)
     overhead = calendar.overhead_of(m, rate)
     assert (overhead.seconds, overhead.low, overhead.high) == pytest.approx((60, 30, 90))
@@ -89,11 +92,16 @@ def test_the_finish_is_laid_out_segment_by_segment_with_a_range():
     f = calendar.forecast(T0 + 50, [100, 100], rate, overhead, wait, running_since=T0)
     assert f.segment_ends == (T0 + 260, T0 + 260 + 100 + 260)
     assert f.finish == T0 + 620
-    assert f.low == T0 + 210 + 10 + 210 and f.high == T0 + 360 + 1000 + 360
+    # the interval sized per part: each moved alone to its ends (rate 1.5 s: 100 s earlier,
+    # 3 s: 200 s later; wait 10 s: 90 s earlier, 1000 s: 900 s later), added as independent
+    # errors
+    assert f.low == pytest.approx(T0 + 620 - math.hypot(100, 90))
+    assert f.high == pytest.approx(T0 + 620 + math.hypot(200, 900))
     # a measured start-up and save's range counts too
     spread = calendar.Overhead(60, "measured", 40, 90)
     f = calendar.forecast(T0 + 50, [100, 100], rate, spread, wait, running_since=T0)
-    assert f.low == T0 + 190 + 10 + 190 and f.high == T0 + 390 + 1000 + 390
+    assert f.low == pytest.approx(T0 + 620 - math.hypot(100, 90, 40))
+    assert f.high == pytest.approx(T0 + 620 + math.hypot(200, 900, 60))
     assert (f.jobs_left, f.segments_left) == (1, 2)
     # a running segment that is behind: never before its iterations left can run
     late = calendar.forecast(
@@ -107,7 +115,10 @@ def test_the_finish_is_laid_out_segment_by_segment_with_a_range():
         T0, [100, 100], rate, overhead, wait, running_since=T0, expected_starts=[T0 + 3600]
     )
     assert f.segment_ends[1] == T0 + 1930 + 260
-    assert f.low == T0 + 210 + 210 and f.high == T0 + 3600 + 360
+    # per part: the wait from at once (T0 + 260: 1670 s earlier) to squeue's (1670 s
+    # later); the rate (1.5 s: the middle from T0 + 210, 75 s earlier; 3 s: 150 s later)
+    assert f.low == pytest.approx(T0 + 2190 - math.hypot(75, 1670))
+    assert f.high == pytest.approx(T0 + 2190 + math.hypot(150, 1670))
     assert f.squeue_starts == 1
 
 
@@ -120,7 +131,9 @@ def test_without_measurements_the_plans_rate_and_stated_defaults_are_used():
     assert f.overhead.source == "assumed, not measured"
     assert f.wait.seconds is None
     assert f.finish == T0 + 4 * (300 + 300)
-    assert f.low == T0 + 4 * (75 + 225) and f.high == T0 + 4 * (1200 + 375)
+    # per part: the rate ±75 s a segment, start-up and save -225 s / +900 s
+    assert f.low == pytest.approx(T0 + 2400 - math.hypot(4 * 75, 4 * 225))
+    assert f.high == pytest.approx(T0 + 2400 + math.hypot(4 * 75, 4 * 900))
     line = calendar.describe(f)
     assert "queue wait unknown, not included" in line
     assert "4 segments and 4 jobs left" in line
@@ -146,7 +159,7 @@ def test_the_line_names_its_sources_like_the_documented_one():
     # and 30000 s); the next day's bound names its day
     zone = time.strftime("%Z", time.localtime(f.finish))
     assert line.startswith(
-        f"expected to finish: 2026-11-20 17:12 {zone} (80 % interval: 13:03 to 21st 21:45), "
+        f"expected to finish: 2026-11-20 17:12 {zone} (80 % interval: 13:04 to 21st 21:44), "
     ), line
     assert ", from: 2.41 s/iteration over 3 segments, 4 segments and 4 jobs left" in line
     assert line.endswith(
@@ -437,3 +450,92 @@ def test_controller_downtime_is_no_error_of_a_prediction():
     # a chain's successor, submitted while segment 1 ran: its wait is an error
     three = record(2, 2.0, T0 + 400, T0 + 640, submitted=T0 + 30)
     assert calendar.past_errors([one, three]) == pytest.approx([0.0, 100 / 610])
+
+
+def _rows(*seconds):
+    return [{"elapsed time per iteration (ms)": s * 1000} for s in seconds]
+
+
+def test_the_running_segments_speed_now_rates_its_own_iterations_and_weighs_on_the_rest():
+    """Segments 1 and 2 ran 2 s/iteration; segment 3's job (started at T0 + 570: 30 s of
+    start-up) ran its first 20 logged iterations at 2 s, then slowed to 3 s (another job
+    on its node) for 20: its speed now is 3 s (its newest quarter, at least 5 rows), its
+    40 iterations took 100 s. Its 60 left take 180 s from now, then the 40 s of start-up
+    and save less the 30 s its start-up took; segment 4 at 2 s / 4 + 2 s / 4 + 3 s / 2
+    = 2.5 s. The median of the segments (2 s) would have kept the old speed."""
+    running = calendar.running_times(_rows(*[2.0] * 20, *[3.0] * 20))
+    assert running["recent"] == 3.0 and running["iterations"] == 40
+    assert running["seconds_per_iteration"] == 2.5  # the median of all 40
+    now = T0 + 570 + 30 + 100
+    f = calendar.campaign_forecast(
+        EXP, two_done(), 200, now, running_since=T0 + 570, running_logged=240,
+        running_segment=3, running_start_iteration=200,
+        running_job={"submitted": T0 + 300, "eligible": T0 + 540, "started": T0 + 570},
+        running_rate=running,
+    )  # fmt: skip
+    assert f.rate.seconds == pytest.approx(2.5) and f.rate.current == 3.0
+    assert f.rate.source == (
+        "2.5 s/iteration over 2 segments and the running one's newest iterations (3 s), the "
+        "newest weighted most"
+    )
+    # its own 40 iterations at its own median (2.5 s): 100 s; its start-up so far:
+    # now - T0 - 570 - 100 = 30 s
+    assert f.segment_ends[0] == pytest.approx(now + 60 * 3.0 + (40 - 30))
+    # segment 4's job waits the measured 30 s, then 40 s and 100 iterations at 2.5 s
+    assert f.segment_ends[1] == pytest.approx(f.segment_ends[0] + 30 + 40 + 250)
+    # the finish does not move as the clock does while nothing is logged: its newest line
+    # stays, the start-up so far grows by as much
+    later = calendar.campaign_forecast(
+        EXP, two_done(), 200, now + 2, running_since=T0 + 570, running_logged=240,
+        running_segment=3, running_start_iteration=200,
+        running_job={"submitted": T0 + 300, "eligible": T0 + 540, "started": T0 + 570},
+        running_rate=running,
+    )  # fmt: skip
+    assert later.finish == pytest.approx(f.finish)
+    # too few rows of its own to weigh on the later segments: its speed now rates its own
+    few = calendar.rate_of(calendar.measured(two_done()), running=calendar.running_times(
+        _rows(3.0, 3.0, 3.0)))  # fmt: skip
+    assert (few.seconds, few.current) == (2.0, None)
+
+
+def test_speeds_that_change_between_segments_are_followed_newest_first():
+    """Segment speeds 0.16, 0.09 (a restart's: the machine got quieter) and 0.09, 0.09,
+    0.13 (a slowdown): the newest weighs as much as all before it."""
+    quieter = [record(1, 0.16, T0, T0 + 100), record(2, 0.09, T0 + 100, T0 + 170)]
+    assert calendar.rate_of(calendar.measured(quieter)).seconds == pytest.approx(0.125)
+    slower = [
+        record(1, 0.09, T0, T0 + 29), record(2, 0.09, T0 + 70, T0 + 99),
+        record(3, 0.13, T0 + 140, T0 + 213),
+    ]  # fmt: skip
+    rate = calendar.rate_of(calendar.measured(slower))
+    assert rate.seconds == pytest.approx(0.11) and (rate.low, rate.high) == (0.09, 0.13)
+    # start-up and save the same way: 20, 20, 60 s (a job's time less its iterations)
+    overhead = calendar.overhead_of(calendar.measured(slower), rate)
+    assert (overhead.seconds, overhead.low, overhead.high) == pytest.approx((40, 20, 60))
+
+
+def test_a_pending_job_with_a_squeue_time_waits_by_the_queue_now_up_to_that_time():
+    """Segment 3's job is pending (squeue --start: T0 + 800, other jobs at their whole
+    limits); the queue now says 100 s central, 20 s low, 200 s high: the central and low
+    are the queue's, the high squeue's own."""
+    from hpcllm.training.campaign.queue_state import QueueJob, QueueState
+
+    queue = QueueState(T0 + 540, 2, (QueueJob("70", "RUNNING", 2, 260, 60),), "batch")
+    f = calendar.campaign_forecast(
+        EXP, two_done(), 200, T0 + 541, expected_starts=[T0 + 800], pending_since=T0 + 300,
+        queue=queue, mine=["1", "2", "3"], nodes=2,
+    )  # fmt: skip
+    # job 70 has 200 s of its limit left (read at T0 + 540): central half of it, low a
+    # tenth; the high end is squeue's time (T0 + 800), not the queue's (T0 + 740); from
+    # now (T0 + 541)
+    assert f.queue_wait == pytest.approx((99, 19, 259))
+    assert f.segment_ends[0] == pytest.approx(T0 + 640 + 40 + 200)
+    line = calendar.describe(f)
+    assert "queue: the next job waits 99 s (19 s to 4 min) by the queue now" in line, line
+    assert "(the high end: squeue --start's time)" in line
+    # squeue --start earlier than the queue's central: no later than squeue's time
+    g = calendar.campaign_forecast(
+        EXP, two_done(), 200, T0 + 541, expected_starts=[T0 + 600], pending_since=T0 + 300,
+        queue=queue, mine=["1", "2", "3"], nodes=2,
+    )  # fmt: skip
+    assert g.queue_wait == pytest.approx((59, 19, 59))

@@ -122,8 +122,10 @@ def test_the_next_job_waits_by_the_queue_and_later_ones_by_it_and_the_measured_w
     # and runs half its limit (30 s), a tenth (6 s) or all of it (60 s): ours waits that
     assert f.queue_wait == pytest.approx((30, 6, 60))
     assert f.segment_ends[1] == pytest.approx(T0 + 100 + 30 + 100)
-    assert f.high >= T0 + 130 + 60 + 100
-    assert f.low <= T0 + 70 + 6 + 70
+    # the interval per part: the wait alone at its ends (60 s: 30 s later, 6 s: 24 s
+    # earlier), within every part at its end at once
+    assert f.finish + 30 <= f.high < T0 + 130 + 60 + 100
+    assert T0 + 70 + 6 + 70 < f.low <= f.finish - 24
     line = calendar.describe(f)
     assert "queue: the next job waits 30 s (6 s to 60 s) by the queue now: 2 other jobs" in line
     # a forecast from the queue does not move when only the clock does (a running job

@@ -71,6 +71,15 @@ MEASURED_OVERHEAD_SPREAD = 0.5
 # to 19 % off the layout table's own prediction): assumed spreads, said so in the line.
 LAYOUT_RATE_SPREAD = 0.10
 MODEL_RATE_SPREAD = 0.25
+# The running segment's speed now: the median of its newest quarter of logged iterations
+# (at least RUNNING_MIN_ROWS of them), for its own iterations left; and the newest of
+# the speeds the later segments are rated by. Each segment's speed (and start-up and save)
+# weighs NEWEST_WEIGHT against all before it: a speed that changed partway (other jobs on
+# the node, the file system, a slower node) is followed within a segment or two, where the
+# median of all segments kept the old one (benchmarks/forecast_calibration.py, runs 8-9).
+RECENT_SHARE = 0.25
+RUNNING_MIN_ROWS = 5
+NEWEST_WEIGHT = 0.5
 PREDICTIONS = "predictions.jsonl"
 # Each side of the interval holds this share of the campaign's own past errors on its
 # side (late, early): two tails of 10 % leave the 80 % between them.
@@ -86,6 +95,8 @@ class Rate:
     low: float
     high: float
     source: str  # e.g. "2.41 s/iteration over 3 segments"
+    # the running segment's speed now, for its own iterations left (None: ``seconds``)
+    current: float | None = None
 
 
 @dataclass(frozen=True)
@@ -168,6 +179,28 @@ def iteration_times(rows: Iterable[Mapping[str, Any]]) -> dict[str, float] | Non
         "p10": round(share(0.1), 6),
         "p90": round(share(0.9), 6),
     }
+
+
+def running_times(rows: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
+    """:func:`iteration_times` of the running segment's rows (in log order) so far, with
+    ``iterations`` (how many rows) and ``recent``: the median of its newest
+    :data:`RECENT_SHARE` of them (at least :data:`RUNNING_MIN_ROWS`): its speed now."""
+    times = iteration_times(rows)
+    if times is None:
+        return None
+    timed = [r for r in rows if iteration_times([r])]
+    newest = timed[-max(RUNNING_MIN_ROWS, int(len(timed) * RECENT_SHARE)) :]
+    recent = iteration_times(newest) or times
+    return {**times, "iterations": len(timed), "recent": recent["seconds_per_iteration"]}
+
+
+def newest_weighted(values: Sequence[float]) -> float:
+    """The mean of ``values`` (oldest first) with weights halving back from the newest
+    (:data:`NEWEST_WEIGHT`): the newest counts as much as all before it together."""
+    out = values[0]
+    for v in values[1:]:
+        out = (1 - NEWEST_WEIGHT) * out + NEWEST_WEIGHT * v
+    return out
 
 
 def measured(records: Sequence[Mapping[str, Any]]) -> list[Measured]:
@@ -262,33 +295,50 @@ def rate_of(
     running: Mapping[str, float] | None = None,
     model_source: str = "the plan's model estimate",
 ) -> Rate | None:
-    """``layout``: :func:`layout_measurement`; ``running``: :func:`iteration_times` of the
-    running segment's own iterations so far (``iterations``: how many); both used only
-    before any segment's record measured one."""
+    """The seconds per iteration of the segments left. ``segments``: those a record
+    measured; ``running``: :func:`running_times` of the running segment's own iterations
+    so far (its speed now rates its own iterations left, and, once it logged
+    :data:`RUNNING_MIN_ROWS`, counts as the newest segment's); ``layout``:
+    :func:`layout_measurement`, ``model_seconds``: the plan's, both only before anything of
+    the campaign measured one. The segments' speeds are weighed newest first
+    (:func:`newest_weighted`); the range: slowest to fastest of them, at least
+    ±:data:`MEASURED_RATE_SPREAD` (one segment: its 10th and 90th percentile)."""
     rated = [m for m in segments if m.seconds_per_iteration]
+    rows = int((running or {}).get("iterations") or 0)
+    now = (running or {}).get("recent") or (running or {}).get("seconds_per_iteration")
     if rated:
-        central = statistics.median(m.seconds_per_iteration for m in rated)
-        if len(rated) == 1:
+        speeds = [m.seconds_per_iteration for m in rated]
+        with_running = bool(now) and rows >= RUNNING_MIN_ROWS
+        if with_running:
+            speeds.append(now)
+        central = newest_weighted(speeds)
+        if len(speeds) == 1:
             low, high = rated[0].p10 or central, rated[0].p90 or central
         else:
-            low = min(m.seconds_per_iteration for m in rated)
-            high = max(m.seconds_per_iteration for m in rated)
+            low, high = min(speeds), max(speeds)
         low, high = _spread(central, low, high, MEASURED_RATE_SPREAD)
         n = len(rated)
-        return Rate(
-            central, low, high, f"{_rate(central)} s/iteration over {n} segment{'s' * (n != 1)}"
-        )
+        source = f"{_rate(central)} s/iteration over {n} segment{'s' * (n != 1)}"
+        if with_running:
+            source += (
+                f" and the running one's newest iterations ({_rate(now)} s), the newest "
+                "weighted most"
+            )
+        elif n > 1:
+            source += ", the newest weighted most"
+        return Rate(central, low, high, source, current=now if with_running else None)
     if running and running.get("seconds_per_iteration"):
-        central = running["seconds_per_iteration"]
+        central = now or running["seconds_per_iteration"]
         low, high = _spread(
             central, running.get("p10") or central, running.get("p90") or central,
             MEASURED_RATE_SPREAD,
         )  # fmt: skip
-        n = int(running.get("iterations") or 0)
         return Rate(
             central, low, high,
-            f"{_rate(central)} s/iteration over the running segment's first {n} "
-            f"logged iteration{'s' * (n != 1)}",
+            f"{_rate(central)} s/iteration over the running segment's first {rows} "
+            f"logged iteration{'s' * (rows != 1)}"
+            + (" (its newest)" if central != running["seconds_per_iteration"] else ""),
+            current=central,
         )  # fmt: skip
     if layout:
         seconds, nodes = layout
@@ -317,8 +367,10 @@ def overhead_of(
     segments: Sequence[Measured], rate: Rate | None, canary: Sequence[float] = ()
 ) -> Overhead:
     """``canary``: the seconds of the canary's segments (a few iterations of a tiny model
-    each: start-up and save). The range: shortest to longest measured, at least
-    ±:data:`MEASURED_OVERHEAD_SPREAD`; assumed values get a wide one."""
+    each: start-up and save). Measured ones are weighed newest first
+    (:func:`newest_weighted`: later segments' start-up and save grew on a loaded machine);
+    the range: shortest to longest measured, at least ±:data:`MEASURED_OVERHEAD_SPREAD`;
+    assumed values get a wide one."""
     if rate is not None:
         own = [
             max(0.0, m.job_seconds - m.iterations * (m.seconds_per_iteration or rate.seconds))
@@ -326,7 +378,7 @@ def overhead_of(
             if m.job_seconds is not None
         ]
         if own:
-            central = statistics.median(own)
+            central = newest_weighted(own)
             low, high = _spread(central, min(own), max(own), MEASURED_OVERHEAD_SPREAD)
             return Overhead(central, "measured", low, high)
     if canary:
@@ -455,10 +507,28 @@ def calibrate(f: Forecast, errors: Sequence[float]) -> Forecast:
 
 @dataclass(frozen=True)
 class _Bound:
-    spi: float
+    spi: float  # the later segments'
+    spi_now: float  # the running segment's, for its iterations left
     overhead: float
     wait: float | None
-    side: str  # "low", "central", "high"
+    side: str  # the waits' (queue, squeue --start): "low", "central", "high"
+
+
+_PARTS = ("rate", "overhead", "wait")
+
+
+def _sides(rate: Rate, overhead: Overhead, wait: Wait, sides: Mapping[str, str]) -> _Bound:
+    """Each part at its side (``sides``: by part, "central" where not named)."""
+    r, o, w = (sides.get(p, "central") for p in _PARTS)
+    current = rate.current or rate.seconds
+    spi = {"low": rate.low, "central": rate.seconds, "high": rate.high}[r]
+    return _Bound(
+        spi=spi,
+        spi_now=current * spi / rate.seconds,  # the same share off as the later segments'
+        overhead={"low": overhead.low, "central": overhead.seconds, "high": overhead.high}[o],
+        wait={"low": wait.low, "central": wait.seconds, "high": wait.high}[w],
+        side=w,
+    )
 
 
 def forecast(
@@ -474,52 +544,74 @@ def forecast(
     running_iterations: int | None = None,
     next_start: Callable[[float], Mapping[str, float] | None] | None = None,
     queue: str | None = None,
+    running_trained_s: float | None = None,
 ) -> Forecast:
     """Lay out the segments left (their iterations each, in order) from ``now``.
 
     ``running_since``: the first of them is being trained by a job that started then, for
     ``running_iterations`` iterations in all (default: the segment's left); ``running_left``:
-    the iterations it has still to train (its log's newest line; None: all).
+    the iterations it has still to train (its log's newest line; None: all);
+    ``running_trained_s``: how long the iterations it logged took. With both, it ends its
+    iterations left at ``rate.current`` after its newest line, then the start-up and save
+    its start-up so far has not used; else at its start plus start-up and save plus all
+    its iterations.
     ``expected_starts``: per job still to start, in order, the start ``squeue --start``
-    gives it (None where it gives none): that job starts then (or at its predecessor's
-    end, if later); the range reaches back to its predecessor's end, as ``squeue --start``
-    counts other jobs' time limits and is late where they end before them. Every other job
-    waits the measured wait (its own: never another job's squeue time), counted for the
-    first of them from ``waiting_since`` (when it could start: its predecessor's end, or
-    its submission), so that a forecast moves only when something but the clock does.
-    ``next_start``: when the first job still to start without a squeue time starts, by
-    side, if it can start at the time given (queue_state.start_range: the partition's
-    queue now); its central and low, and its high where the measured waits' is not later.
-    ``queue``: what that queue held, for the line.
+    gives it (None where it gives none): the high end of that job's start (it counts other
+    jobs' whole time limits; they end before them), starting at once the low one.
+    ``next_start``: when the first job still to start starts, by side, if it can start at
+    the time given (queue_state.start_range: the partition's queue now): its central and
+    low, its high where squeue --start gives none (then no earlier than the measured
+    wait); without it a job with a squeue time starts in the middle of that and its
+    predecessor's end. Every other job waits the measured wait (its own: never another
+    job's squeue time), counted for the first of them from ``waiting_since`` (when it
+    could start: its predecessor's end, or its submission), so that a forecast moves only
+    when something but the clock does. ``queue``: what that queue held, for the line.
+
+    The interval is sized per part (:data:`_PARTS`): each moved alone to its low and high
+    end, the others central, and the moves added as independent errors (root of the sum
+    of squares): every part at its extreme at once is far less likely than 80 %.
     """
     starts = list(expected_starts)
     from_queue: dict[str, float] = {}  # the next job's wait from the queue, by side
+    split = running_left is not None and running_trained_s is not None
 
-    def lay_out(b: _Bound) -> list[float]:
+    def lay_out(b: _Bound, record: bool = True) -> list[float]:
         t, ends, job = now, [], 0
         for i, iterations in enumerate(segments_left):
             if i == 0 and running_since is not None:
-                total = iterations if running_iterations is None else running_iterations
-                end = running_since + b.overhead + total * b.spi
-                if running_left is not None:  # never before its iterations left can run
-                    end = max(end, now + running_left * b.spi)
+                if split:
+                    # its start-up so far (and the time since its newest line): the rest of
+                    # a segment's start-up and save is its save
+                    seen = max(0.0, now - running_since - running_trained_s)
+                    end = now + running_left * b.spi_now + max(0.0, b.overhead - seen)
+                else:
+                    total = iterations if running_iterations is None else running_iterations
+                    end = running_since + b.overhead + total * b.spi_now
+                    if running_left is not None:  # never before its iterations left can run
+                        end = max(end, now + running_left * b.spi_now)
             else:
                 expected = starts[job] if job < len(starts) else None
                 since = waiting_since if (job == 0 and waiting_since is not None) else t
                 job += 1
-                if expected is not None:
+                q = next_start(since) if job == 1 and next_start is not None else None
+                if q:
+                    # the queue now: other jobs' limits and sizes (high), ending early
+                    start = max(t, q[b.side])
+                    if b.side == "high" and expected is not None:
+                        start = max(t, expected)  # the scheduler's own, at their limits
+                    elif b.side == "high" and b.wait is not None:
+                        # jobs not in the queue yet: the measured waits count them
+                        start = max(start, since + b.wait)
+                    if expected is not None:
+                        start = min(start, max(t, expected))
+                    if record:
+                        from_queue[b.side] = start - max(since, now)
+                elif expected is not None:
                     # squeue --start counts other jobs' whole time limits: the high end;
                     # starting at once the low one, the middle of the two the central
                     # (from when it could start: the middle stays put as the clock moves)
                     middle = since + max(0.0, expected - since) / 2
                     start = {"low": t, "central": max(t, middle), "high": max(t, expected)}[b.side]
-                elif job == 1 and next_start is not None and (q := next_start(since)):
-                    # the queue now: other jobs' limits and sizes (high), ending early
-                    start = max(t, q[b.side])
-                    if b.side == "high" and b.wait is not None:
-                        # jobs not in the queue yet: the measured waits count them
-                        start = max(start, since + b.wait)
-                    from_queue[b.side] = start - max(since, now)
                 elif b.wait is not None:
                     start = max(t, since + b.wait)
                 else:
@@ -530,17 +622,23 @@ def forecast(
             t = end
         return ends
 
-    central = lay_out(_Bound(rate.seconds, overhead.seconds, wait.seconds, "central"))
-    low = lay_out(_Bound(rate.low, overhead.low, wait.low, "low"))
-    high = lay_out(_Bound(rate.high, overhead.high, wait.high, "high"))
+    central = lay_out(_sides(rate, overhead, wait, {}))
+    last = central[-1] if central else now
+    moves: dict[str, list[float]] = {"low": [], "high": []}
+    for side in moves:
+        for part in _PARTS:
+            ends = lay_out(_sides(rate, overhead, wait, {part: side}), record=part == "wait")
+            if ends:
+                moves[side].append(ends[-1] - last)
+    low = last - math.sqrt(sum(min(0.0, m) ** 2 for m in moves["low"] + moves["high"]))
+    high = last + math.sqrt(sum(max(0.0, m) ** 2 for m in moves["low"] + moves["high"]))
     running = running_since is not None and bool(segments_left)
     jobs_left = len(segments_left) - (1 if running else 0)
-    last = central[-1] if central else now
     return Forecast(
         now=now,
         finish=last,
-        low=min(low[-1], last) if low else now,
-        high=max(high[-1], last) if high else now,
+        low=max(now, low),
+        high=high,
         segment_ends=tuple(central),
         rate=rate,
         overhead=overhead,
@@ -617,12 +715,14 @@ def describe(f: Forecast) -> str:
         each = "unknown, not included"
     if f.jobs_left == 0:
         wait = "no job left to start"
-    elif f.queue_wait is not None and not f.squeue_starts:
+    elif f.queue_wait is not None:
         central, low, high = f.queue_wait
         wait = (
             f"queue: the next job waits {_duration(central)} ({_duration(low)} to "
             f"{_duration(high)}) by {f.queue}"
         )
+        if f.squeue_starts:
+            wait += " (the high end: squeue --start's time)"
         if f.jobs_left > 1:
             wait += f", the others {each}"
     elif f.squeue_starts:
@@ -806,7 +906,7 @@ def campaign_forecast(
     ``running_start_iteration`` to its target, ``running_logged`` the newest iteration it
     logged; between its last checkpoint and its end it is still that segment's job, never
     the next one. ``running_job``: its Slurm times (:func:`queue_times.job_times`): its wait
-    counts among the measured ones. ``running_rate``: :func:`iteration_times` of its
+    counts among the measured ones. ``running_rate``: :func:`running_times` of its
     iterations so far (the rate before any record measured one). ``expected_starts``:
     ``squeue --start``'s time per pending job, in order; ``pending_since``: when the first
     pending job was submitted (its wait counts from then or from the last segment's end).
@@ -850,6 +950,10 @@ def campaign_forecast(
     if not left or rate is None:
         return None
     overhead = overhead_of(history, rate, canary)
+    trained_s = None  # how long the running job's logged iterations took
+    if running_since is not None and running_left is not None:
+        own = (running_rate or {}).get("seconds_per_iteration")  # None: nothing logged
+        trained_s = (running_total - running_left) * own if own else None
     if overhead.source != "measured" and running_since is not None and running_left is not None:
         # the running job's own start-up: its time before the iterations it logged (at
         # most: the time since its newest line counts too); its save assumed as long
@@ -884,6 +988,7 @@ def campaign_forecast(
         running_iterations=running_total,
         next_start=next_start,
         queue=queue_note,
+        running_trained_s=trained_s,
     )
     return calibrate(f, past_errors(records))
 

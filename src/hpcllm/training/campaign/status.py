@@ -656,8 +656,7 @@ def _finish(workdir, name, exp, iteration, now, jobs, chain_name, running_since,
     if rate_rows is not None and attempt is not None:
         # the running attempt's own iterations (a resumed segment's log holds earlier ones)
         own = [r for r in rate_rows if r["iteration"] > attempt.start_iteration]
-        times = calendar.iteration_times(own)
-        running_rate = {**times, "iterations": len(own)} if times else None
+        running_rate = calendar.running_times(own)
     f = calendar.campaign_forecast(
         exp,
         records,
