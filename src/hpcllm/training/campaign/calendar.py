@@ -2,28 +2,32 @@
 predictions fared.
 
 The finish is laid out segment by segment from four measured things, each with a low and
-a high end (taken together for the interval):
+a high end:
 
 - seconds per iteration: the campaign's own segments once any ran (the median of each
-  segment's logged iteration times; the range: its slowest and fastest segment, or with
-  one segment the 10th and 90th percentile of its iterations, at least
-  :data:`MEASURED_RATE_SPREAD`), else the running segment's own logged iterations, else
+  segment's logged iteration times), weighed newest first (:func:`newest_weighted`), the
+  running segment's speed now (its newest logged iterations) the newest once it logged
+  a few, and its own iterations left at it; the range: the slowest and fastest of them,
+  or with one segment the 10th and 90th percentile of its iterations, at least
+  :data:`MEASURED_RATE_SPREAD`; else the running segment's own logged iterations, else
   what ``layout: auto``'s measuring job timed for the layout it chose, else the plan's
   model rate (:func:`model_rate`; assumed spreads for both, said so);
 - each segment's start-up and save: its job's time from Slurm's start to the record,
-  less its iterations at its rate (median over segments), else the running job's own
+  less its iterations at its rate (weighed newest first), else the running job's own
   start-up (save assumed as long), else the canary's segments (a tiny model: a real one
   loads and saves longer), else :data:`DEFAULT_OVERHEAD_S`;
-- each job's own queue wait: a pending job's ``squeue --start`` time (the high end: it
-  counts other jobs' whole limits; the low end: at once); the next job without one from
-  the partition's queue now (:mod:`queue_state`: other users' jobs, their sizes and
-  limits); the later ones the campaign's own measured waits (the running job's included;
-  median, range shortest to longest) with the queue now as one more, from when the job
-  could start, so that a forecast moves only when something but the clock does; else
-  unknown: not included, and said so;
+- each job's own queue wait: the next job's from the partition's queue now
+  (:mod:`queue_state`: other users' jobs, their sizes and limits), a pending job's
+  ``squeue --start`` time its high end (it counts other jobs' whole limits); without the
+  queue, a pending job's between at once and its ``squeue --start`` time; the later ones
+  the campaign's own measured waits (the running job's included; median, range shortest
+  to longest) with the queue now as one more, from when the job could start, so that a
+  forecast moves only when something but the clock does; else unknown: not included,
+  and said so;
 - the iterations left: the running job's by its own progress, then one job per segment.
 
-The interval is then widened where the campaign's own earlier predictions missed by more
+The interval adds the parts' moves as independent errors (:func:`forecast`), then is
+widened where the campaign's own earlier predictions missed by more
 (:func:`calibrate`: split-conformal, on each side).
 
 Each segment's job writes the prediction it makes at its start into its record
@@ -94,7 +98,7 @@ class Rate:
     seconds: float  # per iteration
     low: float
     high: float
-    source: str  # e.g. "2.41 s/iteration over 3 segments"
+    source: str  # e.g. "2.41 s/iteration over 3 segments, the newest weighted most"
     # the running segment's speed now, for its own iterations left (None: ``seconds``)
     current: float | None = None
 
