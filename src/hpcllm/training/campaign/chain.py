@@ -348,25 +348,25 @@ def submitted_jobs(save: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def chain_jobs(
-    job_name: str, shared: Path | None = None, max_age: float = 0.0
+    job_name: str, shared: Path | None = None, max_age: float = 0.0, timeout: float = 60
 ) -> list[dict[str, str]]:
     """This user's live jobs of a chain: id, state, dependency, reason, name. From one
-    squeue of all this user's jobs; with ``shared`` (a file of the run), a listing
-    younger than ``max_age`` seconds that another experiment's waiting controller job
-    wrote is read instead, so the login node sees one squeue per interval for all
-    experiments."""
-    listing = _shared_listing(shared, max_age) if shared else _squeue_listing()
+    squeue of all this user's jobs (given ``timeout`` seconds); with ``shared`` (a file of
+    the run), a listing younger than ``max_age`` seconds that another experiment's waiting
+    controller job wrote is read instead, so the login node sees one squeue per interval
+    for all experiments."""
+    listing = _shared_listing(shared, max_age) if shared else _squeue_listing(timeout)
     jobs = [j for j in listing if j["name"] == job_name and j["state"] in LIVE_STATES]
     return sorted(jobs, key=lambda j: int(j["id"].split("_")[0]))
 
 
-def _squeue_listing() -> list[dict[str, str]]:
+def _squeue_listing(timeout: float = 60) -> list[dict[str, str]]:
     try:
         proc = subprocess.run(
             ["squeue", "--me", "-h", "-o", "%i|%T|%E|%r|%j"],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=timeout,
         )
     except (OSError, subprocess.TimeoutExpired) as e:
         raise ChainError(f"squeue could not be run: {e}") from e
