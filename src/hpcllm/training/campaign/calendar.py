@@ -790,10 +790,11 @@ def read_job_queue(
         return JobQueue(None, (job_id,), queue_unread=why)
     chain = []
     if chain_name:
-        from hpcllm.training.campaign.chain import ChainError, chain_jobs
+        from hpcllm.training.campaign.chain_listing import ChainError, live_jobs, squeue_listing
 
         try:
-            chain = [j for j in chain_jobs(chain_name, timeout=timeout) if j["id"] != job_id]
+            listing = squeue_listing(timeout)
+            chain = [j for j in live_jobs(listing, chain_name) if j["id"] != job_id]
         except ChainError as e:
             log.warning("the chain's jobs not read (%s): the queue without them", e)
     pending = [j["id"] for j in chain if j["state"] == "PENDING"]
@@ -818,7 +819,7 @@ def job_timing(
     (:func:`read_job_queue`; the chain's jobs of experiment ``name``, run from the working
     directory); None where that fails: the calendar never stops training."""
     from hpcllm.training.campaign import queue_times, records
-    from hpcllm.training.campaign.chain import job_name_of
+    from hpcllm.training.campaign.chain_listing import job_name_of
 
     job_id = os.environ.get("SLURM_JOB_ID")
     try:
