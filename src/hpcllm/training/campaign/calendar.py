@@ -26,7 +26,9 @@ a high end (taken together for the interval):
 The interval is then widened where the campaign's own earlier predictions missed by more
 (:func:`calibrate`: split-conformal, on each side).
 
-Each segment's job writes the prediction it makes at its start into its record
+Each segment's job makes status's prediction at its start (itself the running job, its
+partition's queue and its chain's pending successor read from its node:
+:func:`read_job_queue`) and writes it into its record
 (``timing.prediction``, and a line in ``checkpoints/<exp>/chain/predictions.jsonl``,
 which is only ever appended to), with when the job was submitted, started and ended, so
 that the results page can set each prediction against what happened.
