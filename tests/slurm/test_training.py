@@ -1120,12 +1120,22 @@ def test_the_calendar_predicts_a_chain_whose_jobs_wait_behind_other_jobs(
     assert timing[0]["prediction"] is None  # nothing measured yet
     for k in (1, 2):
         p = timing[k]["prediction"]
-        # the waits measured up to its job's start, its own included
-        assert p["wait"]["source"] == f"measured over {k + 1} jobs", p
+        # the waits measured up to its job's start, its own included (and the queue the
+        # job read from its node)
+        assert p["wait"]["source"].startswith(f"measured over {k + 1} jobs"), p
         assert p["segment_end"] > p["made_at"] and p["campaign_end"] >= p["segment_end"]
+        assert "not read" not in p["line"], p
     p2 = timing[1]["prediction"]
-    # segment 3's job still to start: after the measured wait (median of 2 jobs)
-    assert p2["campaign_end"] - p2["segment_end"] >= p2["wait"]["seconds"] > 0
+    # segment 2's job read the partition's queue as status does: segment 3's job (its
+    # pending successor, waiting for it) from the queue, or squeue --start's time
+    assert re.search(
+        r"queue: the next job (waits .+? by the queue now: \d+ other jobs? on batch's 2 "
+        r"nodes|at squeue --start's time)",
+        p2["line"],
+    ), p2["line"]
+    if "squeue --start" not in p2["line"]:
+        # segment 3's job still to start: its high end after the longest measured wait
+        assert p2["campaign_high"] - p2["segment_end"] >= p2["wait"]["high"] > 0, p2
     # every prediction is kept (one line per job that predicted)
     kept = (work / SAVE / "chain/predictions.jsonl").read_text().splitlines()
     assert [json.loads(x)["segment"] for x in kept] == [2, 3]

@@ -30,7 +30,9 @@ The interval adds the parts' moves as independent errors (:func:`forecast`), the
 widened where the campaign's own earlier predictions missed by more
 (:func:`calibrate`: split-conformal, on each side).
 
-Each segment's job writes the prediction it makes at its start into its record
+Each segment's job makes status's prediction at its start (itself the running job, its
+partition's queue and its chain's pending successor read from its node:
+:func:`read_job_queue`) and writes it into its record
 (``timing.prediction``, and a line in ``checkpoints/<exp>/chain/predictions.jsonl``,
 which is only ever appended to), with when the job was submitted, started and ended, so
 that the results page can set each prediction against what happened.
@@ -777,6 +779,20 @@ def canary_seconds(path: str | os.PathLike | None) -> list[float]:
 
 # ---- in the segment's job
 
+# Each Slurm command a segment's job asks at its start (squeue of the partition, sinfo,
+# squeue of this user's jobs, squeue --start): they answer within a second or two; a
+# controller that does not answer costs the segment at most this, and the prediction
+# falls back to the measured waits.
+IN_JOB_TIMEOUT_S = 10
+
+
+def queue_unread_note(f: Forecast, why: str | None) -> str:
+    """What the line adds where the partition's queue was not read (``why``) and a job
+    still to start has no ``squeue --start`` time: "" where nothing is missing."""
+    if not why or f.jobs_left <= f.squeue_starts:
+        return ""
+    return f"; the partition's queue not read ({why}): measured waits only"
+
 
 def segment_start(
     experiment: Mapping[str, Any],
@@ -788,29 +804,42 @@ def segment_start(
     job_times: Mapping[str, float | None],
     now: float | None = None,
     layout: tuple[float, int] | None = None,
+    queue: QueueState | None = None,
+    mine: Sequence[str] = (),
+    expected_starts: Sequence[float | None] = (),
+    queue_unread: str | None = None,
 ) -> dict[str, Any]:
     """The ``timing`` of a segment's record at its start: its job's Slurm times and the
     prediction it makes (this segment's end and the campaign's), also appended to the
-    checkpoint folder's predictions.jsonl (history: never rewritten)."""
+    checkpoint folder's predictions.jsonl (history: never rewritten).
+
+    The prediction is status's (:func:`campaign_forecast`), with this job as the running
+    one: ``queue`` the partition's jobs now (queue_state.read; None: not read, and
+    ``queue_unread`` says why in the line), ``mine`` this campaign's job ids in it,
+    ``expected_starts`` ``squeue --start``'s time of each of its pending jobs, in order."""
     now = time.time() if now is None else now
     job = {"id": job_id, **job_times}
     timing: dict[str, Any] = {"job": job, "training_started": now}
-    # this job's own wait counts among the measured ones (its record is not written yet)
-    this = {"segment": segment, "timing": {"job": job}}
-    history = measured([*read_records(records_folders, segment - 1), this])
-    rate = rate_of(history, layout=layout)
-    if rate is None:
+    records = read_records(records_folders, segment - 1)
+    f = campaign_forecast(
+        experiment,
+        records,
+        start_iteration,
+        now,
+        layout=layout,
+        running_since=job.get("started") or now,
+        expected_starts=expected_starts,
+        running_segment=segment,
+        running_start_iteration=start_iteration,
+        # its own wait counts among the measured ones (its record is not written yet)
+        running_job=job,
+        queue=queue,
+        mine=mine,
+        nodes=int((experiment.get("layout") or {}).get("nodes") or 1),
+    )
+    if f is None:
         timing["prediction"] = None  # nothing measured yet: the first segment measures
         return timing
-    f = forecast(
-        now,
-        segments_left(experiment, start_iteration),
-        rate,
-        overhead_of(history, rate),
-        wait_of(history),
-        running_since=job.get("started") or now,
-    )
-    f = calibrate(f, past_errors(read_records(records_folders, segment - 1)))
     prediction = {
         "made_at": now,
         "segment_end": f.segment_ends[0],
@@ -822,7 +851,7 @@ def segment_start(
         "rate": asdict(f.rate),
         "overhead": asdict(f.overhead),
         "wait": asdict(f.wait),
-        "line": describe(f),
+        "line": describe(f) + queue_unread_note(f, queue_unread if queue is None else None),
     }
     timing["prediction"] = prediction
     folder = Path(save) / "chain"
@@ -830,6 +859,57 @@ def segment_start(
     with open(folder / PREDICTIONS, "a") as out:
         out.write(json.dumps({"segment": segment, "job": job_id, **prediction}) + "\n")
     return timing
+
+
+@dataclass(frozen=True)
+class JobQueue:
+    """What a segment's job read of its partition's queue at its start
+    (:func:`read_job_queue`): :func:`segment_start`'s queue arguments."""
+
+    queue: QueueState | None
+    mine: tuple[str, ...] = ()
+    expected_starts: tuple[float | None, ...] = ()
+    queue_unread: str | None = None
+
+
+def read_job_queue(
+    job_id: str,
+    chain_name: str | None,
+    now: float,
+    environ: Mapping[str, str] = os.environ,
+    timeout: float = IN_JOB_TIMEOUT_S,
+) -> JobQueue:
+    """The partition's queue as status reads it, from inside job ``job_id``: its partition
+    (``SLURM_JOB_PARTITION``; queue_state.read: one squeue, one sinfo), the chain's jobs
+    (named ``chain_name``, hpcllm.training.campaign.chain: one squeue of this user's jobs)
+    and its pending ones' ``squeue --start`` times (one call, where one is pending). Where
+    Slurm cannot be asked from the node (some sites forbid it), the queue is None and
+    ``queue_unread`` says why."""
+    from hpcllm.training.campaign import queue_state, queue_times
+
+    partition = environ.get("SLURM_JOB_PARTITION")
+    if not partition:
+        return JobQueue(None, (job_id,), queue_unread="the job's partition is not known")
+    queue = queue_state.read(partition, now, timeout)
+    if queue is None:
+        why = f"squeue or sinfo -p {partition} could not be asked from the job's node"
+        return JobQueue(None, (job_id,), queue_unread=why)
+    chain = []
+    if chain_name:
+        from hpcllm.training.campaign.chain_listing import ChainError, live_jobs, squeue_listing
+
+        try:
+            listing = squeue_listing(timeout)
+            chain = [j for j in live_jobs(listing, chain_name) if j["id"] != job_id]
+        except ChainError as e:
+            log.warning("the chain's jobs not read (%s): the queue without them", e)
+    pending = [j["id"] for j in chain if j["state"] == "PENDING"]
+    starts = queue_times.expected_starts(timeout) if pending else {}
+    return JobQueue(
+        queue,
+        (job_id, *(j["id"] for j in chain)),
+        tuple(starts.get(j) for j in pending),
+    )
 
 
 def segment_end(timing: dict[str, Any], rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
@@ -841,12 +921,21 @@ def job_timing(
     experiment, segment: int, start_iteration: int, paths, name: str | None = None
 ) -> dict[str, Any] | None:
     """:func:`segment_start` for a segment job with ``paths`` (hpcllm.training.plan
-    .experiment.Paths), asking Slurm about the job itself; None where that fails: the
-    calendar never stops training."""
+    .experiment.Paths), asking Slurm about the job itself and its partition's queue
+    (:func:`read_job_queue`; the chain's jobs of experiment ``name``, run from the working
+    directory); None where that fails: the calendar never stops training."""
     from hpcllm.training.campaign import queue_times, records
+    from hpcllm.training.campaign.chain_listing import job_name_of
 
     job_id = os.environ.get("SLURM_JOB_ID")
     try:
+        now = time.time()
+        # the queue as status reads it (outside Slurm: none, and nothing to say of it)
+        seen = (
+            read_job_queue(job_id, job_name_of(Path.cwd(), name) if name else None, now)
+            if job_id
+            else JobQueue(None)
+        )
         return segment_start(
             experiment,
             segment,
@@ -855,8 +944,13 @@ def job_timing(
             paths.save,
             job_id,
             queue_times.job_times(job_id),
+            now=now,
             # before any segment ran: what layout: auto's measuring job timed, if it ran
             layout=layout_measurement(name) if name else None,
+            queue=seen.queue,
+            mine=seen.mine,
+            expected_starts=seen.expected_starts,
+            queue_unread=seen.queue_unread,
         )
     except Exception as e:  # noqa: BLE001  (a prediction is worth less than the segment)
         log.warning("segment %d: no prediction of its finish (%s: %s)", segment,

@@ -51,7 +51,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -72,6 +71,16 @@ from hpcllm.atomic import atomic_path
 from hpcllm.failures.classify import classify_text, is_transient
 from hpcllm.launch import clean_environment as _clean_environment
 from hpcllm.training.campaign import attempts, records, signal_lead
+from hpcllm.training.campaign.chain_listing import (
+    LISTED,
+    ChainError,
+    live_jobs,
+    squeue_listing,
+)
+
+# re-exported: status and the tests ask the chain for its jobs' name and live states
+from hpcllm.training.campaign.chain_listing import LIVE_STATES as LIVE_STATES
+from hpcllm.training.campaign.chain_listing import job_name_of as job_name_of
 from hpcllm.training.checkpoints import lease
 from hpcllm.training.checkpoints import tracker as checkpoints
 
@@ -83,12 +92,6 @@ STOPPED = "stopped.json"
 JOBS = "jobs.jsonl"
 # A chain's stop when a job outside it (e.g. a plugin job) writes the checkpoint folder.
 LEASE_HELD = "lease_held"
-# Slurm states of a job that is still to run or running.
-LIVE_STATES = {"PENDING", "RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING", "REQUEUED"}
-
-
-class ChainError(RuntimeError):
-    """The chain cannot be submitted or asked about; the message says what to do."""
 
 
 class ChainStopped(RuntimeError):
@@ -148,13 +151,7 @@ class Campaign:
 
     def job_name(self) -> str:
         """One name per checkpoint folder (two checkouts may train the same experiment)."""
-        digest = hashlib.sha256(str(Path(self.workdir).resolve() / self.save).encode())
-        return f"hpcllm-chain-{self.name}-{digest.hexdigest()[:8]}"
-
-
-def job_name_of(workdir: str | os.PathLike, name: str) -> str:
-    digest = hashlib.sha256(str(Path(workdir).resolve() / "checkpoints" / name).encode())
-    return f"hpcllm-chain-{name}-{digest.hexdigest()[:8]}"
+        return job_name_of(self.workdir, self.name)
 
 
 # Campaign files written before training's rooms name these classes at their old paths;
@@ -348,37 +345,15 @@ def submitted_jobs(save: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def chain_jobs(
-    job_name: str, shared: Path | None = None, max_age: float = 0.0
+    job_name: str, shared: Path | None = None, max_age: float = 0.0, timeout: float = 60
 ) -> list[dict[str, str]]:
     """This user's live jobs of a chain: id, state, dependency, reason, name. From one
-    squeue of all this user's jobs; with ``shared`` (a file of the run), a listing
-    younger than ``max_age`` seconds that another experiment's waiting controller job
-    wrote is read instead, so the login node sees one squeue per interval for all
-    experiments."""
-    listing = _shared_listing(shared, max_age) if shared else _squeue_listing()
-    jobs = [j for j in listing if j["name"] == job_name and j["state"] in LIVE_STATES]
-    return sorted(jobs, key=lambda j: int(j["id"].split("_")[0]))
-
-
-def _squeue_listing() -> list[dict[str, str]]:
-    try:
-        proc = subprocess.run(
-            ["squeue", "--me", "-h", "-o", "%i|%T|%E|%r|%j"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise ChainError(f"squeue could not be run: {e}") from e
-    if proc.returncode != 0:
-        raise ChainError(f"squeue failed ({proc.returncode}): {proc.stderr.strip()}")
-    jobs = []
-    for line in proc.stdout.splitlines():
-        parts = line.split("|", 4)  # the name last: it is the only field that may hold a |
-        if len(parts) == 5:
-            keys = ("id", "state", "dependency", "reason", "name")
-            jobs.append(dict(zip(keys, parts, strict=True)))
-    return jobs
+    squeue of all this user's jobs (given ``timeout`` seconds); with ``shared`` (a file of
+    the run), a listing younger than ``max_age`` seconds that another experiment's waiting
+    controller job wrote is read instead, so the login node sees one squeue per interval
+    for all experiments."""
+    listing = _shared_listing(shared, max_age) if shared else squeue_listing(timeout)
+    return live_jobs(listing, job_name)
 
 
 def _shared_listing(path: Path, max_age: float) -> list[dict[str, str]]:
@@ -391,13 +366,10 @@ def _shared_listing(path: Path, max_age: float) -> list[dict[str, str]]:
         cached = _cached_listing(path)
         if cached is not None and 0 <= time.time() - cached[0] < max_age:
             return cached[1]
-        jobs = _squeue_listing()
+        jobs = squeue_listing()
         with atomic_path(path) as tmp:
             tmp.write_text(json.dumps({"time": time.time(), "jobs": jobs}))
         return jobs
-
-
-_LISTED = ("id", "state", "dependency", "reason", "name")
 
 
 def _cached_listing(path: Path) -> tuple[float, list[dict[str, str]]] | None:
@@ -409,8 +381,8 @@ def _cached_listing(path: Path) -> tuple[float, list[dict[str, str]]] | None:
         if not isinstance(cached["time"], (int, float)) or not isinstance(jobs, list):
             raise TypeError("'time' is not a number or 'jobs' not a list")
         for job in jobs:
-            if not all(isinstance(job.get(k), str) for k in _LISTED):
-                raise TypeError(f"a job without its {', '.join(_LISTED)} as text: {job!r:.80}")
+            if not all(isinstance(job.get(k), str) for k in LISTED):
+                raise TypeError(f"a job without its {', '.join(LISTED)} as text: {job!r:.80}")
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:

@@ -27,7 +27,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from hpcllm.training.campaign.queue_times import slurm_output
+from hpcllm.training.campaign.queue_times import TIMEOUT_S, slurm_output
 
 # share of their time limit that other users' jobs run (see the module's docstring)
 EARLY_END_SHARE = 0.5
@@ -205,13 +205,14 @@ def describe(state: QueueState, mine: Sequence[str]) -> str:
     )
 
 
-def read(partition: str, now: float) -> QueueState | None:
+def read(partition: str, now: float, timeout: float = TIMEOUT_S) -> QueueState | None:
     """The partition's jobs of all users (one squeue call) and usable nodes (one sinfo
-    call); None where either cannot be read."""
-    jobs = slurm_output(["squeue", "-h", "-p", partition, "-o", SQUEUE_FORMAT])
+    call), each given ``timeout`` seconds; None where either cannot be read."""
+    jobs = slurm_output(["squeue", "-h", "-p", partition, "-o", SQUEUE_FORMAT], timeout)
     if jobs is None:
         return None
-    nodes = parse_usable_nodes(slurm_output(["sinfo", "-h", "-p", partition, "-o", "%F"]) or "")
+    sinfo = slurm_output(["sinfo", "-h", "-p", partition, "-o", "%F"], timeout)
+    nodes = parse_usable_nodes(sinfo or "")
     if not nodes:
         return None
     return QueueState(at=now, nodes=nodes, jobs=tuple(parse_jobs(jobs)), partition=partition)

@@ -49,10 +49,11 @@ def parse_expected_starts(text: str) -> dict[str, float]:
     return starts
 
 
-def slurm_output(argv: list[str]) -> str | None:
-    """A Slurm command's stdout; None where it failed or could not run."""
+def slurm_output(argv: list[str], timeout: float = TIMEOUT_S) -> str | None:
+    """A Slurm command's stdout; None where it failed, could not run or took longer than
+    ``timeout`` seconds."""
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return proc.stdout if proc.returncode == 0 else None
@@ -64,7 +65,7 @@ def job_times(job_id: str | None) -> dict[str, float | None]:
     return parse_job_times(out or "")
 
 
-def expected_starts() -> dict[str, float]:
+def expected_starts(timeout: float = TIMEOUT_S) -> dict[str, float]:
     """This user's pending jobs that the scheduler expects to start at a known time."""
-    out = slurm_output(["squeue", "--me", "--start", "-h", "-o", "%i|%S"])
+    out = slurm_output(["squeue", "--me", "--start", "-h", "-o", "%i|%S"], timeout)
     return parse_expected_starts(out or "")

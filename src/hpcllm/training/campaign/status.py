@@ -679,10 +679,9 @@ def _finish(workdir, name, exp, iteration, now, jobs, chain_name, running_since,
     )
     if f is None:
         return "expected to finish: not known yet (no segment of it has been measured)"
-    line = calendar.describe(f)
-    if queue is None and queue_unread and f.jobs_left > f.squeue_starts:
-        line += f"; the partition's queue not read ({queue_unread}): measured waits only"
-    return line
+    return calendar.describe(f) + calendar.queue_unread_note(
+        f, queue_unread if queue is None else None
+    )
 
 
 def _segments_done(
