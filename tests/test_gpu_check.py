@@ -55,6 +55,15 @@ def test_the_cpu_part_passes_and_skips_the_gpu_steps_with_a_reason(tmp_path):
     assert table == proc.stdout[proc.stdout.index("hpcllm gpu-check on") :]
     results = {line.split()[0]: line.split()[1] for line in table.splitlines()[2:]}
     assert results == {step: row["result"] for step, row in got.items()}
+    # the train row's detail: segment 2's iteration-time spread (calendar's percentiles)
+    spread = got["train_torch"]["figures"]
+    assert spread["p10/median"] <= 1.0 <= spread["p90/median"]
+    assert spread["segment 2/1 median"] > 0
+    assert got["train_torch"]["detail"].startswith("segment 2 s/iteration p10 ")
+    # the probe's record, where the segments read what the image can run (its resiliency)
+    record = json.loads((out / "work/results/preflight/local/probe/bare.json").read_text())
+    assert record["cluster"] == "local" and "gpu_sensors" in record["inside"]["resiliency"]
+    assert any(check["check"] == "resiliency" for check in record["checks"])
     # the torch engine's checkpoint: saved by segment 1, resumed by segment 2
     seg2 = json.loads((out / "work/train/torch/seg2.json").read_text())
     assert seg2["resumed_from_iteration"] == 3 and seg2["last_iteration"] == 6
