@@ -150,7 +150,7 @@ def test_the_straggler_row_reads_megatrons_reports_on_one_gpu(tmp_path):
     assert detail == (
         "straggler detector on (available (GPU sensors through pynvml)): 6 reports read of 6 "
         "printed (segments 3+3); newest: forward 790.2 ms/iteration (rank 0) to 790.2 "
-        "(rank 0), throughput over the median by rank {0: 1.00}"
+        "(rank 0), estimated throughput over the median (379.63 TF) by rank {0: 1.00}"
     )
     # on, and nothing read: a FAIL naming the logs
     bare = tmp_path / "bare.engine.log"

@@ -366,7 +366,7 @@ def straggler_outcome(on: bool, why: str, segment_logs: list[Path]) -> tuple[Fig
         f"straggler detector on ({why}): {len(every)} reports read of {printed} printed "
         f"(segments {counts}); newest: forward {newest.fastest[0]:.1f} ms/iteration "
         f"(rank {newest.fastest[1]}) to {newest.slowest[0]:.1f} (rank {newest.slowest[1]}), "
-        f"throughput over the median by rank {{{ranks or 'all 0.00 TF'}}}"
+        f"estimated throughput over the median ({median:.2f} TF) by rank {{{ranks}}}"
     )
     return figures, text
 
