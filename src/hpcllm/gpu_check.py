@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import os
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -40,12 +41,16 @@ from hpcllm.bench.sweeps import facts_of as sweep_facts
 from hpcllm.clusters import Cluster, Gpu, Internet, load_cluster
 from hpcllm.configuration import load_schema
 from hpcllm.export.folder import export
-from hpcllm.models import megatron_args
+from hpcllm.models import megatron_args, megatron_resiliency
 from hpcllm.preflight import canary, probe
 from hpcllm.text.tokenization import load_tokenizer, tokenize_shard
 from hpcllm.text.tokenizer_train import train_bpe
-from hpcllm.training.campaign.segment import run_segment
+from hpcllm.training.campaign.calendar import iteration_times
+from hpcllm.training.campaign.chain_site import probe_record_path
+from hpcllm.training.campaign.segment import run_segment, straggler_log_on
+from hpcllm.training.engines import megatron_stragglers
 from hpcllm.training.engines.command import engine_command
+from hpcllm.training.engines.log_lines import log_text_from, parse_log_lines
 from hpcllm.training.plan.experiment import Paths, prepare_experiment
 from hpcllm.training.plan.settings import weight_settings
 from hpcllm.vision.datasets_config import dataset_root, make_sample, pack_dataset_split
@@ -87,6 +92,11 @@ COLUMNS = ("step", "result", "s", "tokens/s", "TFLOP/s", "MFU", "images/s", "J/t
 
 class Skip(Exception):
     """The step's requirement is absent here; the message says which."""
+
+
+# What a step returns: its figures, or its figures and a line for the row's detail.
+Figures = dict[str, float]
+Outcome = Figures | tuple[Figures, str]
 
 
 @dataclasses.dataclass
@@ -180,9 +190,10 @@ def step_probe(c: Check) -> dict[str, float]:
     modules = probe.image_modules(c.cluster, "train", engines) + probe.image_modules(
         c.cluster, "vision", vision_impls={"torchvision"}
     )
+    modules = list(dict.fromkeys(modules))
     checks = [probe.check_runtime(c.cluster)]
     # As the probe job runs it without a container: this Python, the checkout on its path.
-    argv = probe.inside_launch(c.cluster, "bare", list(dict.fromkeys(modules))).argv
+    argv = probe.inside_launch(c.cluster, "bare", modules).argv
     proc = probe._run(argv, timeout=600)
     inside = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
     if inside is None:
@@ -196,13 +207,38 @@ def step_probe(c: Check) -> dict[str, float]:
     checks.append(probe.check_storage("local_storage", c.cluster.local_storage, "this machine"))
     checks.append(probe.check_storage("scratch", c.cluster.scratch, "this machine"))
     checks.append(probe.check_internet(c.cluster))
+    checks.append(probe.check_resiliency(inside))
     c.made["probe"] = checks
     failed = [f"{x['check']}: {x['detail']}" for x in checks if not x["ok"]]
     # torchvision is the vision step's concern (it falls back to transformers' ResNet).
     hard = [f for f in failed if not f.startswith("module torchvision")]
     if hard:
         raise RuntimeError(f"{len(hard)} of {len(checks)} checks failed: " + "; ".join(hard))
+    write_probe_record(c, modules, checks, inside)
     return {}
+
+
+def write_probe_record(c: Check, modules: list[str], checks: list[dict], inside: dict) -> Path:
+    """The probe's record as the site probe job writes it (probe.run_probe: only when it
+    passed), where the segments look for this machine's (the local cluster, no container):
+    Megatron's straggler detector is switched on by what it found (straggler_log_on)."""
+    import socket
+
+    path = Path(probe_record_path(c.cluster, None))
+    record = {
+        "cluster": c.cluster.name,
+        "image": "bare",
+        "key": probe.probe_key(c.cluster, "bare", modules),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "job_id": os.environ.get("SLURM_JOB_ID"),
+        "host": socket.gethostname(),
+        "ok": all(x["ok"] for x in checks),
+        "checks": checks,
+        "inside": inside,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return path
 
 
 def step_data(c: Check) -> dict[str, float]:
@@ -264,13 +300,86 @@ def language_figures(c: Check, log: str | Path, seq_length: int, warmup: int) ->
             "J/token": m["energy_j_per_token"]}  # fmt: skip
 
 
-def train(c: Check, engine: str) -> dict[str, float]:
+def iteration_spread(segment_logs: list[Path], warmup: int) -> tuple[Figures, str]:
+    """The spread of the last segment's seconds per iteration, for the finish date's
+    forecast (calendar.MEASURED_RATE_SPREAD): its 10th and 90th percentile as shares of
+    its median, and its median over the first segment's; calendar.iteration_times on each
+    segment's logged lines after the first ``warmup``, as the row's other figures."""
+    times = []
+    for log in segment_logs:
+        rows = parse_log_lines(log_text_from(log) or "")
+        got = iteration_times(rows[min(warmup, max(len(rows) - 1, 0)) :])
+        if got is None:
+            raise RuntimeError(f"{log}: no iteration times to measure the spread")
+        times.append(got)
+    first, last = times[0], times[-1]
+    median = last["seconds_per_iteration"]
+    figures = {
+        "p10/median": last["p10"] / median,
+        "p90/median": last["p90"] / median,
+        f"segment {len(times)}/1 median": median / first["seconds_per_iteration"],
+    }
+    text = (
+        f"segment {len(times)} s/iteration p10 {figures['p10/median']:.3f} and p90 "
+        f"{figures['p90/median']:.3f} of its median {median:.4g} s; median over segment "
+        f"1's {figures[f'segment {len(times)}/1 median']:.3f}"
+    )
+    return figures, text
+
+
+def straggler_decision(c: Check, prepared) -> tuple[bool, str]:
+    """Whether the segments run Megatron's straggler detector, decided by the segments'
+    own code from the probe's record (straggler_log_on), and the reason from that record."""
+    on = straggler_log_on(prepared.experiment, c.cluster, None)
+    setting = megatron_resiliency.setting_of(prepared.experiment)
+    found, source = megatron_resiliency.from_record(probe_record_path(c.cluster, None))
+    why = f"{found.straggler_text()}; {source}" if found is not None else source
+    return on, why if setting == "auto" else f"resiliency: {setting}; {why}"
+
+
+def straggler_outcome(on: bool, why: str, segment_logs: list[Path]) -> tuple[Figures, str]:
+    """What Megatron's straggler detector wrote to the segments' engine logs: how many
+    reports, and what megatron_stragglers reads from the newest (the forward time per
+    iteration, each rank's throughput over the median of those listed). A RuntimeError
+    where the detector was on and no report could be read."""
+    if not on:
+        return {}, f"straggler detector off: {why}"
+    texts = [log_text_from(log) or "" for log in segment_logs]
+    found = [megatron_stragglers.reports(text) for text in texts]
+    every = [report for per_log in found for report in per_log]
+    printed = sum(text.count("MnRtt/Rnk") for text in texts)
+    counts = "+".join(str(len(per_log)) for per_log in found)
+    if not every:
+        raise RuntimeError(
+            f"straggler detector on ({why}), but megatron_stragglers read no report from "
+            f"the engine logs ({printed} lines with 'MnRtt/Rnk'): "
+            + ", ".join(map(str, segment_logs))
+        )
+    newest = every[-1]
+    median = statistics.median(newest.throughput.values())
+    relative = {rank: tf / median for rank, tf in newest.throughput.items()} if median else {}
+    ranks = ", ".join(f"{rank}: {share:.2f}" for rank, share in sorted(relative.items()))
+    figures = {"straggler reports": float(len(every))}
+    if relative:
+        figures["lowest relative throughput"] = min(relative.values())
+    text = (
+        f"straggler detector on ({why}): {len(every)} reports read of {printed} printed "
+        f"(segments {counts}); newest: forward {newest.fastest[0]:.1f} ms/iteration "
+        f"(rank {newest.fastest[1]}) to {newest.slowest[0]:.1f} (rank {newest.slowest[1]}), "
+        f"estimated throughput over the median ({median:.2f} TF) by rank {{{ranks}}}"
+    )
+    return figures, text
+
+
+def train(c: Check, engine: str) -> tuple[Figures, str]:
     """Two segments through run_segment, as train_segment runs them: segment 1 saves,
-    segment 2 resumes from its checkpoint."""
+    segment 2 resumes from its checkpoint. The figures are segment 2's; the detail its
+    iteration times' spread and, for Megatron, its straggler detector's reports."""
     name = f"check_{engine}"
     prepared = prepare_experiment(name, experiment(c, engine), text_section(c), c.cluster)
     folder = c.work / "train" / engine
     per = prepared.experiment["iterations_per_segment"]
+    straggler = straggler_decision(c, prepared) if engine == "megatron" else None
     paths = None
     for k in (1, 2):
         paths = Paths(save=str(folder / "checkpoints"), record=str(folder / f"seg{k}.json"),
@@ -282,7 +391,16 @@ def train(c: Check, engine: str) -> dict[str, float]:
         if done["resumed_from_iteration"] != (k - 1) * per:
             raise RuntimeError(f"segment {k} started from iteration "
                                f"{done['resumed_from_iteration']}, not {(k - 1) * per}")  # fmt: skip
-    return language_figures(c, paths.engine_log, c.size["model"]["seq_length"], c.size["warmup"])
+    figures = language_figures(c, paths.engine_log, c.size["model"]["seq_length"],
+                               c.size["warmup"])  # fmt: skip
+    logs = [folder / f"seg{k}.engine.log" for k in (1, 2)]
+    spread, detail = iteration_spread(logs, c.size["warmup"])
+    figures.update(spread)
+    if straggler is not None:
+        more, said = straggler_outcome(*straggler, logs)
+        figures.update(more)
+        detail += f"; {said}"
+    return figures, detail
 
 
 def export_and_compare(c: Check, engine: str) -> dict[str, float]:
@@ -467,21 +585,21 @@ def needs_megatron(c: Check) -> None:
         raise Skip("no GPU: Megatron-LM's training loop asserts CUDA at start-up")
 
 
-def steps(c: Check) -> list[tuple[str, Callable[[], dict[str, float]]]]:
+def steps(c: Check) -> list[tuple[str, Callable[[], Outcome]]]:
     """The steps in the order they run: what matters most first, so a time budget that
     runs out leaves the later canaries as SKIP rows."""
 
-    def megatron(call: Callable[[], dict[str, float]]) -> Callable[[], dict[str, float]]:
-        def run() -> dict[str, float]:
+    def megatron(call: Callable[[], Outcome]) -> Callable[[], Outcome]:
+        def run() -> Outcome:
             needs_megatron(c)
             return call()
 
         return run
 
-    def language(call: Callable[[], dict[str, float]]) -> Callable[[], dict[str, float]]:
+    def language(call: Callable[[], Outcome]) -> Callable[[], Outcome]:
         """The language point and its canary: on Megatron where it runs, else torch."""
 
-        def run() -> dict[str, float]:
+        def run() -> Outcome:
             if c.runs_megatron:
                 needs_megatron(c)
             return call()
@@ -522,7 +640,9 @@ def run_steps(c: Check, chosen: list[tuple[str, Callable]], deadline: float) -> 
         print(f"gpu-check: {name} ...", flush=True)
         start = time.time()
         try:
-            rows.append(Row(name, "PASS", figures=call() or {}))
+            outcome = call() or {}
+            figures, detail = outcome if isinstance(outcome, tuple) else (outcome, "")
+            rows.append(Row(name, "PASS", detail=detail, figures=figures))
         except Skip as e:
             rows.append(Row(name, "SKIP", detail=str(e)))
         except Exception as e:  # noqa: BLE001  (a failed step is a row; the others run)
