@@ -2,7 +2,9 @@
 
 Starts the two-node test cluster (tests/slurm/testcluster.py), makes the Slurm tests'
 text data and index cache once, then runs scenarios of tiny_2n's chain campaign
-(hpcllm.training.campaign.chain; 2 nodes, a few iterations per segment) while a generator
+(hpcllm.training.campaign.chain; 2 nodes, 1,500 iterations per segment: on a quiet host
+about 60-75 s of iterations and 15 s of start-up and save, so that the iterations weigh
+most, as in a cluster's segments of hours) while a generator
 submits other users' jobs: 1 or 2 nodes, whole, for a random 5-45 s under a 1 min limit
 (they end well before it, as real users' jobs do: what ``squeue --start`` is late about).
 Status (hpcllm.training.campaign.status.campaign_status, squeue and scontrol asked as a
@@ -26,7 +28,7 @@ and how many polls showed a date while the campaign was stalled (must be 0).
 scenario with 3 segments (the suite's version: tests/slurm/test_training.py).
 
 Usage: python benchmarks/forecast_calibration.py [--scenarios load,slowdown,restart]
-       [--segments 4] [--iterations 12] [--seed 1] [--out results.json]
+       [--segments 4] [--iterations 1500] [--seed 1] [--out results.json]
 """
 
 from __future__ import annotations
@@ -276,7 +278,9 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated: load, slowdown, restart",
     )
     parser.add_argument("--segments", type=int, default=4, help="segments per campaign")
-    parser.add_argument("--iterations", type=int, default=12, help="iterations per segment")
+    parser.add_argument(
+        "--iterations", type=int, default=1500, help="iterations per segment (runs 1-6: 12)"
+    )
     parser.add_argument("--seed", type=int, default=1, help="the background jobs' random seed")
     parser.add_argument(
         "--short", action="store_true", help="the load scenario with 3 segments (the suite's)"
