@@ -9,6 +9,7 @@ import time
 from datetime import datetime
 
 import pytest
+from training_helpers import segment_record
 
 from hpcllm.training.campaign import calendar, queue_times
 
@@ -16,23 +17,7 @@ T0 = datetime(2026, 11, 20, 12, 0, 0).timestamp()
 EXP = {"segments": 4, "iterations_per_segment": 100}
 
 
-def record(k, spi, job_started, ended, submitted=None, eligible=None, p10=None, p90=None):
-    """Segment k of EXP as its job records it: 100 iterations at ``spi`` s each."""
-    return {
-        "segment": k,
-        "segments": 4,
-        "resumed_from_iteration": 100 * (k - 1),
-        "last_iteration": 100 * k,
-        "timing": {
-            "job": {"id": str(k), "submitted": submitted, "eligible": eligible,
-                    "started": job_started},
-            "training_started": job_started + 5,
-            "ended": ended,
-            "seconds_per_iteration": spi,
-            "p10": p10,
-            "p90": p90,
-        },
-    }  # fmt: skip
+record = segment_record  # segment k of EXP as its job records it
 
 
 def test_slurm_times_are_read_from_scontrol_and_squeue_start_output():

@@ -11,6 +11,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from training_helpers import segment_record
 
 from hpcllm.training.campaign import calendar, queue_state
 from hpcllm.training.campaign.chain import job_name_of
@@ -26,19 +27,7 @@ KEYS = {"made_at", "segment_end", "segment_ends", "campaign_end", "campaign_low"
 
 def record(k, job_started, ended, submitted, eligible=None):
     """Segment k of EXP: 100 iterations at 2 s each, 40 s of start-up and save."""
-    return {
-        "segment": k,
-        "segments": 4,
-        "resumed_from_iteration": 100 * (k - 1),
-        "last_iteration": 100 * k,
-        "timing": {
-            "job": {"id": str(k), "submitted": submitted, "eligible": eligible,
-                    "started": job_started},
-            "training_started": job_started + 5,
-            "ended": ended,
-            "seconds_per_iteration": 2.0,
-        },
-    }  # fmt: skip
+    return segment_record(k, 2.0, job_started, ended, submitted, eligible)
 
 
 def two_done(folder: Path, t0: float) -> None:
