@@ -222,20 +222,9 @@ def write_probe_record(c: Check, modules: list[str], checks: list[dict], inside:
     """The probe's record as the site probe job writes it (probe.run_probe: only when it
     passed), where the segments look for this machine's (the local cluster, no container):
     Megatron's straggler detector is switched on by what it found (straggler_log_on)."""
-    import socket
-
     path = Path(probe_record_path(c.cluster, None))
-    record = {
-        "cluster": c.cluster.name,
-        "image": "bare",
-        "key": probe.probe_key(c.cluster, "bare", modules),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "job_id": os.environ.get("SLURM_JOB_ID"),
-        "host": socket.gethostname(),
-        "ok": all(x["ok"] for x in checks),
-        "checks": checks,
-        "inside": inside,
-    }
+    key = probe.probe_key(c.cluster, "bare", modules)
+    record = probe.probe_record(c.cluster, "bare", key, checks, inside)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1) + "\n")
     return path

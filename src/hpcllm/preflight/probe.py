@@ -543,6 +543,24 @@ def check_resiliency(inside: dict | None) -> dict[str, Any]:
     return check("resiliency", True, found.describe())
 
 
+def probe_record(
+    cluster, image: str, key: str, checks: list[dict], inside: dict | None, **more: Any
+) -> dict[str, Any]:
+    """The probe's record of ``checks`` run here now (``more``: further answers)."""
+    return {
+        "cluster": cluster.name,
+        "image": image,
+        "key": key,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "job_id": os.environ.get("SLURM_JOB_ID"),
+        "host": socket.gethostname(),
+        "ok": all(c["ok"] for c in checks),
+        "checks": checks,
+        "inside": inside,  # what the image reported (torch version, ...), read by plans
+        **more,
+    }
+
+
 def run_probe(
     cluster,
     image: str,
@@ -571,19 +589,9 @@ def run_probe(
     slurm = check_slurm_from_node(submit)
     checks.append(slurm)
     checks.append(check_resiliency(inside))
-    record = {
-        "cluster": cluster.name,
-        "image": image,
-        "key": key,
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "job_id": os.environ.get("SLURM_JOB_ID"),
-        "host": socket.gethostname(),
-        "ok": all(c["ok"] for c in checks),
-        "checks": checks,
-        "inside": inside,  # what the image reported (torch version, ...), read by plans
-        # read by plans and the chain (hpcllm.training.campaign.chain_site)
-        "slurm_from_compute_node": slurm["allowed"],
-    }
+    # read by plans and the chain (hpcllm.training.campaign.chain_site)
+    record = probe_record(cluster, image, key, checks, inside,
+                          slurm_from_compute_node=slurm["allowed"])  # fmt: skip
     text = json.dumps(record, indent=1) + "\n"
     Path(answers_path).parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(answers_path) as tmp:

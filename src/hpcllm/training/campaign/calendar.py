@@ -163,14 +163,15 @@ class Forecast:
 # ---- measuring (in the segment's job)
 
 
+def _seconds(rows: Iterable[Mapping[str, Any]]) -> list[float]:
+    """The seconds per iteration of the engine log lines that logged one, in log order."""
+    ms = (r.get("elapsed time per iteration (ms)") for r in rows)
+    return [x / 1000 for x in ms if isinstance(x, float) and x > 0]
+
+
 def iteration_times(rows: Iterable[Mapping[str, Any]]) -> dict[str, float] | None:
     """Median, 10th and 90th percentile of the seconds per iteration of engine log lines."""
-    values = sorted(
-        r["elapsed time per iteration (ms)"] / 1000
-        for r in rows
-        if isinstance(r.get("elapsed time per iteration (ms)"), float)
-        and r["elapsed time per iteration (ms)"] > 0
-    )
+    values = sorted(_seconds(rows))
     if not values:
         return None
 
@@ -189,18 +190,15 @@ def running_times(rows: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
     ``iterations`` (how many rows), ``recent``: the median of its newest
     :data:`RECENT_SHARE` of them (at least :data:`RUNNING_MIN_ROWS`): its speed now, and
     ``mean``: their mean (times the iterations they stand for: the time they took)."""
-    times = iteration_times(rows)
-    if times is None:
+    values = _seconds(rows)
+    if not values:
         return None
-    timed = [r for r in rows if iteration_times([r])]
-    newest = timed[-max(RUNNING_MIN_ROWS, int(len(timed) * RECENT_SHARE)) :]
-    recent = iteration_times(newest) or times
-    mean = statistics.fmean(r["elapsed time per iteration (ms)"] / 1000 for r in timed)
+    newest = values[-max(RUNNING_MIN_ROWS, int(len(values) * RECENT_SHARE)) :]
     return {
-        **times,
-        "iterations": len(timed),
-        "recent": recent["seconds_per_iteration"],
-        "mean": round(mean, 6),
+        **iteration_times(rows),
+        "iterations": len(values),
+        "recent": round(statistics.median(newest), 6),
+        "mean": round(statistics.fmean(values), 6),
     }
 
 
@@ -500,8 +498,8 @@ def calibrate(f: Forecast, errors: Sequence[float]) -> Forecast:
         )
     else:
         widened = "interval holds their spread"
-    return replace(f, low=low, high=high, calibration=f"{widened}: this campaign's own errors "
-                   f"({compared})")  # fmt: skip
+    note = f"{widened}: this campaign's own errors ({compared})"
+    return replace(f, low=low, high=high, calibration=note)
 
 
 # ---- the forecast
@@ -1047,9 +1045,8 @@ def campaign_forecast(
     trained_s = None  # how long the running job's logged iterations took
     if running_since is not None and running_left is not None:
         # the mean of its rows: their sum is the time they took (the median is not)
-        own = (running_rate or {}).get("mean") or (running_rate or {}).get(
-            "seconds_per_iteration"
-        )  # None: nothing logged
+        logged = running_rate or {}  # {}: nothing logged
+        own = logged.get("mean") or logged.get("seconds_per_iteration")
         trained_s = (running_total - running_left) * own if own else None
     if overhead.source != "measured" and running_since is not None and running_left is not None:
         # the running job's own start-up: its time before the iterations it logged (at
